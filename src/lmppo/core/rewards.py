@@ -1,0 +1,49 @@
+"""Per-token rewards from placed scores, the KL penalty and the truncation policy.
+
+The score of a response sits on its last real token (the stop token when there is one), never on a
+padding slot; finer-grained scores (per token, per span) are placed before they reach this module
+(`lmppo.rewards.placement`). All functions take (B, T) tensors indexed by response token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmppo.core.masking import last_true_index
+
+
+def kl_penalized_rewards(token_scores: torch.Tensor, kl: torch.Tensor, kl_coef: float,
+                         mask: torch.Tensor) -> torch.Tensor:
+    """rewards[t] = token_scores[t] - kl_coef * kl[t] on real tokens, 0 elsewhere.  All (B, T)."""
+    rewards = token_scores - kl_coef * kl
+    return torch.where(mask, rewards, torch.zeros_like(rewards))
+
+
+def _add_at_last(rewards: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, amount: torch.Tensor) -> torch.Tensor:
+    """Add `amount` (B,) to the last real token of the rows where `rows` (B,) is True."""
+    last = last_true_index(mask).clamp(min=0)  # (B,)
+    add = torch.zeros_like(rewards)
+    add.scatter_(1, last[:, None], torch.where(rows, amount, torch.zeros_like(amount))[:, None].to(rewards.dtype))
+    return rewards + add
+
+
+def penalize_truncated(token_scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
+                       penalty: float, mode: str) -> torch.Tensor:
+    """The EOS trick on placed scores (B, T): for truncated rows, `replace` every score of the row by `penalty`
+    on its last token, or `add` `penalty` to the last token."""
+    if mode == "replace":
+        token_scores = torch.where(truncated[:, None], torch.zeros_like(token_scores), token_scores)
+    elif mode != "add":
+        raise ValueError(f"penalty mode must be 'replace' or 'add', got {mode!r}")
+    amount = torch.full(truncated.shape, penalty, dtype=token_scores.dtype, device=token_scores.device)
+    return _add_at_last(token_scores, mask, truncated, amount)
+
+
+def bootstrap_truncated(rewards: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
+                        final_values: torch.Tensor, gamma: float) -> torch.Tensor:
+    """For truncated rows, add gamma * V(s_T) to the last real token's reward (TRL PR #1536).
+
+    rewards (B, T); final_values (B,) = V of the state after the last generated token. GAE then sees
+    delta_{T-1} = r_{T-1} + gamma * V(s_T) - V(s_{T-1}), as if the episode went on.
+    """
+    return _add_at_last(rewards, mask, truncated, gamma * final_values)

@@ -1,0 +1,36 @@
+"""lmppo's own error types.
+
+Every mistake a user can make (a bad config value, a missing file, a reward function that returns
+garbage) is raised as one of these, with a message that names the field or file, the value, and what is
+allowed. The CLI prints the message on one line and exits non-zero; a traceback only with ``--debug``.
+"""
+
+from __future__ import annotations
+
+
+class LmppoError(Exception):
+    """Base class of every error lmppo raises on purpose."""
+
+
+class ConfigError(LmppoError, ValueError):
+    """A config field has a value that is not allowed, or fields contradict each other."""
+
+    def __init__(self, field: str, value: object, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"config field `{field}` = {value!r}: {allowed}")
+
+
+class DataError(LmppoError, ValueError):
+    """The prompt data cannot be read or is unusable."""
+
+
+class RewardError(LmppoError, RuntimeError):
+    """A reward source failed or returned something lmppo cannot use."""
+
+
+class CheckpointError(LmppoError, RuntimeError):
+    """A checkpoint is missing, corrupt, or belongs to a different run."""
+
+
+class TrainingError(LmppoError, RuntimeError):
+    """Training cannot go on (for example too many non-finite updates in a row)."""
