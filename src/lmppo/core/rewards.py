@@ -47,3 +47,45 @@ def bootstrap_truncated(rewards: torch.Tensor, mask: torch.Tensor, truncated: to
     delta_{T-1} = r_{T-1} + gamma * V(s_T) - V(s_{T-1}), as if the episode went on.
     """
     return _add_at_last(rewards, mask, truncated, gamma * final_values)
+
+
+class RunningMoments:
+    """Running mean and standard deviation of scores (Chan et al. parallel update), for score normalisation."""
+
+    def __init__(self) -> None:
+        self.mean, self.var, self.count = 0.0, 1.0, 0
+
+    def update(self, values: torch.Tensor) -> None:
+        n = values.numel()
+        if n == 0:
+            return
+        batch_mean = values.float().mean().item()
+        batch_var = values.float().var(unbiased=False).item() if n > 1 else 0.0
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
+        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+
+    @property
+    def std(self) -> float:
+        return max(self.var, 0.0) ** 0.5
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
+
+
+def normalize_scores(token_scores: torch.Tensor, mask: torch.Tensor, mean: float, std: float,
+                     clip: float = 0.0) -> torch.Tensor:
+    """Scale placed scores (B, T) so each response's total becomes (total - mean) / std, optionally clipped to
+    [-clip, clip]: every token score is divided by std and -mean/std (plus any clipping correction) lands on
+    the last real token."""
+    std = max(std, 1e-8)
+    totals = token_scores.sum(1)  # (B,)
+    target = (totals - mean) / std
+    if clip > 0:
+        target = target.clamp(-clip, clip)
+    scaled = token_scores / std
+    return _add_at_last(scaled, mask, torch.ones_like(totals, dtype=torch.bool), target - scaled.sum(1))

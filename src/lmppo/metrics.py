@@ -1,0 +1,184 @@
+"""Metrics: an accumulator, trackers in a registry, and the table of sample completions.
+
+`OUTPUT_DIR/metrics.jsonl` (one JSON object per iteration) is always written and flushed each iteration, so
+a run killed at any point keeps every metric it logged. Trackers (tensorboard, wandb, trackio) are optional.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from typing import Any, Callable, Optional
+
+import torch
+
+
+class MetricsAccumulator:
+    """Collects scalar tensors under names during an iteration; `summary()` turns them into floats once.
+
+    Values stay tensors until the end of the iteration (no `.item()` sync inside the update loop).
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[torch.Tensor]] = defaultdict(list)
+
+    def add(self, name: str, value: torch.Tensor | float) -> None:
+        self._values[name].append(torch.as_tensor(value, dtype=torch.float32).detach().reshape(()))
+
+    def mean(self, name: str) -> float:
+        return torch.stack(self._values[name]).mean().item()
+
+    def var(self, name: str) -> float:
+        vals = torch.stack(self._values[name])
+        return vals.var(unbiased=False).item() if vals.numel() > 1 else 0.0
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._values
+
+    def means(self) -> dict[str, float]:
+        return {k: torch.stack(v).mean().item() for k, v in self._values.items()}
+
+
+# ----------------------------------------------------------------------------- trackers
+TRACKERS: dict[str, Callable[..., "Tracker"]] = {}
+
+
+def register_tracker(name: str):
+    def wrap(cls):
+        if name in TRACKERS:
+            raise ValueError(f"tracker {name!r} is already registered")
+        TRACKERS[name] = cls
+        return cls
+    return wrap
+
+
+class Tracker:
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_table(self, rows: list[dict[str, Any]], step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+@register_tracker("tensorboard")
+class TensorBoardTracker(Tracker):
+    def __init__(self, output_dir: str, config: dict, run_name: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        self.writer.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```", 0)
+
+    def log(self, metrics, step):
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def log_table(self, rows, step):
+        if rows:
+            head = "| " + " | ".join(rows[0]) + " |\n|" + "---|" * len(rows[0]) + "\n"
+            body = "".join("| " + " | ".join(str(v).replace("|", "\\|").replace("\n", " ") for v in r.values())
+                           + " |\n" for r in rows)
+            self.writer.add_text("samples", head + body, step)
+
+    def close(self):
+        self.writer.close()
+
+
+@register_tracker("wandb")
+class WandbTracker(Tracker):
+    """Weights & Biases; set WANDB_MODE=offline to run without a network."""
+
+    def __init__(self, output_dir: str, config: dict, run_name: str):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "lmppo"), name=run_name, config=config,
+                              dir=output_dir)
+
+    def log(self, metrics, step):
+        self.run.log(metrics, step=step)
+
+    def log_table(self, rows, step):
+        if rows:
+            table = self.wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])
+            self.run.log({"samples": table}, step=step)
+
+    def close(self):
+        self.run.finish()
+
+
+@register_tracker("trackio")
+class TrackioTracker(Tracker):
+    def __init__(self, output_dir: str, config: dict, run_name: str):
+        import trackio
+
+        self.trackio = trackio
+        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "lmppo"), name=run_name, config=config)
+
+    def log(self, metrics, step):
+        self.trackio.log(metrics, step=step)
+
+    def close(self):
+        self.trackio.finish()
+
+
+def make_trackers(names: list[str], output_dir: str, config: dict, run_name: str) -> list[Tracker]:
+    from lmppo.errors import LmppoError
+
+    out = []
+    for name in names:
+        try:
+            out.append(TRACKERS[name](output_dir, config, run_name))
+        except ImportError as err:
+            raise LmppoError(f"log.trackers includes `{name}` but its package is missing ({err.name}); "
+                             f"install it (`pip install {name}`) or remove it from log.trackers") from None
+    return out
+
+
+class MetricsLogger:
+    """metrics.jsonl + trackers + the sample table on the console."""
+
+    def __init__(self, output_dir: str, trackers: list[Tracker], console=None, append: bool = False):
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.samples_path = os.path.join(output_dir, "samples.jsonl")
+        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+        self.trackers = trackers
+        self.console = console
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self._fh.write(json.dumps({k: _jsonable(v) for k, v in metrics.items()}) + "\n")
+        self._fh.flush()
+        for t in self.trackers:
+            t.log(metrics, step)
+
+    def log_samples(self, rows: list[dict[str, Any]], step: int, title: str) -> None:
+        with open(self.samples_path, "a", encoding="utf-8") as fh:
+            for r in rows:
+                fh.write(json.dumps({"episode": step, **r}, default=str) + "\n")
+        for t in self.trackers:
+            t.log_table(rows, step)
+        if self.console is not None and rows:
+            self.console.print(sample_table(rows, title))
+
+    def close(self) -> None:
+        self._fh.close()
+        for t in self.trackers:
+            t.close()
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def sample_table(rows: list[dict[str, Any]], title: str):
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=True)
+    for col in rows[0]:
+        table.add_column(col, overflow="fold", max_width=60 if col in ("prompt", "response") else 30)
+    for r in rows:
+        table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()])
+    return table

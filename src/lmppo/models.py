@@ -1,0 +1,219 @@
+"""Loading the policy, tokenizer and value function, and the one forward pass they all share.
+
+Departures from the usual HF usage, on purpose:
+- Every model stays in eval mode: dropout is off, so the network that sampled a response is the network
+  whose log-probabilities enter the PPO ratio (dropout would make the ratio noisy even at step 0).
+- The forward pass runs the trunk once and applies the LM head only at response positions: logits over
+  prompt positions (a (B, P, V) tensor, large with a 49k vocabulary) are never computed.
+- Position ids come from the attention mask, so left-padded prompts see the same positions as unpadded ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from lmppo.config import Config, ModelConfig
+from lmppo.errors import ConfigError, LmppoError
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """A folder (or hub id) that `from_pretrained` accepts; built-in names are converted and cached once."""
+    from lmppo.config import BUILTIN_MODELS
+
+    if name_or_path.startswith("hub:"):
+        return name_or_path[len("hub:"):]
+    if name_or_path in BUILTIN_MODELS:
+        from lmppo.assets import resolve_model
+
+        return resolve_model(name_or_path)
+    return name_or_path
+
+
+def _load_kwargs(mc: ModelConfig) -> dict:
+    return {"trust_remote_code": mc.trust_remote_code, "use_safetensors": None if mc.allow_pickle else True}
+
+
+def _check_loadable(path: str, field: str, mc: ModelConfig) -> None:
+    """Refuse pickle-only weight folders unless allowed (they can run arbitrary code when loaded)."""
+    if not os.path.isdir(path) or mc.allow_pickle:
+        return
+    files = os.listdir(path)
+    if not any(f.endswith(".safetensors") for f in files) and any(f.endswith((".bin", ".pt", ".pth")) for f in files):
+        raise ConfigError(field, path, "holds only pickle weights (.bin/.pt), which can run code when loaded; "
+                          "convert to safetensors or set model.allow_pickle: true")
+
+
+def load_tokenizer(path: str, mc: ModelConfig):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=mc.trust_remote_code)
+    tok.padding_side = "left"
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise LmppoError(f"tokenizer at {path} has neither a pad nor an eos token; add one")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_policy(mc: ModelConfig, path: str, dtype: torch.dtype = torch.float32):
+    """The policy as an HF causal LM (wrapped in PEFT when LoRA is on), in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    _check_loadable(path, "model.policy", mc)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_load_kwargs(mc))
+    return prepare_policy(model, mc)
+
+
+def prepare_policy(model: nn.Module, mc: ModelConfig) -> nn.Module:
+    """Apply LoRA if configured and put the model in eval mode (dropout off)."""
+    if mc.lora.enabled and not hasattr(model, "disable_adapter"):
+        from peft import LoraConfig, get_peft_model
+
+        targets = mc.lora.target_modules
+        lora = LoraConfig(r=mc.lora.r, lora_alpha=mc.lora.alpha, lora_dropout=mc.lora.dropout,
+                          target_modules="all-linear" if targets == ["all-linear"] else targets,
+                          task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
+    model.eval()
+    if hasattr(model, "generation_config") and model.generation_config is not None:
+        model.generation_config.use_cache = True
+    return model
+
+
+def hf_model(policy: nn.Module) -> nn.Module:
+    """The transformers model under a PEFT wrapper (LoRA layers are injected in place, so they are inside)."""
+    return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+
+
+def trunk_and_head(model: nn.Module) -> tuple[nn.Module, Optional[nn.Module]]:
+    """(decoder trunk returning last_hidden_state, output head or None) of an HF model."""
+    base = hf_model(model)
+    trunk = getattr(base, base.base_model_prefix)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    return trunk, head
+
+
+def hidden_size(model: nn.Module) -> int:
+    cfg = hf_model(model).config
+    return getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")
+
+
+class ValueHead(nn.Module):
+    """Linear map from the trunk's hidden state to a scalar value, zero-initialised.
+
+    Zero init: the first iteration's values are 0, so its advantages are plain Monte-Carlo returns rather
+    than returns minus noise from a random head.
+    """
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.score = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.score.weight)
+        nn.init.zeros_(self.score.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.score(hidden.to(self.score.weight.dtype)).squeeze(-1)
+
+
+class Critic(nn.Module):
+    """A separate value network: a decoder trunk and a linear `score` head (the layout of HF
+    `*ForSequenceClassification` models, so a reward model can be its starting point)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.trunk = getattr(model, model.base_model_prefix)
+        self.head = getattr(model, "score", None)
+        if self.head is None:
+            raise LmppoError(f"the critic model ({type(model).__name__}) has no `score` head; a critic needs a "
+                             "decoder *ForSequenceClassification model (Llama, GPT-2, Qwen, ...)")
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """(B, P + T) -> (B, T + 1) values V(s_0) .. V(s_T) of the response states."""
+        hidden = run_trunk(self.trunk, input_ids, attention_mask)[:, prompt_len - 1:]
+        return self.head(hidden).squeeze(-1).float()
+
+
+def build_critic(policy: nn.Module, init_path: Optional[str], mc: ModelConfig, dtype=torch.float32) -> Critic:
+    """A critic from a reward-model folder (`init_path`) or, when None, a copy of the policy's trunk."""
+    from transformers import AutoModelForSequenceClassification
+
+    if init_path is not None:
+        _check_loadable(init_path, "value.init_from", mc)
+        model = AutoModelForSequenceClassification.from_pretrained(init_path, num_labels=1, dtype=dtype,
+                                                                   **_load_kwargs(mc))
+    else:
+        base = hf_model(policy)
+        model = AutoModelForSequenceClassification.from_config(copy.deepcopy(base.config), num_labels=1)
+        trunk_state = getattr(base, base.base_model_prefix).state_dict()
+        getattr(model, model.base_model_prefix).load_state_dict(trunk_state, strict=False)
+        nn.init.zeros_(model.score.weight)
+        if getattr(model.score, "bias", None) is not None:
+            nn.init.zeros_(model.score.bias)
+        model.to(dtype)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = hf_model(policy).config.pad_token_id
+    model.eval()
+    return Critic(model)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only: left padding does not shift the prompt."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def run_trunk(trunk: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) -> (B, L, H) last hidden states."""
+    out = trunk(input_ids=input_ids, attention_mask=attention_mask.long(),
+                position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.last_hidden_state
+
+
+@dataclass
+class PolicyOutput:
+    logits: torch.Tensor  # (B, T, V) response-position logits divided by the temperature
+    values: Optional[torch.Tensor]  # (B, T + 1) V(s_0)..V(s_T) from the shared value head, or None
+
+
+def policy_forward(policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                   temperature: float, value_head: Optional[ValueHead] = None) -> PolicyOutput:
+    """One trunk pass over prompt + response; LM head only where response tokens are predicted.
+
+    The hidden state at position P - 1 + t predicts response token t, so positions P-1 .. P+T-2 give the
+    logits, and positions P-1 .. P+T-1 give the values of the T + 1 response states.
+    """
+    trunk, head = trunk_and_head(policy)
+    hidden = run_trunk(trunk, input_ids, attention_mask)  # (B, P + T, H)
+    response_hidden = hidden[:, prompt_len - 1:]  # (B, T + 1, H)
+    logits = head(response_hidden[:, :-1]).float() / temperature  # (B, T, V)
+    values = value_head(response_hidden).float() if value_head is not None else None
+    return PolicyOutput(logits=logits, values=values)
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return module.module if hasattr(module, "module") and isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+def model_dtype(cfg: Config) -> torch.dtype:
+    """Master weights stay fp32; bf16 is applied by autocast around forward/backward passes."""
+    return torch.float32
+
+
+class Actor(nn.Module):
+    """The policy (and, in `shared` mode, its value head) behind one `forward`, so that wrappers such as DDP
+    see every parameter used in a training pass."""
+
+    def __init__(self, policy: nn.Module, value_head: Optional[ValueHead] = None):
+        super().__init__()
+        self.policy = policy
+        self.value_head = value_head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                temperature: float) -> PolicyOutput:
+        return policy_forward(self.policy, input_ids, attention_mask, prompt_len, temperature, self.value_head)

@@ -1,0 +1,116 @@
+"""Phase 1: sample responses and record what PPO needs about them (a `Rollout`).
+
+Honest sampling: the logprobs used for the PPO ratio and the KL describe the distribution that was sampled.
+Generation is pure sampling at `temperature`; every logits processor transformers would add from the model's
+own `generation_config` (checkpoints often ship top_k, top_p or a repetition penalty) is neutralised, and the
+processors that remain are checked. Settings that bend the distribution are refused unless the user opts in
+(see `check_generation_kwargs`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from lmppo.core.masking import stop_token_mask
+
+# Generation settings that make the sampled distribution differ from softmax(logits / T), with their
+# neutral value. With any of them the policy's logprob of a sampled token is not the probability it was
+# sampled with, so the KL estimate is biased (often negative, see the PPO training tips) and the ratio is off.
+DISTORTING_SETTINGS: dict[str, object] = {
+    "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "min_length": 0, "min_new_tokens": None, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
+    "length_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
+    "num_beams": 1, "num_beam_groups": 1, "diversity_penalty": 0.0, "forced_bos_token_id": None,
+    "forced_eos_token_id": None, "exponential_decay_length_penalty": None, "guidance_scale": None,
+    "watermarking_config": None, "renormalize_logits": False,
+}
+WHY_DISTORTING = (
+    "it changes the distribution tokens are sampled from, so the logprobs lmppo computes (pure softmax at the "
+    "temperature) are not the sampling probabilities: the KL penalty is mis-measured, typically driven negative "
+    "(e.g. min_new_tokens forbids the stop token, top_k/top_p cut the tail), and the policy learns to exploit it "
+    "instead of the reward. Use pure sampling (adjust `rollout.temperature`), or set "
+    "rollout.allow_distorting_sampling: true to accept the bias knowingly")
+ALLOWED_SETTINGS = {"use_cache", "cache_implementation", "output_scores", "return_dict_in_generate"}
+
+
+def check_generation_kwargs(kwargs: dict, allow_distorting: bool) -> list[str]:
+    """Raise ConfigError for unknown or distorting settings (unless allowed); return the distorting ones used."""
+    from lmppo.errors import ConfigError
+
+    distorting = []
+    for key, value in kwargs.items():
+        if key in ("do_sample", "temperature", "max_new_tokens", "eos_token_id", "pad_token_id"):
+            raise ConfigError(f"rollout.generation_kwargs.{key}", value, "is set by lmppo itself; use the "
+                              "rollout fields (temperature, max_new_tokens, stop_token)")
+        if key in DISTORTING_SETTINGS:
+            if value != DISTORTING_SETTINGS[key]:
+                distorting.append(key)
+        elif key not in ALLOWED_SETTINGS:
+            raise ConfigError(f"rollout.generation_kwargs.{key}", value,
+                              "is not a generation setting lmppo knows; allowed: "
+                              + ", ".join(sorted(ALLOWED_SETTINGS | set(DISTORTING_SETTINGS))))
+    if distorting and not allow_distorting:
+        raise ConfigError("rollout.generation_kwargs", {k: kwargs[k] for k in distorting},
+                          "is refused: " + WHY_DISTORTING)
+    return distorting
+
+
+def pure_sampling_config(model: nn.Module, temperature: float, max_new_tokens: int, stop_ids: Sequence[int],
+                         pad_id: int, extra: Optional[dict] = None):
+    """A GenerationConfig for pure sampling; also resets the model's own defaults so none leak in."""
+    from transformers import GenerationConfig
+
+    settings = dict(DISTORTING_SETTINGS)
+    settings.update(extra or {})
+    gen = GenerationConfig(do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens,
+                           eos_token_id=list(stop_ids) or None, pad_token_id=pad_id, use_cache=True, **settings)
+    model.generation_config = GenerationConfig(eos_token_id=list(stop_ids) or None, pad_token_id=pad_id)
+    return gen
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """List of id lists -> (B, P) ids and (B, P) bool mask, padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for i, s in enumerate(sequences):
+        if len(s):
+            ids[i, width - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s):] = True
+    return ids, mask
+
+
+def trim_padding(response_ids: torch.Tensor, response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop trailing columns that are padding in every row."""
+    width = int(response_mask.sum(1).max().item()) if response_mask.numel() else 0
+    return response_ids[:, :max(width, 1)], response_mask[:, :max(width, 1)]
+
+
+@torch.no_grad()
+def sample_responses(policy: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, gen_config,
+                     stop_ids: torch.Tensor, max_new_tokens: int):
+    """Generate one response per prompt.
+
+    Returns response_ids (B, T) with padding after the first stop token, response_mask (B, T) bool,
+    terminated (B,) bool (stop token produced) and truncated (B,) bool (hit max_new_tokens without it).
+    """
+    out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_config)
+    response_ids = out[:, prompt_ids.shape[1]:]
+    response_mask, terminated = stop_token_mask(response_ids, stop_ids)
+    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, gen_config.pad_token_id))
+    response_ids, response_mask = trim_padding(response_ids, response_mask)
+    lengths = response_mask.sum(1)
+    truncated = ~terminated & (lengths >= max_new_tokens)
+    return response_ids, response_mask, terminated, truncated
+
+
+def warn_distorting_once(settings: list[str]) -> None:
+    if settings:
+        warnings.warn(f"rollout.generation_kwargs {settings} bend the sampled distribution; KL and PPO ratios "
+                      "are biased (allowed by rollout.allow_distorting_sampling). The run's metrics carry "
+                      "`rollout/distorting_sampling` = 1.", stacklevel=2)

@@ -1,0 +1,584 @@
+"""PPOTrainer: the loop of the six phases of one PPO iteration for a causal LM.
+
+After "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024). How this departs from TRL 1.12:
+- the score lands on the last real response token (the stop token), never on a padding slot;
+- logprobs, reference logprobs and values come from one trunk pass each (the LM head only at response
+  positions), under `inference_mode`, and the shared value head needs no second pass at all;
+- the loss is a token mean over the whole minibatch, identical whatever the micro-batch split;
+- gradient clipping is applied; non-finite updates are skipped and counted;
+- every metric is averaged over all processes, not only the local one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+import warnings
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+from lmppo.batch import Rollout
+from lmppo.config import Config, save_config
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
+from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
+from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
+from lmppo.core.masking import masked_mean, masked_sum, masked_whiten
+from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalized_rewards, normalize_scores,
+                                penalize_truncated)
+from lmppo.errors import ConfigError, LmppoError, TrainingError
+from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
+from lmppo.models import (Actor, Critic, ValueHead, build_critic, hidden_size, hf_model, load_policy,
+                          load_tokenizer, prepare_policy, resolve_model_path)
+from lmppo.reference import ReferencePolicy
+from lmppo.rollout import (check_generation_kwargs, left_pad, pure_sampling_config, sample_responses,
+                           warn_distorting_once)
+
+
+@dataclass
+class ScoredRollout:
+    """Phase 2 output: scores placed on response tokens."""
+    token_scores: torch.Tensor  # (B, T) weighted sum of the sources' placed scores (after truncation policy)
+    raw_scores: torch.Tensor  # (B,) per-response total before truncation penalty / normalisation
+    valid: torch.Tensor  # (B,) bool, False where a reward source gave bad output and on_bad_output = drop
+    per_source: dict[str, torch.Tensor]  # name -> (B,) unweighted per-response totals
+
+
+@dataclass
+class TokenRewards:
+    """Phase 3 output."""
+    rewards: torch.Tensor  # (B, T) score placement minus beta * KL (+ bootstrap)
+    kl: torch.Tensor  # (B, T) per-token KL estimate (0 at padding)
+    train_mask: torch.Tensor  # (B, T) bool, tokens that get policy and value gradients
+
+
+class PhaseTimer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+class PPOTrainer:
+    """Train `config.model.policy` with PPO. Objects passed in replace what the config would load:
+
+    policy / tokenizer: an HF causal LM and its tokenizer; prompts: a list of strings, chat message lists or
+    token-id lists; reward_functions: callables `fn(prompts, completions) -> list` (or a name -> callable dict),
+    used in addition to the config's reward sources (the config's default source is dropped when any are given).
+    """
+
+    def __init__(self, config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
+                 prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        if reward_functions is not None and not _has_user_sources(config):
+            config.reward.sources = []
+        self.config = cfg = _validate_with_api_objects(config, reward_functions, prompts)
+        self.distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
+        if cfg.rollout.backend == "vllm":
+            raise ConfigError("rollout.backend", "vllm", "is not available in this build: vLLM needs a GPU and the "
+                              "`vllm` extra; use `hf`")
+        self.accelerator = Accelerator(cpu=cfg.device == "cpu")
+        self.device = self.accelerator.device
+        set_seed(cfg.seed)
+        self.console = console
+        self._prepare_output_dir()
+
+        # --- models
+        path = resolve_model_path(cfg.model.policy) if policy is None or tokenizer is None else None
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
+            resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else path, cfg.model)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.tokenizer.padding_side = "left"
+        policy = load_policy(cfg.model, path) if policy is None else prepare_policy(policy, cfg.model)
+        self.stop_ids = self._stop_ids()
+        value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
+        critic = build_critic(policy, self._critic_init_path(), cfg.model) if cfg.value.mode == "critic" else None
+        self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha)
+        self.reference_model_to_device()
+
+        # --- data and rewards
+        from lmppo.data import PromptStream, load_prompt_records, tokenize_prompts
+        from lmppo.rewards import build_reward_sources
+
+        self.prompt_set = tokenize_prompts(load_prompt_records(cfg.data, prompts), self.tokenizer, cfg.data)
+        self.stream = PromptStream(len(self.prompt_set.ids), cfg.rollout.batch_size, cfg.seed, cfg.data.shuffle)
+        self.reward_sources = build_reward_sources(cfg.reward, reward_functions, device=str(self.device))
+        self.score_moments = RunningMoments()
+
+        # --- optimisation
+        self.actor = Actor(policy, value_head)
+        params = [p for p in self.actor.parameters() if p.requires_grad]
+        if critic is not None:
+            params += [p for p in critic.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.ppo.learning_rate, eps=cfg.ppo.adam_eps,
+                                           weight_decay=cfg.ppo.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        if critic is not None:
+            self.actor, self.critic, self.optimizer = self.accelerator.prepare(self.actor, critic, self.optimizer)
+        else:
+            self.actor, self.optimizer = self.accelerator.prepare(self.actor, self.optimizer)
+            self.critic = None
+        self.trainable_params = params
+        self.kl_controller = KL_CONTROLLERS[cfg.kl.controller](cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
+        self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
+        self.gen_config = pure_sampling_config(self.policy, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
+                                               self.stop_ids.tolist(), self.tokenizer.pad_token_id,
+                                               cfg.rollout.generation_kwargs)
+        warn_distorting_once(self.distorting)
+        self.iteration = 0  # completed iterations
+        self.episode = 0  # episodes trained on
+        self.nonfinite_in_a_row = 0
+        self.train_seconds = 0.0
+        self.history: list[dict[str, float]] = []
+        self.logger: Optional[MetricsLogger] = None
+
+    # ------------------------------------------------------------------ the loop
+    def train(self) -> list[dict[str, float]]:
+        """Run the remaining iterations; returns the metrics of every iteration."""
+        cfg = self.config
+        self._open_logger()
+        started = time.perf_counter() - self.train_seconds
+        try:
+            while self.iteration < cfg.num_iterations:
+                timer, stats = PhaseTimer(), MetricsAccumulator()
+                with timer("rollout"):
+                    rollout = self.collect_rollout()  # 1. generate, logprobs, reference, values
+                with timer("score"):
+                    scored = self.score(rollout)  # 2. reward sources -> placed scores
+                with timer("rewards"):
+                    rewards = self.token_rewards(rollout, scored)  # 3. scores - beta * KL, truncation policy
+                with timer("advantages"):
+                    advantages, returns = self.advantages(rollout, rewards)  # 4. GAE, whitening
+                with timer("update"):
+                    self.ppo_update(rollout, advantages, returns, rewards.train_mask, stats)  # 5. PPO epochs
+                self.train_seconds = time.perf_counter() - started
+                self.finish_iteration(rollout, scored, rewards, stats, timer)  # 6. log, adapt KL, sync ref
+        finally:
+            if self.logger is not None:
+                self.logger.close()
+                self.logger = None
+        self.save_model(os.path.join(cfg.output_dir, "final"))
+        return self.history
+
+    # ------------------------------------------------------------------ 1. rollout
+    @property
+    def policy(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.actor).policy
+
+    def collect_rollout(self) -> Rollout:
+        cfg = self.config.rollout
+        index = self.stream.next_batch()
+        prompt_ids, prompt_mask = left_pad([self.prompt_set.ids[i] for i in index], self.tokenizer.pad_token_id)
+        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
+        response_ids, response_mask, terminated, truncated = sample_responses(
+            self.policy, prompt_ids, prompt_mask, self.gen_config, self.stop_ids, cfg.max_new_tokens)
+        P = prompt_ids.shape[1]
+        input_ids = torch.cat([prompt_ids, response_ids], 1)
+        attention_mask = torch.cat([prompt_mask, response_mask], 1)
+        chunk = cfg.forward_batch_size or input_ids.shape[0]
+        logprobs, ref_logprobs, values = [], [], []
+        with torch.inference_mode(), self._autocast():
+            for s in range(0, input_ids.shape[0], chunk):
+                ids, att, resp = input_ids[s:s + chunk], attention_mask[s:s + chunk], response_ids[s:s + chunk]
+                out = self.actor(ids, att, P, cfg.temperature)
+                logprobs.append(selective_log_softmax(out.logits, resp))
+                values.append(out.values if self.critic is None else self.critic(ids, att, P))
+                ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
+        # clone out of inference mode: these tensors enter the loss as constants
+        logprobs, ref_logprobs, all_values = (torch.cat(x).clone() for x in (logprobs, ref_logprobs, values))
+        lengths = response_mask.sum(1)
+        final_values = all_values.gather(1, lengths[:, None]).squeeze(1)  # V of the state after the last token
+        zeros = torch.zeros_like(logprobs)
+        responses_text = [self._completion_text(r[m], bool(t)) for r, m, t in zip(response_ids, response_mask, terminated)]
+        return Rollout(
+            prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_mask=response_mask,
+            logprobs=torch.where(response_mask, logprobs, zeros),
+            ref_logprobs=torch.where(response_mask, ref_logprobs, zeros),
+            values=torch.where(response_mask, all_values[:, :-1], zeros), final_values=final_values,
+            terminated=terminated, truncated=truncated,
+            prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text)
+
+    # ------------------------------------------------------------------ 2. score
+    def score(self, rollout: Rollout) -> ScoredRollout:
+        from lmppo.rewards import score_rollout
+
+        rc = self.config.reward
+        result = score_rollout(self.reward_sources, rollout.prompts_text, rollout.responses_text,
+                               rollout.response_ids.cpu(), rollout.response_mask.cpu(), self.tokenizer,
+                               rc.on_bad_output, terminated=rollout.terminated.cpu())
+        token_scores = result.token_scores.to(self.device, torch.float32)
+        raw = token_scores.sum(1)
+        mask = rollout.response_mask
+        if rc.truncation == "penalty":
+            token_scores = penalize_truncated(token_scores, mask, rollout.truncated, rc.penalty, rc.penalty_mode)
+        if rc.normalize or rc.clip > 0:
+            valid_totals = token_scores.sum(1)[result.valid.to(self.device)]
+            if rc.normalize:
+                self.score_moments.update(valid_totals)
+            mean, std = (self.score_moments.mean, self.score_moments.std) if rc.normalize else (0.0, 1.0)
+            token_scores = normalize_scores(token_scores, mask, mean, std, rc.clip)
+        return ScoredRollout(token_scores=token_scores, raw_scores=raw, valid=result.valid.to(self.device),
+                             per_source={k: v.to(self.device) for k, v in result.per_source.items()})
+
+    # ------------------------------------------------------------------ 3. per-token rewards
+    def token_rewards(self, rollout: Rollout, scored: ScoredRollout) -> TokenRewards:
+        cfg = self.config
+        mask = rollout.response_mask
+        kl = KL_ESTIMATORS[cfg.kl.estimator](rollout.logprobs, rollout.ref_logprobs)
+        kl = torch.where(mask, kl, torch.zeros_like(kl))
+        beta = self.kl_controller.value if cfg.kl.placement in ("reward", "both") else 0.0
+        rewards = kl_penalized_rewards(scored.token_scores, kl, beta, mask)
+        if cfg.reward.truncation == "bootstrap":
+            rewards = bootstrap_truncated(rewards, mask, rollout.truncated, rollout.final_values, cfg.ppo.gamma)
+        keep = scored.valid
+        if cfg.reward.truncation == "drop":
+            keep = keep & ~rollout.truncated
+        return TokenRewards(rewards=rewards, kl=kl, train_mask=mask & keep[:, None])
+
+    # ------------------------------------------------------------------ 4. advantages
+    def advantages(self, rollout: Rollout, rewards: TokenRewards) -> tuple[torch.Tensor, torch.Tensor]:
+        p = self.config.ppo
+        adv, returns = ADVANTAGE_ESTIMATORS[p.advantage_estimator](
+            rewards.rewards, rollout.values, rollout.response_mask, gamma=p.gamma, lam=p.lam)
+        if p.whiten_advantages:
+            adv = masked_whiten(adv, rewards.train_mask)
+        return adv, returns
+
+    # ------------------------------------------------------------------ 5. PPO update
+    def ppo_update(self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
+                   train_mask: torch.Tensor, stats: MetricsAccumulator) -> None:
+        cfg = self.config
+        B, mb, micro = rollout.batch_size, cfg.minibatch_size, cfg.ppo.micro_batch_size
+        for _epoch in range(cfg.ppo.num_epochs):
+            order = torch.randperm(B, generator=self.update_generator).to(self.device)
+            for start in range(0, B, mb):
+                minibatch = order[start:start + mb]
+                num_tokens = train_mask[minibatch].sum().clamp(min=1)
+                losses = []
+                for m in range(0, mb, micro):
+                    idx = minibatch[m:m + micro]
+                    loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
+                                                 train_mask[idx], num_tokens, stats)
+                    self.accelerator.backward(loss)
+                    losses.append(loss.detach())
+                self.optimizer_step(torch.stack(losses).sum(), stats)
+        self.scheduler.step()
+
+    def micro_batch_loss(self, batch: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
+                         mask: torch.Tensor, num_tokens: torch.Tensor, stats: MetricsAccumulator) -> torch.Tensor:
+        cfg = self.config
+        batch, keep = _trim(batch)
+        advantages, returns, mask = advantages[:, :keep], returns[:, :keep], mask[:, :keep]
+        P = batch.prompt_ids.shape[1]
+        with self._autocast():
+            out = self.actor(batch.input_ids, batch.attention_mask, P, cfg.rollout.temperature)
+            values = out.values if self.critic is None else self.critic(batch.input_ids, batch.attention_mask, P)
+        values = values[:, :-1]
+        logprobs = selective_log_softmax(out.logits, batch.response_ids)
+        pg_loss, pg_stats = clipped_policy_loss(logprobs, batch.logprobs, advantages, cfg.ppo.clip_range)
+        vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
+        per_token = pg_loss + cfg.ppo.vf_coef * vf_loss
+        if cfg.ppo.entropy_coef > 0:
+            entropy = entropy_from_logits(out.logits)
+            per_token = per_token - cfg.ppo.entropy_coef * entropy
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(out.logits.detach())
+        if cfg.kl.placement in ("loss", "both"):
+            kl_term = KL_ESTIMATORS["k3"](logprobs, batch.ref_logprobs)
+            per_token = per_token + self.kl_controller.value * kl_term
+            stats.add("loss/kl_avg", masked_mean(kl_term.detach(), mask))
+        for name, value in (("loss/policy_avg", pg_loss), ("loss/value_avg", vf_loss),
+                            ("policy/clipfrac_avg", pg_stats["clipped"]), ("val/clipfrac_avg", vf_stats["clipped"]),
+                            ("policy/approxkl_avg", pg_stats["approx_kl"]), ("policy/entropy_avg", entropy),
+                            ("val/ratio", pg_stats["ratio"])):
+            stats.add(name, masked_mean(value.detach(), mask))
+        return token_mean(per_token, mask, num_tokens)
+
+    def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator) -> None:
+        max_norm = self.config.ppo.max_grad_norm or float("inf")
+        grad_norm = self.accelerator.clip_grad_norm_(self.trainable_params, max_norm)
+        grad_norm = torch.as_tensor(grad_norm)
+        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.nonfinite_in_a_row += 1
+            stats.add("update/skipped_nonfinite", 1.0)
+            if self.nonfinite_in_a_row >= self.config.ppo.max_nonfinite_updates:
+                raise TrainingError(f"{self.nonfinite_in_a_row} updates in a row had a non-finite loss or gradient "
+                                    f"(loss {loss.item()}, grad norm {grad_norm.item()}); stopping. Lower "
+                                    "ppo.learning_rate, check the reward scale, or use reward.clip.")
+            return
+        self.nonfinite_in_a_row = 0
+        stats.add("update/skipped_nonfinite", 0.0)
+        stats.add("policy/grad_norm", grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------ 6. log, adapt, sync
+    def finish_iteration(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards,
+                         stats: MetricsAccumulator, timer: PhaseTimer) -> None:
+        cfg = self.config
+        self.iteration += 1
+        self.episode += rollout.batch_size
+        metrics = self.iteration_metrics(rollout, scored, rewards, stats, timer)
+        self.kl_controller.update(metrics["objective/kl"], rollout.batch_size)
+        if self.reference.after_iteration(self.iteration, self.policy):
+            metrics["reference/updated"] = 1.0
+        self._guard_negative_kl(metrics["objective/kl"], rollout, rewards)
+        self.history.append(metrics)
+        self.logger.log(metrics, self.episode)
+        self._print_progress(metrics)
+        if cfg.log.sample_every and cfg.log.num_samples and (
+                self.iteration % cfg.log.sample_every == 0 or self.iteration == 1):
+            self.logger.log_samples(self.sample_rows(rollout, scored, rewards), self.episode,
+                                    f"samples at episode {self.episode}")
+        if cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0 and self.iteration < cfg.num_iterations:
+            self.save_checkpoint()
+
+    def iteration_metrics(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards,
+                          stats: MetricsAccumulator, timer: PhaseTimer) -> dict[str, float]:
+        """TRL's metric names with TRL's meaning, averaged over all processes, plus lmppo's own."""
+        gather = self._gather_mean
+        mask = rollout.response_mask
+        valid = scored.valid.float()
+        kl_per_response = masked_sum(rewards.kl, mask, dim=1)
+        beta = self.kl_controller.value if self.config.kl.placement in ("reward", "both") else 0.0
+        non_score = -beta * kl_per_response
+        scores = scored.token_scores.sum(1)
+        m: dict[str, float] = {
+            "episode": self.episode,
+            "iteration": self.iteration,
+            "eps": self.episode / max(self.train_seconds, 1e-9),
+            "lr": self.scheduler.get_last_lr()[0],
+            "objective/kl": gather(kl_per_response),
+            "objective/kl_coef": beta,
+            "objective/entropy": gather(masked_sum(-rollout.logprobs, mask, dim=1)),
+            "objective/non_score_reward": gather(non_score),
+            "objective/scores": gather(scores),
+            "objective/scores_raw": gather(scored.raw_scores),
+            "objective/rlhf_reward": gather(scores + non_score),
+            "val/num_eos_tokens": gather(rollout.terminated.float()) * rollout.batch_size * self.accelerator.num_processes,
+            "response/length_mean": gather(mask.sum(1).float()),
+            "response/truncated_frac": gather(rollout.truncated.float()),
+            "reward/num_invalid": (1 - valid).sum().item(),
+            f"truncation/{self.config.reward.truncation}_count": rollout.truncated.sum().item(),
+            "objective/kl_token_min": rewards.kl[mask].min().item() if mask.any() else 0.0,
+        }
+        for name, per_response in scored.per_source.items():
+            m[f"reward/{name}"] = gather(per_response)
+        for name in ("loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
+                     "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "policy/grad_norm", "loss/kl_avg"):
+            if name in stats:
+                m[name] = stats.mean(name)
+        if "val/ratio" in stats:
+            m["val/ratio_var"] = stats.var("val/ratio")
+        if "update/skipped_nonfinite" in stats:
+            m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * len(stats._values["update/skipped_nonfinite"])
+        total = sum(timer.seconds.values())
+        for phase, sec in timer.seconds.items():
+            m[f"time/{phase}"] = sec
+        tokens = (rollout.attention_mask.sum()).item()
+        m["tokens_per_s"] = tokens / max(total, 1e-9)
+        if self.distorting:
+            m["rollout/distorting_sampling"] = 1.0
+        return m
+
+    def sample_rows(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards) -> list[dict[str, Any]]:
+        n = min(self.config.log.num_samples, rollout.batch_size)
+        scores = scored.token_scores.sum(1)
+        rows = []
+        for i in range(n):
+            row: dict[str, Any] = {"prompt": rollout.prompts_text[i], "response": rollout.responses_text[i],
+                                   "score": float(scores[i])}
+            if self.config.log.token_stats:
+                m = rollout.response_mask[i]
+                toks = self.tokenizer.convert_ids_to_tokens(rollout.response_ids[i][m].tolist())
+                kl = rewards.kl[i][m].tolist()
+                row["kl per token"] = " ".join(f"{t}({k:+.2f})" for t, k in zip(toks, kl))
+                row["kl"] = float(sum(kl))
+            rows.append(row)
+        return rows
+
+    # ------------------------------------------------------------------ saving
+    def save_model(self, directory: str) -> None:
+        """The trained policy (and value model) in Hugging Face format with safetensors, written atomically."""
+        if not self.accelerator.is_main_process:
+            return
+        from lmppo.checkpoint import atomic_dir
+
+        with atomic_dir(directory) as tmp:
+            self.policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
+            self.tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+            if self.critic is not None:
+                self.accelerator.unwrap_model(self.critic).model.save_pretrained(os.path.join(tmp, "value"),
+                                                                                safe_serialization=True)
+            else:
+                from safetensors.torch import save_file
+
+                head = self.accelerator.unwrap_model(self.actor).value_head
+                os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
+                save_file({k: v.contiguous() for k, v in head.state_dict().items()},
+                          os.path.join(tmp, "value", "value_head.safetensors"))
+
+    def save_checkpoint(self) -> str:
+        from lmppo.checkpoint import save_checkpoint
+
+        return save_checkpoint(self)
+
+    # ------------------------------------------------------------------ helpers
+    def _stop_ids(self) -> torch.Tensor:
+        stop = self.config.rollout.stop_token
+        if stop == "none":
+            ids: list[int] = []
+        elif stop == "eos":
+            eos = self.tokenizer.eos_token_id
+            if eos is None:
+                raise ConfigError("rollout.stop_token", stop, "the tokenizer has no eos token; name a token string")
+            ids = [eos] if isinstance(eos, int) else list(eos)
+        else:
+            tid = self.tokenizer.convert_tokens_to_ids(stop)
+            if tid is None or tid == self.tokenizer.unk_token_id:
+                encoded = self.tokenizer.encode(stop, add_special_tokens=False)
+                if len(encoded) != 1:
+                    raise ConfigError("rollout.stop_token", stop, f"is not a single token of this tokenizer "
+                                      f"(it encodes to {len(encoded)} tokens)")
+                tid = encoded[0]
+            ids = [tid]
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def _completion_text(self, ids: torch.Tensor, terminated: bool) -> str:
+        from lmppo.rewards import decode_completion
+
+        ids = ids.tolist()
+        return decode_completion(self.tokenizer, ids[:-1] if terminated else ids)
+
+    def _critic_init_path(self) -> Optional[str]:
+        init = self.config.value.init_from
+        model_sources = [s for s in self.config.reward.sources if s.kind == "model"]
+        if init == "policy" or (init == "auto" and not model_sources):
+            return None
+        if init in ("auto", "reward_model"):
+            return resolve_model_path(model_sources[0].path)
+        return resolve_model_path(init)
+
+    def reference_model_to_device(self) -> None:
+        if self.reference.model is not None:
+            self.reference.model.to(self.device)
+
+    def _lr_factor(self, step: int) -> float:
+        p, n = self.config.ppo, max(self.config.num_iterations, 1)
+        if p.warmup_iterations and step < p.warmup_iterations:
+            return (step + 1) / (p.warmup_iterations + 1)
+        progress = (step - p.warmup_iterations) / max(n - p.warmup_iterations, 1)
+        if p.lr_schedule == "linear":
+            return max(1.0 - progress, 0.0)
+        if p.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+        return 1.0
+
+    def _autocast(self):
+        if self.config.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def _gather_mean(self, per_sample: torch.Tensor) -> float:
+        """Mean over every sample of every process (TRL 1.12 averages per-process means)."""
+        values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
+        return values.mean().item()
+
+    def _prepare_output_dir(self) -> None:
+        cfg = self.config
+        metrics = os.path.join(cfg.output_dir, "metrics.jsonl")
+        if os.path.exists(metrics) and not cfg.overwrite and not getattr(self, "_resuming", False):
+            raise ConfigError("output_dir", cfg.output_dir, "already holds a run (metrics.jsonl); choose another "
+                              "folder, resume it with --resume, or set overwrite: true")
+        if self.accelerator.is_main_process:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            save_config(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+
+    def _open_logger(self) -> None:
+        if self.logger is None:
+            cfg = self.config
+            trackers = make_trackers(cfg.log.trackers, cfg.output_dir, cfg.to_dict(),
+                                     os.path.basename(os.path.abspath(cfg.output_dir)))
+            self.logger = MetricsLogger(cfg.output_dir, trackers, self.console, append=self.iteration > 0)
+
+    def _print_progress(self, m: dict[str, float]) -> None:
+        if self.console is None:
+            return
+        self.console.print(
+            f"[bold]iter {self.iteration}/{self.config.num_iterations}[/] episode {self.episode} "
+            f"score {m['objective/scores']:+.3f} kl {m['objective/kl']:.3f} beta {m['objective/kl_coef']:.4f} "
+            f"rlhf {m['objective/rlhf_reward']:+.3f} len {m['response/length_mean']:.1f} "
+            f"ratio {m.get('val/ratio', 1.0):.3f} eps {m['eps']:.2f}", highlight=False)
+
+    def _guard_negative_kl(self, mean_kl: float, rollout: Rollout, rewards: TokenRewards) -> None:
+        threshold = self.config.kl.warn_below
+        if mean_kl >= threshold:
+            return
+        per_response = masked_sum(rewards.kl, rollout.response_mask, dim=1)
+        worst = torch.argsort(per_response)[:3].tolist()
+        token_min = rewards.kl[rollout.response_mask].min().item()
+        examples = "; ".join(f"#{i}: {rollout.responses_text[i][:60]!r} (kl {per_response[i].item():.2f})"
+                             for i in worst)
+        warnings.warn(
+            f"mean KL per response is {mean_kl:.3f} (< kl.warn_below {threshold}); lowest per-token KL "
+            f"{token_min:.3f}. Negative KL means tokens are sampled from a distribution other than the one "
+            f"measured: usually generation settings (top_k, top_p, min_new_tokens, repetition penalties) or a "
+            f"temperature mismatch. Lowest samples: {examples}", stacklevel=2)
+
+
+def _trim(batch: Rollout) -> tuple[Rollout, int]:
+    """Drop prompt columns that are padding in every row and response columns past the longest response."""
+    first_real = int(batch.prompt_mask.float().argmax(1).min().item()) if batch.prompt_mask.any() else 0
+    keep = max(int(batch.response_mask.sum(1).max().item()), 1)
+    from dataclasses import replace
+
+    return replace(batch, prompt_ids=batch.prompt_ids[:, first_real:], prompt_mask=batch.prompt_mask[:, first_real:],
+                   response_ids=batch.response_ids[:, :keep], response_mask=batch.response_mask[:, :keep],
+                   logprobs=batch.logprobs[:, :keep], ref_logprobs=batch.ref_logprobs[:, :keep],
+                   values=batch.values[:, :keep]), keep
+
+
+def _has_user_sources(config: Config) -> bool:
+    from lmppo.config import _default_sources
+
+    return config.reward.sources != _default_sources()
+
+
+def _validate_with_api_objects(config: Config, reward_functions: Any, prompts: Any) -> Config:
+    """validate(), allowing what objects passed through the API replace (reward functions, prompts)."""
+    if reward_functions is not None and not config.reward.sources:
+        from lmppo.config import RewardSourceConfig
+
+        placeholder = RewardSourceConfig(kind="function", path="api:callable")
+        config.reward.sources = [placeholder]
+        try:
+            config.validate() if prompts is None else _validate_without_prompts(config)
+        finally:
+            config.reward.sources = []
+        return config
+    return config.validate() if prompts is None else _validate_without_prompts(config)
+
+
+def _validate_without_prompts(config: Config) -> Config:
+    saved = config.data.prompts
+    config.data.prompts = "builtin:api"
+    try:
+        config.validate()
+    finally:
+        config.data.prompts = saved
+    return config

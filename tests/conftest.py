@@ -1,0 +1,81 @@
+"""Shared fixtures: tiny models and a tokenizer built in-process (no downloads)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+torch.set_num_threads(1)
+
+from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_bpe_tokenizer()
+
+
+def tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
+                      max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+                      tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_gpt2(tokenizer, seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=256,
+                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                     bos_token_id=tokenizer.bos_token_id)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.fixture()
+def llama(tokenizer):
+    return tiny_llama(tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A tiny Llama policy saved as an HF folder (safetensors), with its tokenizer."""
+    path = tmp_path_factory.mktemp("tiny_llama")
+    tiny_llama(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model_dir(tmp_path_factory, tokenizer):
+    """A tiny LlamaForSequenceClassification reward model folder (one label)."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, num_labels=1,
+                      pad_token_id=tokenizer.pad_token_id)
+    path = tmp_path_factory.mktemp("tiny_rm")
+    LlamaForSequenceClassification(cfg).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed", "a critic said",
+           "the ending was", "the actor looked", "we left early because"]
+
+
+@pytest.fixture()
+def prompts():
+    return list(PROMPTS)
