@@ -150,7 +150,9 @@ def build_critic(policy: nn.Module, init_path: Optional[str], mc: ModelConfig, d
                                                                    **_load_kwargs(mc))
     else:
         base = hf_model(policy)
-        model = AutoModelForSequenceClassification.from_config(copy.deepcopy(base.config), num_labels=1)
+        config = copy.deepcopy(base.config)
+        config.num_labels = 1
+        model = AutoModelForSequenceClassification.from_config(config)
         trunk_state = getattr(base, base.base_model_prefix).state_dict()
         getattr(model, model.base_model_prefix).load_state_dict(trunk_state, strict=False)
         nn.init.zeros_(model.score.weight)

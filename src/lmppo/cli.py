@@ -1,0 +1,175 @@
+"""The `lmppo` command: `train`, `eval`, `plot`.
+
+    lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]
+
+With no config, `train` runs the built-in default recipe. Every option of the config can be given on the
+command line as a dotted override (`--ppo.num_epochs 2` or `--ppo.num_epochs=2`); `lmppo train --help` lists
+them all with their documentation and default. Mistakes a user can make end with one line on stderr and
+exit code 2; `--debug` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+import textwrap
+from typing import Any, Optional, Sequence
+
+from lmppo.errors import ConfigError, LmppoError
+
+EXIT_USER_ERROR = 2
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def train_help() -> str:
+    from lmppo.config import all_fields
+
+    lines = [
+        "usage: lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]",
+        "",
+        "Train a causal LM with PPO. With no CONFIG the built-in default recipe runs. Any option below",
+        "overrides the config file (lists: comma-separated or YAML `[a, b]`; mappings: YAML `{k: v}`).",
+        "",
+        "  --resume OUTPUT_DIR   continue the run in OUTPUT_DIR from its latest complete checkpoint",
+        "  --debug               show tracebacks for errors",
+        "",
+        "options:",
+    ]
+    section = None
+    for name, tp, default, doc in all_fields():
+        head = name.split(".")[0] if "." in name else ""
+        if head != section:
+            section = head
+            lines.append("")
+            lines.append(f" [{head or 'run'}]")
+        lines.append(f"  --{name} {_type_name(tp).upper()}   (default: {default!r})")
+        for chunk in textwrap.wrap(doc, 96):
+            lines.append("      " + chunk)
+    return "\n".join(lines)
+
+
+def parse_overrides(args: Sequence[str]) -> dict[str, str]:
+    """`--a.b value` / `--a.b=value` pairs -> {"a.b": "value"}; unknown options get a did-you-mean."""
+    from lmppo.config import all_fields
+
+    known = [n for n, *_ in all_fields()] + [n.rsplit(".", 1)[0] for n, *_ in all_fields() if "." in n]
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError("command line", arg, "unexpected argument; options look like --section.field VALUE")
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if key not in known:
+            hint = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(f"--{key}", value or None, "is not a known option"
+                              + (f" (did you mean `--{hint[0]}`?)" if hint else "") + "; see `lmppo train --help`")
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key}", None, "needs a value")
+            value = args[i + 1]
+            i += 1
+        out[key] = value
+        i += 1
+    return out
+
+
+def cmd_train(argv: Sequence[str], console) -> int:
+    from lmppo.config import load_config
+
+    if "-h" in argv or "--help" in argv:
+        print(train_help())
+        return 0
+    argv = list(argv)
+    resume_dir: Optional[str] = None
+    if "--resume" in argv:
+        at = argv.index("--resume")
+        if at + 1 >= len(argv):
+            raise ConfigError("--resume", None, "needs the output_dir of the run to continue")
+        resume_dir = argv[at + 1]
+        del argv[at:at + 2]
+    config_path = argv[0] if argv and not argv[0].startswith("--") else None
+    overrides = parse_overrides(argv[1:] if config_path else argv)
+    if resume_dir is not None:
+        from lmppo.checkpoint import resume_trainer
+
+        trainer = resume_trainer(resume_dir, overrides=overrides, config_path=config_path, console=console)
+    else:
+        from lmppo.trainer import PPOTrainer
+
+        cfg = load_config(config_path, overrides)
+        trainer = PPOTrainer(cfg, console=console)
+    trainer.train()
+    _print_summary(trainer, console)
+    return 0
+
+
+def _print_summary(trainer, console) -> None:
+    h = trainer.history
+    if not h:
+        return
+    first, last = h[0], h[-1]
+    console.print(f"[bold]done[/]: {len(h)} iterations this session; score {first['objective/scores']:+.3f} -> "
+                  f"{last['objective/scores']:+.3f}, KL {first['objective/kl']:.3f} -> {last['objective/kl']:.3f}; "
+                  f"model in {os.path.join(trainer.config.output_dir, 'final')}", highlight=False)
+
+
+def cmd_plot(argv: Sequence[str], console) -> int:
+    parser = argparse.ArgumentParser(prog="lmppo plot", description="PNG of the key training curves from "
+                                     "OUTPUT_DIR/metrics.jsonl; several runs are overlaid.")
+    parser.add_argument("run_dirs", nargs="+", help="output_dir of one or more runs")
+    parser.add_argument("-o", "--output", default=None, help="PNG path (default: FIRST_RUN/curves.png)")
+    args = parser.parse_args(argv)
+    from lmppo.plot import plot_runs
+
+    out = args.output or os.path.join(args.run_dirs[0], "curves.png")
+    console.print(f"wrote {plot_runs(args.run_dirs, out)}")
+    return 0
+
+
+def cmd_eval(argv: Sequence[str], console) -> int:
+    from lmppo.evaluate import main as eval_main
+
+    return eval_main(argv, console)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from rich.console import Console
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    console = Console(highlight=False)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option)")
+        return 0 if argv else EXIT_USER_ERROR
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        hint = difflib.get_close_matches(command, list(COMMANDS), n=1)
+        print(f"error: unknown command {command!r}" + (f" (did you mean `{hint[0]}`?)" if hint else "")
+              + "; commands: train, eval, plot", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        return COMMANDS[command](rest, console)
+    except LmppoError as err:
+        if debug:
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted; the latest complete checkpoint (if any) is intact: resume with "
+              "`lmppo train --resume OUTPUT_DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
