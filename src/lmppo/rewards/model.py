@@ -1,0 +1,107 @@
+"""Reward from a sequence-classification model (one label) with its own tokenizer.
+
+The reward model reads text, not the policy's token ids: it sees ``prompt + completion`` (the prompt as the policy
+saw it, chat template included) through its own tokenizer, so it may use a different tokenizer than the policy.
+Sequences are right-padded (left-truncated to the model's length limit, so the end of the completion is always
+seen) and scored in batches under ``torch.inference_mode``.
+
+The score is read at the last real token. For decoder models with a ``score`` head (Llama, Qwen, GPT-2, ...)
+lmppo runs ``model.base_model`` and ``model.score`` itself and gathers at ``attention_mask.sum(-1) - 1``, which
+does not depend on the model's ``pad_token_id`` (transformers' own pooling looks for the first pad token and gets
+it wrong when pad == eos and the text holds an eos). Other models (BERT-like encoders) use
+``model(...).logits[:, 0]`` (their classifier already pools the first token).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from lmppo.config import RewardSourceConfig
+from lmppo.errors import RewardError
+from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
+
+PICKLE_EXTENSIONS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@register_reward_source("model")
+class ModelSource(RewardSource):
+    def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
+        super().__init__(cfg, ctx)
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+        path = cfg.path
+        if not os.path.isdir(path) and ctx.resolve_path is not None:
+            path = ctx.resolve_path(path)
+        where = f"reward model `{cfg.path}`"
+        if not os.path.isdir(path):
+            raise RewardError(f"{where}: no such folder (a reward model is a local folder holding a "
+                              "sequence-classification model and its tokenizer)")
+        has_safetensors = bool(glob.glob(os.path.join(path, "*.safetensors")))
+        pickles = [f for f in os.listdir(path) if f.endswith(PICKLE_EXTENSIONS)]
+        if not has_safetensors:
+            if pickles and not ctx.allow_pickle:
+                raise RewardError(f"{where}: holds only pickle weights ({', '.join(sorted(pickles)[:3])}), which can "
+                                  "run arbitrary code; convert them to safetensors or set model.allow_pickle")
+            if not pickles:
+                raise RewardError(f"{where}: holds no weights (*.safetensors)")
+        try:
+            mcfg = AutoConfig.from_pretrained(path, trust_remote_code=ctx.trust_remote_code)
+        except Exception as err:
+            raise RewardError(f"{where}: cannot read its config.json: {type(err).__name__}: {err}") from err
+        if getattr(mcfg, "num_labels", None) != 1:
+            raise RewardError(f"{where}: has {getattr(mcfg, 'num_labels', '?')} labels; a reward model must have "
+                              "exactly one (num_labels=1, one score per text)")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=ctx.trust_remote_code)
+        except Exception as err:
+            raise RewardError(f"{where}: cannot load its tokenizer (the folder must hold the reward model's own "
+                              f"tokenizer): {type(err).__name__}: {err}") from err
+        kwargs = {"trust_remote_code": ctx.trust_remote_code, "use_safetensors": has_safetensors}
+        if ctx.dtype is not None:
+            kwargs["dtype"] = ctx.dtype
+        try:
+            self.model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+        except Exception as err:
+            raise RewardError(f"{where}: cannot load it as a sequence-classification model: "
+                              f"{type(err).__name__}: {err}") from err
+        self.model.eval().requires_grad_(False).to(ctx.device)
+        tok = self.tokenizer
+        tok.padding_side = "right"
+        tok.truncation_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token or tok.unk_token
+            if tok.pad_token is None:
+                raise RewardError(f"{where}: its tokenizer has no pad, eos or unk token to pad batches with")
+        limits = [n for n in (tok.model_max_length, getattr(mcfg, "max_position_embeddings", None))
+                  if isinstance(n, int) and 0 < n < 10**7]
+        self.max_length = min(limits) if limits else None
+        self.batch_size = ctx.batch_size
+        self.device = ctx.device
+        self.decoder_head = hasattr(self.model, "score") and hasattr(self.model, "base_model")
+
+    def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
+        texts = [p + c for p, c in zip(prompts, completions)]
+        step = self.batch_size or max(1, len(texts))
+        scores: list[float] = []
+        for k in range(0, len(texts), step):
+            scores += self.score_texts(texts[k:k + step]).tolist()
+        return scores
+
+    @torch.inference_mode()
+    def score_texts(self, texts: list[str]) -> torch.Tensor:
+        """(N,) float32 score of each text."""
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=self.max_length is not None,
+                             max_length=self.max_length)
+        input_ids = enc["input_ids"].to(self.device)  # (N, L) right-padded
+        attention_mask = enc["attention_mask"].to(self.device)  # (N, L)
+        if self.decoder_head:
+            hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
+            last = (attention_mask.sum(dim=-1) - 1).clamp(min=0)  # (N,) index of the last real token
+            hidden_last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (N, H)
+            scores = self.model.score(hidden_last)[:, 0]  # (N,)
+        else:
+            scores = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]  # (N,)
+        return scores.float().cpu()
