@@ -32,7 +32,8 @@ def train_help() -> str:
     lines = [
         "usage: lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]",
         "",
-        "Train a causal LM with PPO. With no CONFIG the built-in default recipe runs. Any option below",
+        "Train a causal LM with PPO. With no CONFIG the built-in default recipe runs (lmppo/recipes/",
+        "sentiment.yaml; the defaults below are those of an empty config). Any option below",
         "overrides the config file (lists: comma-separated or YAML `[a, b]`; mappings: YAML `{k: v}`).",
         "",
         "  --resume OUTPUT_DIR   continue the run in OUTPUT_DIR from its latest complete checkpoint",
@@ -80,6 +81,13 @@ def parse_overrides(args: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def recipe_path(name: str) -> str:
+    """A recipe shipped inside the package (`lmppo/recipes/NAME.yaml`)."""
+    from importlib import resources
+
+    return str(resources.files("lmppo") / "recipes" / f"{name}.yaml")
+
+
 def cmd_train(argv: Sequence[str], console) -> int:
     from lmppo.config import load_config
 
@@ -96,6 +104,8 @@ def cmd_train(argv: Sequence[str], console) -> int:
         del argv[at:at + 2]
     config_path = argv[0] if argv and not argv[0].startswith("--") else None
     overrides = parse_overrides(argv[1:] if config_path else argv)
+    if config_path is None and resume_dir is None:
+        config_path = recipe_path("sentiment")
     if resume_dir is not None:
         from lmppo.checkpoint import resume_trainer
 

@@ -90,6 +90,8 @@ class DataConfig:
     the count) or `error`."""
     shuffle: bool = True
     """Shuffle the prompts every pass over the data (seeded)."""
+    holdout: int = 0
+    """Prompts kept out of training (a seeded random choice) for evaluation before and after training."""
 
 
 @dataclass
@@ -126,7 +128,8 @@ class RewardSourceConfig:
     name: str = ""
     """Name of this source in the metrics (`reward/<name>`); defaults to one derived from `path`."""
     weight: float = 1.0
-    """The source's score is multiplied by this before the sources are summed."""
+    """The source's score is multiplied by this before the sources are summed. Weight 0 logs the source
+    (`reward/<name>`) without training on it: a held-out judge that shows reward hacking."""
     timeout: float = 30.0
     """HTTP only: seconds to wait for an answer."""
     retries: int = 2
@@ -327,6 +330,7 @@ class Config:
         _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text"))
         _one_of(c.data.long_prompts, "data.long_prompts", ("truncate_left", "error"))
         _positive(c.data.max_prompt_length, "data.max_prompt_length")
+        _non_negative(c.data.holdout, "data.holdout")
         if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
             raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file or "
                               "`builtin:reviews` / `builtin:news`")
@@ -337,6 +341,9 @@ class Config:
             raise ConfigError("rollout.temperature", r.temperature, "must be > 0 (pure sampling at a temperature)")
         _one_of(r.backend, "rollout.backend", ("hf", "vllm"))
         _non_negative(r.forward_batch_size, "rollout.forward_batch_size")
+        if r.stop_token == "none" and c.reward.truncation != "none":
+            raise ConfigError("reward.truncation", c.reward.truncation, "needs a stop token: with rollout.stop_token "
+                              "`none` every response is cut at max_new_tokens; use truncation `none`")
         if not r.stop_token:
             raise ConfigError("rollout.stop_token", r.stop_token, "use `eos`, a token string, or `none`")
         if c.total_episodes < r.batch_size:

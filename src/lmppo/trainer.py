@@ -113,7 +113,8 @@ class PPOTrainer:
         from lmppo.data import PromptStream, load_prompt_records, tokenize_prompts
         from lmppo.rewards import SourceContext, build_reward_sources
 
-        self.prompt_set = tokenize_prompts(load_prompt_records(cfg.data, prompts), self.tokenizer, cfg.data)
+        all_prompts = tokenize_prompts(load_prompt_records(cfg.data, prompts), self.tokenizer, cfg.data)
+        self.prompt_set, self.holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.seed)
         self.stream = PromptStream(len(self.prompt_set.ids), cfg.rollout.batch_size, cfg.seed, cfg.data.shuffle)
         self.reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
             device=str(self.device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
@@ -347,8 +348,8 @@ class PPOTrainer:
                 self.iteration % cfg.log.sample_every == 0 or self.iteration == 1):
             self.logger.log_samples(self.sample_rows(rollout, scored, rewards), self.episode,
                                     f"samples at episode {self.episode}")
-        if cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0 and self.iteration < cfg.num_iterations:
-            self.save_checkpoint()
+        if (cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0) or self.iteration == cfg.num_iterations:
+            self.save_checkpoint()  # always after the last iteration, so a finished run can be extended
 
     def iteration_metrics(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards,
                           stats: MetricsAccumulator, timer: PhaseTimer) -> dict[str, float]:
@@ -502,19 +503,18 @@ class PPOTrainer:
         return values.mean().item()
 
     def _prepare_output_dir(self) -> None:
-        cfg = self.config
-        metrics = os.path.join(cfg.output_dir, "metrics.jsonl")
-        if os.path.exists(metrics) and not cfg.overwrite and not getattr(self, "_resuming", False):
-            raise ConfigError("output_dir", cfg.output_dir, "already holds a run (metrics.jsonl); choose another "
-                              "folder, resume it with --resume, or set overwrite: true")
-        if self.accelerator.is_main_process:
-            os.makedirs(cfg.output_dir, exist_ok=True)
-            save_config(cfg, os.path.join(cfg.output_dir, "config.yaml"))
+        """Create output_dir and write its config.yaml (secrets masked); refuse a folder holding another run
+        unless `overwrite: true` (see `lmppo.checkpoint.prepare_output_dir`)."""
+        from lmppo.checkpoint import prepare_output_dir
+
+        prepare_output_dir(self.config, self.accelerator.is_main_process, getattr(self, "_resuming", False))
 
     def _open_logger(self) -> None:
         if self.logger is None:
             cfg = self.config
-            trackers = make_trackers(cfg.log.trackers, cfg.output_dir, cfg.to_dict(),
+            from lmppo.checkpoint import redacted_config_dict
+
+            trackers = make_trackers(cfg.log.trackers, cfg.output_dir, redacted_config_dict(cfg),
                                      os.path.basename(os.path.abspath(cfg.output_dir)))
             self.logger = MetricsLogger(cfg.output_dir, trackers, self.console, append=self.iteration > 0)
 
@@ -541,6 +541,54 @@ class PPOTrainer:
             f"{token_min:.3f}. Negative KL means tokens are sampled from a distribution other than the one "
             f"measured: usually generation settings (top_k, top_p, min_new_tokens, repetition penalties) or a "
             f"temperature mismatch. Lowest samples: {examples}", stacklevel=2)
+
+
+    # ---- checkpoint state (see lmppo.checkpoint for the layout and what exact resume restores)
+    @classmethod
+    def resume(cls, output_dir: str, *, config: Optional[Config] = None, overrides: Optional[dict] = None,
+               console: Any = None, **kwargs: Any) -> "PPOTrainer":
+        """A trainer that continues the run in `output_dir` from its latest complete checkpoint; call `train()`.
+
+        `config` (default: the run's own config.yaml) with `overrides` ({"total_episodes": 2048}) may change
+        harmless fields (extend the run, logging); a change that makes the checkpoint unusable raises ConfigError.
+        `kwargs` (policy, tokenizer, prompts, reward_functions) as for a new run: the same initial policy and
+        prompts the run started with (a policy object trained in place by the first run is not that)."""
+        from lmppo.checkpoint import resume_trainer
+
+        return resume_trainer(output_dir, overrides=overrides, console=console, config=config, trainer_cls=cls,
+                              **kwargs)
+
+    def load_checkpoint(self, path: Optional[str] = None) -> str:
+        """Restore this trainer from a checkpoint folder, or from the latest complete checkpoint of a run folder
+        (default: this run's output_dir); returns the folder used. metrics.jsonl / samples.jsonl of the
+        output_dir are cut back to the checkpoint's iteration."""
+        from lmppo.checkpoint import load_checkpoint
+
+        return load_checkpoint(self, path)
+
+    def state_for_checkpoint(self) -> dict[str, Any]:
+        """The trainer's state besides tensors, as JSON-able values (tensors: `lmppo.checkpoint.save_checkpoint`)."""
+        return {"iteration": self.iteration, "episode": self.episode, "train_seconds": self.train_seconds,
+                "nonfinite_in_a_row": self.nonfinite_in_a_row, "stream": self.stream.state_dict(),
+                "kl_controller": self.kl_controller.state_dict(), "score_moments": self.score_moments.state_dict(),
+                "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}}
+
+
+def split_holdout(prompts, holdout: int, seed: int):
+    """(training prompts, held-out prompts): `holdout` prompts picked by a seeded permutation."""
+    from lmppo.data import PromptSet
+
+    n = len(prompts.ids)
+    if holdout >= n:
+        raise ConfigError("data.holdout", holdout, f"must be smaller than the number of prompts ({n})")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7)).tolist()
+    held = set(order[:holdout])
+
+    def pick(keep):
+        idx = [i for i in range(n) if (i in held) == keep]
+        return PromptSet(ids=[prompts.ids[i] for i in idx], texts=[prompts.texts[i] for i in idx])
+
+    return pick(False), pick(True)
 
 
 def _trim(batch: Rollout) -> tuple[Rollout, int]:
