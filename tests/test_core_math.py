@@ -223,3 +223,34 @@ def test_bootstrap_gae_with_known_final_value():
     r = bootstrap_truncated(t([[0.0, 1.0]]), mask, torch.tensor([True]), t([2.0]), gamma=1.0)
     a, ret = gae(r, t([[0.5, 0.5]]), mask, gamma=1.0, lam=1.0)
     assert torch.allclose(a, t([[2.5, 2.5]])) and torch.allclose(ret, t([[3.0, 3.0]]))
+
+
+# ---------------------------------------------------------------- group estimators
+def test_rloo_hand_worked():
+    # two prompts, 3 samples each; per-response totals: group a: 1, 2, 6 ; group b: 0, 0, 3
+    # rloo: a -> 1-(2+6)/2=-3, 2-(1+6)/2=-1.5, 6-(1+2)/2=4.5 ; b -> 0-1.5=-1.5, -1.5, 3-0=3
+    rewards = t([[0.0, 1.0], [2.0, 0.0], [5.0, 1.0], [0.0, 0.0], [0.0, 0.0], [1.0, 2.0]])
+    mask = torch.ones(6, 2, dtype=torch.bool)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    adv, ret = ADVANTAGE_ESTIMATORS["rloo"](rewards, torch.zeros(6, 2), mask, gamma=1.0, lam=1.0, group_ids=groups)
+    assert torch.allclose(adv[:, 0], t([-3.0, -1.5, 4.5, -1.5, -1.5, 3.0]))
+    assert torch.equal(adv[:, 0], adv[:, 1])
+    assert torch.allclose(ret, t([[1.0, 1.0], [2.0, 0.0], [6.0, 1.0], [0.0, 0.0], [0.0, 0.0], [3.0, 2.0]]))
+
+
+def test_grpo_hand_worked_and_masking():
+    # group totals 1, 3 -> mean 2, population std 1 -> advantages -1, +1 (up to the 1e-6)
+    rewards = t([[0.0, 1.0, 50.0], [3.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    adv, _ = ADVANTAGE_ESTIMATORS["grpo"](rewards, torch.zeros(2, 3), mask, gamma=1.0, lam=1.0,
+                                          group_ids=torch.tensor([7, 7]))
+    assert torch.allclose(adv, t([[-1.0, -1.0, 0.0], [1.0, 1.0, 1.0]]), atol=1e-5)
+    with pytest.raises(ValueError, match="group_ids"):
+        ADVANTAGE_ESTIMATORS["grpo"](rewards, torch.zeros(2, 3), mask, gamma=1.0, lam=1.0)
+
+
+def test_reinforce_pp_returns_to_go_hand_worked():
+    # rewards [1, 0, 2], gamma 0.5 -> G = [1 + 0 + 0.25*2, 0 + 0.5*2, 2] = [1.5, 1, 2]
+    adv, ret = ADVANTAGE_ESTIMATORS["reinforce_pp"](t([[1.0, 0.0, 2.0]]), t([[9.0, 9.0, 9.0]]),
+                                                    torch.ones(1, 3, dtype=torch.bool), gamma=0.5, lam=0.3)
+    assert torch.allclose(adv, t([[1.5, 1.0, 2.0]])) and torch.equal(adv, ret)

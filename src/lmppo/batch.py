@@ -25,6 +25,7 @@ class Rollout:
     final_values: torch.Tensor  # (B,) float, V_old of the state after the last real response token
     terminated: torch.Tensor  # (B,) bool, the response ended with the stop token
     truncated: torch.Tensor  # (B,) bool, the response hit max_new_tokens without the stop token
+    group_ids: torch.Tensor  # (B,) long, position of the response's prompt in the global batch (same prompt, same id)
     prompts_text: list[str]  # B prompt strings (as the policy saw them, template applied)
     responses_text: list[str]  # B completions, decoded without padding or the stop token
 

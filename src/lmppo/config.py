@@ -106,8 +106,14 @@ class RolloutConfig:
     stop_token: str = "eos"
     """The token that ends a response: `eos` (the tokenizer's), a literal token string, or `none` (every
     response runs to `max_new_tokens`)."""
-    backend: str = "hf"
-    """Generation backend: `hf` (transformers generate) or `vllm` (GPU only)."""
+    backend: str = "native"
+    """Generation backend: `native` (lmppo's sampling loop over the HF model with its KV cache; each response
+    has its own random stream seeded from seed, iteration and batch position, so the same responses come out
+    whatever the number of processes, and after a resume), `hf` (transformers `generate`, global RNG; the only
+    backend where `generation_kwargs` apply) or `vllm` (GPU only)."""
+    num_samples_per_prompt: int = 1
+    """Responses sampled for each prompt (consecutive rows of a batch share a group id). Group advantage
+    estimators (`rloo`, `grpo`) need 2 or more; must divide `batch_size`."""
     forward_batch_size: int = 0
     """Sequences per no-grad forward pass (logprobs, reference, values, reward model); 0 means the whole batch."""
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -339,7 +345,15 @@ class Config:
         _positive(r.max_new_tokens, "rollout.max_new_tokens")
         if not (r.temperature > 0):
             raise ConfigError("rollout.temperature", r.temperature, "must be > 0 (pure sampling at a temperature)")
-        _one_of(r.backend, "rollout.backend", ("hf", "vllm"))
+        _one_of(r.backend, "rollout.backend", ("native", "hf", "vllm"))
+        _positive(r.num_samples_per_prompt, "rollout.num_samples_per_prompt")
+        if r.batch_size % r.num_samples_per_prompt:
+            raise ConfigError("rollout.num_samples_per_prompt", r.num_samples_per_prompt,
+                              f"must divide rollout.batch_size ({r.batch_size})")
+        if r.generation_kwargs and r.backend != "hf":
+            raise ConfigError("rollout.generation_kwargs", r.generation_kwargs,
+                              f"apply only to rollout.backend `hf` (this run uses `{r.backend}`, which always "
+                              "samples purely at the temperature)")
         _non_negative(r.forward_batch_size, "rollout.forward_batch_size")
         if r.stop_token == "none" and c.reward.truncation != "none":
             raise ConfigError("reward.truncation", c.reward.truncation, "needs a stop token: with rollout.stop_token "
@@ -389,6 +403,9 @@ class Config:
         from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
         _one_of(p.advantage_estimator, "ppo.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS))
         _positive(p.max_nonfinite_updates, "ppo.max_nonfinite_updates")
+        if p.advantage_estimator in ("rloo", "grpo") and r.num_samples_per_prompt < 2:
+            raise ConfigError("ppo.advantage_estimator", p.advantage_estimator,
+                              "compares responses to the same prompt: set rollout.num_samples_per_prompt >= 2")
         for t in c.log.trackers:
             _one_of(t, "log.trackers", ("tensorboard", "wandb", "trackio"))
         _non_negative(c.log.sample_every, "log.sample_every")

@@ -29,7 +29,7 @@ from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
-from lmppo.core.masking import masked_mean, masked_sum, masked_whiten
+from lmppo.core.masking import masked_mean, masked_sum, whiten_with
 from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalized_rewards, normalize_scores,
                                 penalize_truncated)
 from lmppo.errors import ConfigError, LmppoError, TrainingError
@@ -39,6 +39,7 @@ from lmppo.models import (Actor, Critic, ValueHead, build_critic, hidden_size, h
 from lmppo.reference import ReferencePolicy
 from lmppo.rollout import (check_generation_kwargs, left_pad, pure_sampling_config, sample_responses,
                            warn_distorting_once)
+from lmppo.sampling import response_seed, sample_native
 
 
 @dataclass
@@ -115,7 +116,8 @@ class PPOTrainer:
 
         all_prompts = tokenize_prompts(load_prompt_records(cfg.data, prompts), self.tokenizer, cfg.data)
         self.prompt_set, self.holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.seed)
-        self.stream = PromptStream(len(self.prompt_set.ids), cfg.rollout.batch_size, cfg.seed, cfg.data.shuffle)
+        self._check_process_split()
+        self.stream = PromptStream(len(self.prompt_set.ids), self.prompts_per_iteration, cfg.seed, cfg.data.shuffle)
         self.reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
             device=str(self.device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
             batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path))
@@ -183,22 +185,35 @@ class PPOTrainer:
 
     def collect_rollout(self) -> Rollout:
         cfg = self.config.rollout
-        index = self.stream.next_batch()
+        k, rank = cfg.num_samples_per_prompt, self.accelerator.process_index
+        prompts = self.stream.next_batch(rank, self.accelerator.num_processes)  # this process's slice
+        index = [i for i in prompts for _ in range(k)]  # each prompt k times, consecutive
+        first_row = rank * len(index)  # rows of the global batch held by this process start here
+        positions = list(range(first_row, first_row + len(index)))
+        group_ids = torch.tensor([p // k for p in positions], device=self.device)
         prompt_ids, prompt_mask = left_pad([self.prompt_set.ids[i] for i in index], self.tokenizer.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
-        response_ids, response_mask, terminated, truncated = sample_responses(
-            self.policy, prompt_ids, prompt_mask, self.gen_config, self.stop_ids, cfg.max_new_tokens)
+        if cfg.backend == "native":
+            seeds = [response_seed(self.config.seed, self.iteration, p) for p in positions]
+            response_ids, response_mask, terminated, truncated = sample_native(
+                self.policy, prompt_ids, prompt_mask, cfg.temperature, cfg.max_new_tokens, self.stop_ids,
+                self.tokenizer.pad_token_id, seeds)
+        else:
+            response_ids, response_mask, terminated, truncated = sample_responses(
+                self.policy, prompt_ids, prompt_mask, self.gen_config, self.stop_ids, cfg.max_new_tokens)
         P = prompt_ids.shape[1]
         input_ids = torch.cat([prompt_ids, response_ids], 1)
         attention_mask = torch.cat([prompt_mask, response_mask], 1)
         chunk = cfg.forward_batch_size or input_ids.shape[0]
+        actor = self.accelerator.unwrap_model(self.actor)  # no-grad passes need no DDP wrapper
+        critic = self.accelerator.unwrap_model(self.critic) if self.critic is not None else None
         logprobs, ref_logprobs, values = [], [], []
         with torch.inference_mode(), self._autocast():
             for s in range(0, input_ids.shape[0], chunk):
                 ids, att, resp = input_ids[s:s + chunk], attention_mask[s:s + chunk], response_ids[s:s + chunk]
-                out = self.actor(ids, att, P, cfg.temperature)
+                out = actor(ids, att, P, cfg.temperature)
                 logprobs.append(selective_log_softmax(out.logits, resp))
-                values.append(out.values if self.critic is None else self.critic(ids, att, P))
+                values.append(out.values if critic is None else critic(ids, att, P))
                 ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
         # clone out of inference mode: these tensors enter the loss as constants
         logprobs, ref_logprobs, all_values = (torch.cat(x).clone() for x in (logprobs, ref_logprobs, values))
@@ -211,7 +226,7 @@ class PPOTrainer:
             logprobs=torch.where(response_mask, logprobs, zeros),
             ref_logprobs=torch.where(response_mask, ref_logprobs, zeros),
             values=torch.where(response_mask, all_values[:, :-1], zeros), final_values=final_values,
-            terminated=terminated, truncated=truncated,
+            terminated=terminated, truncated=truncated, group_ids=group_ids,
             prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text)
 
     # ------------------------------------------------------------------ 2. score
@@ -255,29 +270,44 @@ class PPOTrainer:
     def advantages(self, rollout: Rollout, rewards: TokenRewards) -> tuple[torch.Tensor, torch.Tensor]:
         p = self.config.ppo
         adv, returns = ADVANTAGE_ESTIMATORS[p.advantage_estimator](
-            rewards.rewards, rollout.values, rollout.response_mask, gamma=p.gamma, lam=p.lam)
+            rewards.rewards, rollout.values, rollout.response_mask, gamma=p.gamma, lam=p.lam,
+            group_ids=rollout.group_ids)
         if p.whiten_advantages:
-            adv = masked_whiten(adv, rewards.train_mask)
+            adv = self._whiten_over_processes(adv, rewards.train_mask)
         return adv, returns
+
+    def _whiten_over_processes(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process."""
+        m = mask.to(values.dtype)
+        sums = torch.stack([(values * m).sum(), m.sum()])
+        sums = self.accelerator.reduce(sums, "sum")
+        mean = sums[0] / sums[1].clamp(min=1)
+        sq = self.accelerator.reduce(((values - mean) ** 2 * m).sum(), "sum")
+        var = sq / (sums[1] - 1).clamp(min=1)
+        return whiten_with(values, mask, mean, var)
 
     # ------------------------------------------------------------------ 5. PPO update
     def ppo_update(self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
                    train_mask: torch.Tensor, stats: MetricsAccumulator) -> None:
         cfg = self.config
-        B, mb, micro = rollout.batch_size, cfg.minibatch_size, cfg.ppo.micro_batch_size
+        W = self.accelerator.num_processes
+        B, mb, micro = rollout.batch_size, cfg.minibatch_size // W, cfg.ppo.micro_batch_size
         for _epoch in range(cfg.ppo.num_epochs):
             order = torch.randperm(B, generator=self.update_generator).to(self.device)
             for start in range(0, B, mb):
                 minibatch = order[start:start + mb]
-                num_tokens = train_mask[minibatch].sum().clamp(min=1)
+                # DDP averages gradients over processes, so each divides by (global token count / W):
+                # the result is the token mean over the whole global minibatch
+                num_tokens = self.accelerator.reduce(train_mask[minibatch].sum().float(), "sum").clamp(min=1) / W
                 losses = []
                 for m in range(0, mb, micro):
                     idx = minibatch[m:m + micro]
-                    loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
-                                                 train_mask[idx], num_tokens, stats)
-                    self.accelerator.backward(loss)
+                    with self._sync_gradients(last=m + micro >= mb):
+                        loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
+                                                     train_mask[idx], num_tokens, stats)
+                        self.accelerator.backward(loss)
                     losses.append(loss.detach())
-                self.optimizer_step(torch.stack(losses).sum(), stats)
+                self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
         self.scheduler.step()
 
     def micro_batch_loss(self, batch: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
@@ -311,6 +341,17 @@ class PPOTrainer:
             stats.add(name, masked_mean(value.detach(), mask))
         return token_mean(per_token, mask, num_tokens)
 
+    def _sync_gradients(self, last: bool):
+        """Gradient all-reduce only on the last micro-batch of a minibatch (no-op with one process)."""
+        from contextlib import ExitStack
+
+        stack = ExitStack()
+        if not last and self.accelerator.num_processes > 1:
+            stack.enter_context(self.accelerator.no_sync(self.actor))
+            if self.critic is not None:
+                stack.enter_context(self.accelerator.no_sync(self.critic))
+        return stack
+
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator) -> None:
         max_norm = self.config.ppo.max_grad_norm or float("inf")
         grad_norm = self.accelerator.clip_grad_norm_(self.trainable_params, max_norm)
@@ -335,16 +376,17 @@ class PPOTrainer:
                          stats: MetricsAccumulator, timer: PhaseTimer) -> None:
         cfg = self.config
         self.iteration += 1
-        self.episode += rollout.batch_size
+        self.episode += cfg.rollout.batch_size  # global: every process's responses
         metrics = self.iteration_metrics(rollout, scored, rewards, stats, timer)
-        self.kl_controller.update(metrics["objective/kl"], rollout.batch_size)
+        self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
         self._guard_negative_kl(metrics["objective/kl"], rollout, rewards)
         self.history.append(metrics)
-        self.logger.log(metrics, self.episode)
-        self._print_progress(metrics)
-        if cfg.log.sample_every and cfg.log.num_samples and (
+        if self.logger is not None:  # the main process writes metrics, samples and the console
+            self.logger.log(metrics, self.episode)
+            self._print_progress(metrics)
+        if self.logger is not None and cfg.log.sample_every and cfg.log.num_samples and (
                 self.iteration % cfg.log.sample_every == 0 or self.iteration == 1):
             self.logger.log_samples(self.sample_rows(rollout, scored, rewards), self.episode,
                                     f"samples at episode {self.episode}")
@@ -376,18 +418,18 @@ class PPOTrainer:
             "val/num_eos_tokens": gather(rollout.terminated.float()) * rollout.batch_size * self.accelerator.num_processes,
             "response/length_mean": gather(mask.sum(1).float()),
             "response/truncated_frac": gather(rollout.truncated.float()),
-            "reward/num_invalid": (1 - valid).sum().item(),
-            f"truncation/{self.config.reward.truncation}_count": rollout.truncated.sum().item(),
-            "objective/kl_token_min": rewards.kl[mask].min().item() if mask.any() else 0.0,
+            "reward/num_invalid": self._process_sum((1 - valid).sum()),
+            f"truncation/{self.config.reward.truncation}_count": self._process_sum(rollout.truncated.sum()),
+            "objective/kl_token_min": -self._process_max(-rewards.kl[mask].min() if mask.any() else torch.zeros(())),
         }
         for name, per_response in scored.per_source.items():
             m[f"reward/{name}"] = gather(per_response)
         for name in ("loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
                      "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "policy/grad_norm", "loss/kl_avg"):
             if name in stats:
-                m[name] = stats.mean(name)
+                m[name] = self._process_mean(stats.mean(name))
         if "val/ratio" in stats:
-            m["val/ratio_var"] = stats.var("val/ratio")
+            m["val/ratio_var"] = self._process_mean(stats.var("val/ratio"))
         if "update/skipped_nonfinite" in stats:
             m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * len(stats._values["update/skipped_nonfinite"])
         total = sum(timer.seconds.values())
@@ -497,6 +539,30 @@ class PPOTrainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
+    def _process_mean(self, value: float) -> float:
+        return self.accelerator.reduce(torch.tensor(float(value), device=self.device), "mean").item()
+
+    def _process_sum(self, value: torch.Tensor) -> float:
+        return self.accelerator.reduce(value.float().to(self.device), "sum").item()
+
+    def _process_max(self, value: torch.Tensor) -> float:
+        return self.accelerator.gather(value.float().reshape(1).to(self.device)).max().item()
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        return self.config.rollout.batch_size // self.config.rollout.num_samples_per_prompt
+
+    def _check_process_split(self) -> None:
+        """Every process takes an equal share of the prompts and of each minibatch."""
+        W, cfg = self.accelerator.num_processes, self.config
+        if self.prompts_per_iteration % W:
+            raise ConfigError("rollout.batch_size", cfg.rollout.batch_size,
+                              f"with {W} processes, the prompts per iteration ({self.prompts_per_iteration}) must "
+                              f"divide evenly among them")
+        if (cfg.minibatch_size // W) % cfg.ppo.micro_batch_size or cfg.minibatch_size % W:
+            raise ConfigError("ppo.micro_batch_size", cfg.ppo.micro_batch_size,
+                              f"must divide each process's share of a minibatch ({cfg.minibatch_size} / {W} processes)")
+
     def _gather_mean(self, per_sample: torch.Tensor) -> float:
         """Mean over every sample of every process (TRL 1.12 averages per-process means)."""
         values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
@@ -510,7 +576,7 @@ class PPOTrainer:
         prepare_output_dir(self.config, self.accelerator.is_main_process, getattr(self, "_resuming", False))
 
     def _open_logger(self) -> None:
-        if self.logger is None:
+        if self.logger is None and self.accelerator.is_main_process:
             cfg = self.config
             from lmppo.checkpoint import redacted_config_dict
 

@@ -49,3 +49,71 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamm
     advantages = torch.where(mask, advantages, zeros)
     returns = torch.where(mask, advantages + values, zeros)
     return advantages, returns
+
+
+def _response_returns(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) total reward of each response (sum over its real tokens)."""
+    return torch.where(mask, rewards, torch.zeros_like(rewards)).sum(dim=1)
+
+
+def _returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B, T) G_t = sum_{s >= t} gamma^(s - t) r_s over real tokens: GAE with V = 0 and lambda = 1."""
+    zeros = torch.zeros_like(rewards)
+    return gae(rewards, zeros, mask, gamma=gamma, lam=1.0)[0]
+
+
+def _group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row group size, group mean and group std (population) of `values` (B,) grouped by `group_ids` (B,)."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max().item()) + 1
+    count = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, torch.ones_like(values))
+    total = torch.zeros_like(count).index_add_(0, inverse, values)
+    mean = total / count
+    sq = torch.zeros_like(count).index_add_(0, inverse, (values - mean[inverse]) ** 2)
+    std = (sq / count).sqrt()
+    return count[inverse], mean[inverse], std[inverse]
+
+
+def _require_groups(group_ids: Optional[torch.Tensor], name: str) -> torch.Tensor:
+    if group_ids is None:
+        raise ValueError(f"advantage estimator {name!r} needs group_ids (rollout.num_samples_per_prompt > 1)")
+    return group_ids
+
+
+@register_advantage_estimator("rloo")
+def rloo(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
+         group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): A_i = R_i - mean of the other responses to the same
+    prompt, R_i the response's total reward; the same advantage on every token of the response.
+    Values are not used; returns are the per-token returns-to-go (for a value head, if one is trained)."""
+    group_ids = _require_groups(group_ids, "rloo")
+    totals = _response_returns(rewards, mask)
+    count, mean, _ = _group_stats(totals, group_ids)
+    if (count < 2).any():
+        raise ValueError("rloo needs at least 2 responses per prompt")
+    baseline = (mean * count - totals) / (count - 1)
+    adv = (totals - baseline)[:, None].expand_as(rewards)
+    zeros = torch.zeros_like(rewards)
+    return torch.where(mask, adv, zeros), _returns_to_go(rewards, mask, gamma)
+
+
+@register_advantage_estimator("grpo")
+def grpo(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
+         group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-normalised outcome advantage (GRPO, Shao et al. 2024): A_i = (R_i - mean_g) / (std_g + 1e-6) on
+    every token, std the population std of the group's totals. Values are not used."""
+    group_ids = _require_groups(group_ids, "grpo")
+    totals = _response_returns(rewards, mask)
+    _, mean, std = _group_stats(totals, group_ids)
+    adv = ((totals - mean) / (std + 1e-6))[:, None].expand_as(rewards)
+    return torch.where(mask, adv, torch.zeros_like(rewards)), _returns_to_go(rewards, mask, gamma)
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
+                 group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025): the token-level discounted return-to-go of the KL-shaped rewards is the
+    advantage; normalisation over the whole batch is the separate whitening step (`ppo.whiten_advantages`).
+    Values are not used; no groups needed."""
+    g = _returns_to_go(rewards, mask, gamma)
+    return g, g

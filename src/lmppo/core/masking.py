@@ -35,7 +35,12 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
 
     With `shift_mean=False` the mean is added back (scale only), as for rewards in the N implementation details.
     """
-    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    return whiten_with(values, mask, masked_mean(values, mask), masked_var(values, mask), shift_mean, eps)
+
+
+def whiten_with(values: torch.Tensor, mask: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+                shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """`masked_whiten` with given statistics (e.g. computed over all processes)."""
     whitened = (values - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
