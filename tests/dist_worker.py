@@ -1,0 +1,51 @@
+"""Run a tiny PPO training in one process of a (possibly multi-process) torchrun job; write its metrics.
+
+Used by tests/test_distributed.py:  torchrun --nproc_per_node N tests/dist_worker.py OUT_JSON
+"""
+
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+torch.set_num_threads(1)
+
+from conftest import PROMPTS, tiny_llama  # noqa: E402
+from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
+from lmppo.config import Config  # noqa: E402
+from lmppo.trainer import PPOTrainer  # noqa: E402
+
+
+def length_reward(prompts, completions):
+    return [len(c) / 20.0 for c in completions]
+
+
+def main(out_path: str) -> None:
+    tok = make_bpe_tokenizer()
+    cfg = Config()
+    cfg.output_dir = os.path.join(os.path.dirname(out_path), "run")
+    cfg.device = "cpu"
+    cfg.total_episodes = 3 * 8
+    cfg.rollout.batch_size = 8
+    cfg.rollout.max_new_tokens = 6
+    cfg.rollout.temperature = 1.0
+    cfg.ppo.num_minibatches = int(os.environ.get("NUM_MINIBATCHES", "1"))
+    cfg.ppo.micro_batch_size = 2
+    cfg.ppo.num_epochs = 2
+    cfg.ppo.learning_rate = 1e-3
+    cfg.data.shuffle = True
+    cfg.log.trackers = []
+    cfg.log.sample_every = 0
+    cfg.value.mode = os.environ.get("VALUE_MODE", "shared")
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tok), tokenizer=tok, prompts=PROMPTS * 2,
+                         reward_functions=[length_reward])
+    history = trainer.train()
+    if trainer.accelerator.is_main_process:
+        with open(out_path, "w") as fh:
+            json.dump(history, fh)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
