@@ -30,7 +30,7 @@ def run_workers(tmp_path, nproc: int, **env) -> list[dict]:
     out.parent.mkdir(parents=True)
     environ = {**os.environ, "OMP_NUM_THREADS": "1", **env,
                "PYTHONPATH": os.pathsep.join([os.path.join(HERE, "..", "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([torchrun, "--nproc_per_node", str(nproc), "--master_port", "0",
+    proc = subprocess.run([torchrun, "--standalone", "--nproc_per_node", str(nproc),
                            os.path.join(HERE, "dist_worker.py"), str(out)],
                           env=environ, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
