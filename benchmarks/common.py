@@ -59,6 +59,7 @@ PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS = 16, 32
 SEED_TOKENIZER_TEXT = 1234
 SEED_POLICY, SEED_CRITIC, SEED_REWARD = 1, 2, 3
 REWARD_SCALE = 5.0
+KNOB_DIMS, KNOB_CONST, KNOB_ALPHA = 16, 0.1, 120.0  # see add_vowel_knob
 
 # Benchmark settings shared by both trainers (the driver copies these into each run's cfg).
 BASE_SETTINGS = dict(
@@ -193,6 +194,30 @@ def vowel_token_mask(tokenizer) -> list[bool]:
     return mask
 
 
+def add_vowel_knob(policy, tokenizer) -> dict:
+    """Give the random policy one shared, initially switched-off "say vowel-initial tokens" direction.
+
+    A randomly initialised policy has no structure shared by the ~600 target tokens, so PPO would have to
+    raise 600 unrelated logits one by one and learns nothing measurable in a few hundred episodes.  Here
+    KNOB_DIMS residual dimensions carry a constant (written by the embeddings, never by a layer), the
+    final RMSNorm weight of those dimensions starts at 0 (so the untrained policy is unchanged: its
+    logits do not depend on them), and the lm_head rows of the target tokens read them with weight
+    KNOB_ALPHA.  Growing those few norm weights raises all target logits together; with Adam each
+    consistent step moves them by ~lr, so the reward is learnable in tens of updates at lr 3e-5."""
+    import torch
+    target = torch.tensor(vowel_token_mask(tokenizer))
+    dims = list(range(KNOB_DIMS))
+    with torch.no_grad():
+        policy.model.embed_tokens.weight[:, dims] = KNOB_CONST
+        for layer in policy.model.layers:
+            layer.self_attn.o_proj.weight[dims, :] = 0.0
+            layer.mlp.down_proj.weight[dims, :] = 0.0
+        policy.model.norm.weight[dims] = 0.0
+        policy.lm_head.weight[:, dims] = 0.0
+        policy.lm_head.weight[target.nonzero().flatten()[:, None], torch.tensor(dims)[None]] = KNOB_ALPHA
+    return dict(dims=KNOB_DIMS, const=KNOB_CONST, alpha=KNOB_ALPHA, target_tokens=int(target.sum()))
+
+
 def build_reward_model(tokenizer, prompts_train: list[list[int]], response_length: int = 32):
     """LlamaForSequenceClassification (num_labels=1) that counts vowel-initial tokens (see module doc)."""
     import torch
@@ -287,6 +312,7 @@ def build_tiny_cache(cache: Path, force: bool = False) -> dict:
 
     torch.manual_seed(SEED_POLICY)
     policy = LlamaForCausalLM(tiny_config(tokenizer))
+    knob_info = add_vowel_knob(policy, tokenizer)
     policy.generation_config.pad_token_id = tokenizer.pad_token_id
     policy.generation_config.eos_token_id = tokenizer.eos_token_id
     policy.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -309,7 +335,7 @@ def build_tiny_cache(cache: Path, force: bool = False) -> dict:
     manifest = dict(
         format=CACHE_FORMAT, kind="tiny", python=sys.version.split()[0], torch=torch.__version__,
         transformers=transformers.__version__, corpus_paragraphs=len(paras), vocab_size=VOCAB_SIZE,
-        policy_params=n_params, arch=TINY_ARCH, n_train_prompts=len(train_ids), n_eval_prompts=len(eval_ids),
+        policy_params=n_params, arch=TINY_ARCH, policy_knob=knob_info, n_train_prompts=len(train_ids), n_eval_prompts=len(eval_ids),
         prompt_tokens=[PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS], reward=rinfo, reward_scale=REWARD_SCALE,
         build_seconds=round(time.time() - t0, 1),
     )

@@ -163,13 +163,13 @@ def run_trl(cfg: dict) -> dict:
     if cfg.get("profile"):
         import cProfile
         prof = cProfile.Profile()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
     trainer.train()
     if prof:
         prof.disable()
-    t1 = time.perf_counter()
+    t1, c1 = time.perf_counter(), time.process_time()
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
     episodes = trainer.state.episode
@@ -181,7 +181,8 @@ def run_trl(cfg: dict) -> dict:
     tok.save_pretrained(out / "policy")
     res = dict(
         side="trl", episodes=episodes, updates=len(rec.step_end), train_seconds=t1 - t0, eps=episodes / (t1 - t0),
-        eps_steady=steady, setup_seconds=setup_s, worker_maxrss_mb=rss_kb / 1024,
+        eps_steady=steady, train_cpu_seconds=c1 - c0, eps_cpu=episodes / (c1 - c0) * cfg["threads"],
+        cpu_util=(c1 - c0) / (t1 - t0), setup_seconds=setup_s, worker_maxrss_mb=rss_kb / 1024,
         train_scores_first=[l.get("objective/scores") for l in rec.logs[:3]],
         train_scores_last=[l.get("objective/scores") for l in rec.logs[-3:]],
         train_kl_last=rec.logs[-1].get("objective/kl") if rec.logs else None,
@@ -204,28 +205,26 @@ def _summarize_profile(prof, path: Path, total: float) -> dict:
     st.sort_stats("cumulative").print_stats(60)
     st.sort_stats("tottime").print_stats(40)
     path.write_text(s.getvalue())
-    # phases by function name (file-substring, function); cumulative time, top-level calls only
-    wanted = {
-        "generate (rollout sampling)": ("ppo_trainer.py", "batch_generation"),
-        "ref policy forward": ("ppo_trainer.py", "forward"),
-        "value + reward forward (get_reward)": ("experimental/utils.py", "get_reward"),
-        "train forward (policy+critic)": ("ppo_trainer.py", "forward"),  # shares name with ref forward
-        "backward": ("accelerate/accelerator.py", "backward"),
-        "optimizer.step": ("torch/optim/optimizer.py", "wrapper"),
-        "gc.collect": ("~", "<built-in method gc.collect>"),
-        "selective_log_softmax": ("trl/trainer/utils.py", "selective_log_softmax"),
-        "trainer.log": ("trainer.py", "log"),
+    # phases: cumulative time of the functions that make up a PPO update (each counted once)
+    from trl.experimental.ppo import ppo_trainer as pt
+    from trl.experimental import utils as tu
+    code_of = lambda f: (f.__code__.co_filename, f.__code__.co_firstlineno, f.__code__.co_name)
+    ct = {k: v[3] for k, v in st.stats.items()}
+    by_name = lambda name: sum(v for (f, _l, fn), v in ct.items() if fn == name)
+    train_fwd = ct.get(code_of(pt.PolicyAndValueWrapper.forward), 0.0)
+    all_fwd = ct.get(code_of(pt.forward), 0.0)     # ref-policy forward (rollout) + the train forward
+    phases = {
+        "rollout: generate (HF generate, 8 x response_length tokens)": ct.get(code_of(pt.batch_generation), 0.0),
+        "rollout: ref policy forward": all_fwd - train_fwd,
+        "rollout: critic + reward forward (get_reward)": ct.get(code_of(tu.get_reward), 0.0),
+        "train: forward policy + critic": train_fwd,
+        "train: backward": sum(v for (f, _l, fn), v in ct.items() if fn == "backward" and "accelerate" in f),
+        "train: optimizer.step (AdamW)": sum(v for (f, _l, fn), v in ct.items()
+                                             if fn == "step" and f.endswith(("optim/adam.py", "optim/adamw.py"))),
+        "gc.collect (2 per update)": by_name("<built-in method gc.collect>"),
     }
-    out = {"train_total": total}
-    for label, (fname, func) in wanted.items():
-        tot = 0.0
-        for (f, _line, fn), (cc, nc, tt, ct, callers) in st.stats.items():
-            if fn == func and fname in f:
-                tot += ct
-        out[label] = tot
-    out.pop("train forward (policy+critic)")
-    out["ref + train forward (ppo_trainer.forward)"] = out.pop("ref policy forward")
-    return out
+    phases["other"] = total - sum(phases.values())
+    return {"train_total": total, **phases}
 
 
 # ================================================================================================
@@ -248,7 +247,9 @@ def run_lmppo(cfg: dict) -> dict:
         (``save_pretrained``) -- the driver scores it with ``common.evaluate_saved_policy``.
       * return at least ``episodes``, ``train_seconds`` (wall time of the training call only,
         excluding model loading and any warm-up/compile you choose to exclude -- say which), ``eps``
-        and optionally ``eps_steady`` (without the first update), ``setup_seconds``, ``versions``.
+        and optionally ``eps_steady`` (without the first update), ``train_cpu_seconds``
+        (``time.process_time()`` over the same span), ``eps_cpu`` (= episodes / cpu seconds * threads),
+        ``cpu_util`` (cpu / wall), ``setup_seconds``, ``versions`` -- as run_trl does.
     """
     raise NotImplementedError("run_lmppo: the lmppo side of the benchmark is not wired yet")
 
@@ -315,13 +316,16 @@ def run_worker(side: str, python: str, cfg: dict, timeout: float) -> dict:
     if res_path.exists():
         res_path.unlink()
     cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--cfg", str(cfg_path), "--result", str(res_path)]
+    load0 = os.getloadavg()[0]
     rc, wall, rss = _spawn(cmd, log, _child_env(cfg["threads"]), timeout)
+    load1 = os.getloadavg()[0]
     if rc != 0 or not res_path.exists():
         tail = _tail(log)
         err = "not implemented" if "NotImplementedError" in tail else f"exit {rc}"
         return dict(side=side, ok=False, error=err, log=str(log), log_tail=tail)
     res = json.loads(res_path.read_text())
-    res.update(ok=True, peak_rss_mb=rss, process_seconds=wall, log=str(log))
+    res.update(ok=True, peak_rss_mb=rss, process_seconds=wall, log=str(log), loadavg_before=load0,
+               loadavg_after=load1)
     return res
 
 
@@ -355,7 +359,9 @@ def build_cache(python: str, kind: str, cache: Path, model_dir: str | None, time
 
 def resolve_real_model(lmppo_python: str) -> str:
     code = "from lmppo.assets import resolve_model; print(resolve_model('smollm2'))"
-    p = subprocess.run([lmppo_python, "-c", code], capture_output=True, text=True, cwd=str(HERE.parent))
+    env = dict(os.environ)  # works from a source checkout too (src layout)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent / "src"), env.get("PYTHONPATH")) if p)
+    p = subprocess.run([lmppo_python, "-c", code], capture_output=True, text=True, cwd=str(HERE.parent), env=env)
     if p.returncode != 0:
         sys.exit("--real needs lmppo.assets.resolve_model('smollm2') (or pass --real-model DIR):\n"
                  + p.stderr[-2000:])
@@ -380,36 +386,44 @@ def _spread(xs):
 
 
 def summarize(results: dict, untrained: dict) -> str:
-    lines = []
+    """Per configuration: medians over repeats, spread (noise) and the lmppo/TRL ratio."""
+    lines = ["eps = episodes / wall time of train(); eps_cpu = episodes / CPU time of train() x threads "
+             "(robust to other load on the machine); util = CPU / wall of train() (1.0 per thread when alone);",
+             "spread = (max - min) / median of eps over repeats; peak RSS = ru_maxrss of the worker process; "
+             "score = mean reward on held-out prompts after training (sd over repeats)."]
     for name, sides in results.items():
-        t, l = sides.get("trl", []), sides.get("lmppo", [])
-        tok_t = [r for r in t if r.get("ok")]
-        tok_l = [r for r in l if r.get("ok")]
-        eps_t = _median([r["eps"] for r in tok_t])
-        eps_l = _median([r["eps"] for r in tok_l])
-        ratio = eps_l / eps_t if eps_t and eps_l else None
-        lines.append(f"\n== {name}: {CONFIGS[name]} ==")
+        lines.append(f"\n== {name}: {json.dumps(CONFIGS[name]) if CONFIGS[name] else 'base settings'} ==")
         u = untrained.get(name)
         if u and u.get("ok"):
-            lines.append(f"untrained policy score: {u['score_mean']:+.3f} (sem {u['score_sem']:.3f})")
-        hdr = f"{'':8} {'eps(median)':>11} {'eps_steady':>10} {'spread%':>8} {'peakRSS MB':>10} {'score':>8} {'score sd':>8}  n"
-        lines.append(hdr)
-        for side, ok, allr in (("trl", tok_t, t), ("lmppo", tok_l, l)):
+            lines.append(f"untrained policy score: {u['score_mean']:+.3f} (sem {u['score_sem']:.3f}, n {u['n']})")
+        lines.append(f"{'':6} {'eps':>7} {'steady':>7} {'spread%':>7} {'eps_cpu':>7} {'cpu%':>5} "
+                     f"{'peakMB':>7} {'score':>7} {'sd':>6} {'n':>2}")
+        med = {}
+        for side in ("trl", "lmppo"):
+            allr = sides.get(side, [])
+            ok = [r for r in allr if r.get("ok")]
             if not allr:
                 continue
             if not ok:
-                lines.append(f"{side:8} {'(' + allr[0].get('error', 'failed') + ')':>11}")
+                lines.append(f"{side:6} ({allr[0].get('error', 'failed')})")
                 continue
-            scores = [r.get("eval", {}).get("score_mean") for r in ok]
-            sc = [s for s in scores if s is not None]
+            sc = [r.get("eval", {}).get("score_mean") for r in ok]
+            sc = [x for x in sc if x is not None]
+            med[side] = dict(eps=_median([r["eps"] for r in ok]), eps_cpu=_median([r.get("eps_cpu") for r in ok]),
+                             rss=_median([r["peak_rss_mb"] for r in ok]))
             lines.append(
-                f"{side:8} {_fmt(_median([r['eps'] for r in ok]), '.3f'):>11} "
-                f"{_fmt(_median([r.get('eps_steady') for r in ok]), '.3f'):>10} "
-                f"{_fmt(_spread([r['eps'] for r in ok]), '.1f'):>8} "
-                f"{_fmt(_median([r['peak_rss_mb'] for r in ok]), '.0f'):>10} "
-                f"{_fmt(_median(sc), '+.3f'):>8} {_fmt(statistics.stdev(sc) if len(sc) > 1 else None, '.3f'):>8}  {len(ok)}")
-        lines.append(f"ratio lmppo/TRL eps: {_fmt(ratio, '.2f')}"
-                     + ("   (TRL side reused from 'base': identical TRL run)" if any(r.get("reused_from") for r in t) else ""))
+                f"{side:6} {_fmt(med[side]['eps'], '.3f'):>7} {_fmt(_median([r.get('eps_steady') for r in ok]), '.3f'):>7} "
+                f"{_fmt(_spread([r['eps'] for r in ok]), '.1f'):>7} {_fmt(med[side]['eps_cpu'], '.3f'):>7} "
+                f"{_fmt(_median([100 * r['cpu_util'] for r in ok if r.get('cpu_util')]), '.0f'):>5} "
+                f"{_fmt(med[side]['rss'], '.0f'):>7} {_fmt(_median(sc), '+.3f'):>7} "
+                f"{_fmt(statistics.stdev(sc) if len(sc) > 1 else None, '.3f'):>6} {len(ok):>2}")
+        if "trl" in med and "lmppo" in med:
+            t, l = med["trl"], med["lmppo"]
+            lines.append(f"lmppo/TRL: eps x{l['eps'] / t['eps']:.2f}"
+                         + (f", eps_cpu x{l['eps_cpu'] / t['eps_cpu']:.2f}" if t["eps_cpu"] and l["eps_cpu"] else "")
+                         + f", peak RSS x{l['rss'] / t['rss']:.2f}")
+        if any(r.get("reused_from") for r in sides.get("trl", [])):
+            lines.append("(TRL side reused from an identical TRL run of another config)")
     return "\n".join(lines)
 
 
@@ -430,7 +444,9 @@ def main(argv=None):
     ap.add_argument("--cache-dir", type=Path, default=common.DEFAULT_CACHE_ROOT)
     ap.add_argument("--out", type=Path, default=HERE / ".cache" / "runs")
     ap.add_argument("--timeout", type=float, default=3600)
-    ap.add_argument("--profile", action="store_true", help="cProfile the TRL runs (slower; for the breakdown)")
+    ap.add_argument("--threads", type=int, default=None, help="override torch threads of every run (default: config's)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the comparison: one cProfiled TRL run per config, printing where its time goes")
     ap.add_argument("--no-eval", action="store_true")
     # worker mode
     ap.add_argument("--worker", choices=["trl", "lmppo"], help=argparse.SUPPRESS)
@@ -467,6 +483,22 @@ def main(argv=None):
     results: dict[str, dict[str, list]] = {n: {s: [] for s in sides} for n in names}
     untrained: dict[str, dict] = {}
     pythons = {"trl": a.trl_python, "lmppo": a.lmppo_python}
+    if a.profile:
+        for n in names:
+            cfg = make_run_cfg(n, "trl", a.seed, episodes, cache, root / n / "trl_profile", profile=True)
+            if a.threads:
+                cfg["threads"] = a.threads
+            print(f"profiling TRL, config {n} ...", flush=True)
+            res = run_worker("trl", a.trl_python, cfg, a.timeout)
+            if not res.get("ok"):
+                sys.exit(f"failed: {res['log']}\n{res.get('log_tail', '')}")
+            prof = res["profile"]
+            tot = prof.pop("train_total")
+            print(f"train() {tot:.1f} s under cProfile for {res['episodes']} episodes "
+                  f"(eps {res['eps']:.3f}, cpu util {res['cpu_util']:.2f}); full stats: {cfg['out_dir']}/trl_profile.txt")
+            for k, v in prof.items():
+                print(f"  {k:62} {v:7.2f} s  {100 * v / tot:5.1f}%")
+        return
     for n in names:   # score of the untrained policy, once per config (response length may differ)
         if a.no_eval:
             break
@@ -477,8 +509,9 @@ def main(argv=None):
     for r in range(a.repeats):
         for n in names:
             for side in sides:
-                cfg = make_run_cfg(n, side, a.seed + r, episodes, cache, root / n / side / f"r{r}",
-                                   profile=a.profile and side == "trl" and r == 0)
+                cfg = make_run_cfg(n, side, a.seed + r, episodes, cache, root / n / side / f"r{r}")
+                if a.threads:
+                    cfg["threads"] = a.threads
                 reuse = None
                 if side == "trl":
                     key = {k: v for k, v in cfg.items() if k not in LMPPO_ONLY_KEYS | {"config", "out_dir"}}

@@ -121,13 +121,15 @@ def cmd_train(argv: Sequence[str], console) -> int:
 
 
 def _print_summary(trainer, console) -> None:
-    h = trainer.history
-    if not h:
-        return
-    first, last = h[0], h[-1]
-    console.print(f"[bold]done[/]: {len(h)} iterations this session; score {first['objective/scores']:+.3f} -> "
-                  f"{last['objective/scores']:+.3f}, KL {first['objective/kl']:.3f} -> {last['objective/kl']:.3f}; "
-                  f"model in {os.path.join(trainer.config.output_dir, 'final')}", highlight=False)
+    """The end-of-training summary (lmppo.summary): training score and KL at the first and last iteration, and on
+    the held-out prompts (`data.holdout`) score, judge, KL and samples before and after; also OUTPUT_DIR/summary.json."""
+    from lmppo.summary import summarize
+
+    held = getattr(trainer, "holdout_set", None)
+    if console is not None and held is not None and len(held.ids):
+        console.print(f"[bold]done[/]; sampling the initial and the trained policy on the {len(held.ids)} held-out "
+                      "prompts ...", highlight=False)
+    summarize(trainer, console)
 
 
 def cmd_plot(argv: Sequence[str], console) -> int:

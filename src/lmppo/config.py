@@ -30,8 +30,9 @@ BUILTIN_MODELS = ("smollm2",)
 @dataclass
 class LoraConfig:
     enabled: bool = False
-    """Train LoRA adapters instead of all weights (needs `peft`). The reference policy is then the base model
-    with the adapters switched off: no second copy of the weights in memory."""
+    """Train LoRA adapters instead of all weights (needs `peft`). The reference policy then shares the base
+    weights, with no second copy in memory: with reference.mode `frozen` it is the base model with the adapters
+    switched off; with `sync` / `ema` it is the base model plus a reference adapter (a copy of the LoRA factors)."""
     r: int = 16
     """LoRA rank."""
     alpha: float = 32.0
@@ -195,7 +196,8 @@ class ReferenceConfig:
     mode: str = "frozen"
     """`frozen` (a copy of the initial policy, never trained), `sync` (copied from the policy every `every`
     iterations) or `ema` (ref <- (1 - alpha) * ref + alpha * policy every `every` iterations).
-    With LoRA the frozen reference is the base model with the adapters switched off."""
+    With LoRA the frozen reference is the base model with the adapters switched off; `sync` and `ema` act on a
+    reference copy of the adapters (for `ema` the LoRA factors A and B are averaged separately)."""
     every: int = 10
     """Iterations between reference updates, for `sync` and `ema`."""
     ema_alpha: float = 0.1

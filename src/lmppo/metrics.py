@@ -87,21 +87,24 @@ class TensorBoardTracker(Tracker):
 
 @register_tracker("wandb")
 class WandbTracker(Tracker):
-    """Weights & Biases; set WANDB_MODE=offline to run without a network."""
+    """Weights & Biases. The run lives in `OUTPUT_DIR/wandb`; set WANDB_MODE=offline to run without a network
+    (sync later with `wandb sync OUTPUT_DIR/wandb/offline-run-*`), WANDB_PROJECT to choose the project
+    (default `lmppo`). The run is named after the output folder."""
 
     def __init__(self, output_dir: str, config: dict, run_name: str):
         import wandb
 
         self.wandb = wandb
+        # console="off": wandb would otherwise wrap stdout/stderr, which garbles the live progress bar
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "lmppo"), name=run_name, config=config,
-                              dir=output_dir)
+                              dir=output_dir, settings=wandb.Settings(console="off"))
 
     def log(self, metrics, step):
-        self.run.log(metrics, step=step)
+        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
 
     def log_table(self, rows, step):
         if rows:
-            table = self.wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])
+            table = self.wandb.Table(columns=list(rows[0]), data=[[_cell(v) for v in r.values()] for r in rows])
             self.run.log({"samples": table}, step=step)
 
     def close(self):
@@ -110,30 +113,59 @@ class WandbTracker(Tracker):
 
 @register_tracker("trackio")
 class TrackioTracker(Tracker):
+    """trackio (a local, wandb-like dashboard: `trackio show`). Its database is trackio's own (TRACKIO_DIR,
+    default under the Hugging Face cache), not the output folder; TRACKIO_PROJECT chooses the project
+    (default `lmppo`). The run is named after the output folder."""
+
     def __init__(self, output_dir: str, config: dict, run_name: str):
         import trackio
 
         self.trackio = trackio
-        trackio.init(project=os.environ.get("TRACKIO_PROJECT", "lmppo"), name=run_name, config=config)
+        self.run = trackio.init(project=os.environ.get("TRACKIO_PROJECT", "lmppo"), name=run_name, config=config)
 
     def log(self, metrics, step):
-        self.trackio.log(metrics, step=step)
+        self.run.log({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, step=step)
+
+    def log_table(self, rows, step):
+        if rows:
+            table = self.trackio.Table(columns=list(rows[0]), data=[[_cell(v) for v in r.values()] for r in rows])
+            self.run.log({"samples": table}, step=step)
 
     def close(self):
-        self.trackio.finish()
+        self.run.finish()
+
+
+def _cell(v: Any) -> Any:
+    return v if isinstance(v, (int, float, str)) else str(v)
 
 
 def make_trackers(names: list[str], output_dir: str, config: dict, run_name: str) -> list[Tracker]:
+    """The trackers named in `log.trackers`; LmppoError (one line) when a package is missing or a tracker cannot
+    start, after closing those already started."""
     from lmppo.errors import LmppoError
 
-    out = []
+    out: list[Tracker] = []
     for name in names:
         try:
             out.append(TRACKERS[name](output_dir, config, run_name))
         except ImportError as err:
+            _close_all(out)
             raise LmppoError(f"log.trackers includes `{name}` but its package is missing ({err.name}); "
                              f"install it (`pip install {name}`) or remove it from log.trackers") from None
+        except Exception as err:  # noqa: BLE001 - e.g. wandb without an API key: a user mistake, one line
+            _close_all(out)
+            hint = " (set WANDB_MODE=offline to log without an account)" if name == "wandb" else ""
+            first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            raise LmppoError(f"log.trackers: `{name}` could not start: {type(err).__name__}: {first}{hint}") from err
     return out
+
+
+def _close_all(trackers: list[Tracker]) -> None:
+    for t in trackers:
+        try:
+            t.close()
+        except Exception:  # noqa: BLE001 - already failing; do not hide the first error
+            pass
 
 
 class MetricsLogger:

@@ -153,8 +153,10 @@ def build_critic(policy: nn.Module, init_path: Optional[str], mc: ModelConfig, d
         config = copy.deepcopy(base.config)
         config.num_labels = 1
         model = AutoModelForSequenceClassification.from_config(config)
-        trunk_state = getattr(base, base.base_model_prefix).state_dict()
-        getattr(model, model.base_model_prefix).load_state_dict(trunk_state, strict=False)
+        # with LoRA injected, the trunk's weights sit under `<layer>.base_layer.`; the critic gets the base weights
+        trunk_state = {k.replace(".base_layer.", "."): v
+                       for k, v in getattr(base, base.base_model_prefix).state_dict().items() if ".lora_" not in k}
+        getattr(model, model.base_model_prefix).load_state_dict(trunk_state, strict=True)
         nn.init.zeros_(model.score.weight)
         if getattr(model.score, "bias", None) is not None:
             nn.init.zeros_(model.score.bias)

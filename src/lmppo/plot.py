@@ -1,8 +1,11 @@
 """Training curves from one or more runs' ``metrics.jsonl``, drawn into one PNG (``lmppo plot``).
 
 Each run directory holds ``metrics.jsonl``: one JSON object per PPO iteration. One subplot per metric (those
-of ``DEFAULT_KEYS`` that at least one run logged, in that order), x = ``episode``, runs overlaid and named by
-their directory. Lines that are not valid JSON objects (a run killed mid-write) are skipped and counted.
+of ``DEFAULT_KEYS`` that at least one run logged, in that order, with every reward source's ``reward/<name>``
+after ``objective/scores``), x = ``episode``, runs overlaid and named by their directory. RL curves are noisy
+(one batch per point): with enough points each run is drawn as a faint raw line under an exponential moving
+average (``SMOOTHING``), so trends are readable without hiding the noise. Lines that are not valid JSON objects
+(a run killed mid-write) are skipped and counted.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from lmppo.errors import LmppoError
 
 DEFAULT_KEYS = (
     "objective/scores",
+    "reward/*",
     "objective/rlhf_reward",
     "objective/kl",
+    "objective/kl_coef",
     "objective/non_score_reward",
     "objective/entropy",
     "policy/clipfrac_avg",
@@ -29,9 +34,13 @@ DEFAULT_KEYS = (
     "response/length_mean",
     "response/truncated_frac",
 )
-"""Metrics plotted, in this order, when present in at least one run."""
+"""Metrics plotted, in this order, when present in at least one run. ``reward/*`` stands for every reward source's
+``reward/<name>`` (the judge of weight 0 included, so reward hacking shows next to the score)."""
 
 X_KEY = "episode"
+SMOOTHING = 0.6
+"""Weight of the past in the moving average drawn over runs of at least ``SMOOTH_FROM`` points (0: raw only)."""
+SMOOTH_FROM = 10
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], int]:
@@ -67,6 +76,30 @@ def _number(v: object) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
+def ema(values: list[float], weight: float) -> list[float]:
+    """Exponential moving average, debiased at the start (as TensorBoard's smoothing):
+    s_t = weight * s_{t-1} + (1 - weight) * v_t, reported as s_t / (1 - weight^(t+1))."""
+    out, s = [], 0.0
+    for t, v in enumerate(values):
+        s = weight * s + (1 - weight) * v
+        out.append(s / (1 - weight ** (t + 1)))
+    return out
+
+
+def _expand(keys: list[str], runs: list) -> list[str]:
+    """Replace `prefix/*` by the metrics of that prefix logged by any run (sorted; counters left out)."""
+    out: list[str] = []
+    for k in keys:
+        if k.endswith("/*"):
+            prefix = k[:-1]
+            found = sorted({name for _, rows in runs for r in rows for name in r
+                            if name.startswith(prefix) and name not in ("reward/num_invalid",)})
+            out += [n for n in found if n not in out]
+        elif k not in out:
+            out.append(k)
+    return out
+
+
 def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) -> str:
     """Draw the curves of ``keys`` (default ``DEFAULT_KEYS``; those present) for every run into ``out_png``.
 
@@ -96,7 +129,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
     if skipped:
         warnings.warn(f"plot: skipped {skipped} malformed line(s) in the metrics files", stacklevel=2)
 
-    wanted = list(keys) if keys else list(DEFAULT_KEYS)
+    wanted = _expand(list(keys) if keys else list(DEFAULT_KEYS), runs)
     present = [k for k in wanted if any(_number(r.get(k)) is not None for _, rows in runs for r in rows)]
     if not present:
         raise LmppoError("plot: none of the metrics " + ", ".join(wanted) + " appear in "
@@ -118,8 +151,13 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                 xs.append(x if x is not None else float(i))
                 ys.append(y)
             if xs:
-                (line,) = ax.plot(xs, ys, label=label, linewidth=1.3, color=colors[r % len(colors)],
-                                  marker="." if len(xs) < 30 else None)
+                color = colors[r % len(colors)]
+                if SMOOTHING and len(xs) >= SMOOTH_FROM:
+                    ax.plot(xs, ys, linewidth=0.8, color=color, alpha=0.3)
+                    (line,) = ax.plot(xs, ema(ys, SMOOTHING), label=label, linewidth=1.6, color=color)
+                else:
+                    (line,) = ax.plot(xs, ys, label=label, linewidth=1.3, color=color,
+                                      marker="." if len(xs) < 30 else None)
                 legend.setdefault(label, line)
         ax.set_title(key, fontsize=10)
         ax.set_xlabel(X_KEY, fontsize=8)

@@ -1,16 +1,23 @@
 """Phase 1: sample responses and record what PPO needs about them (a `Rollout`).
 
 Honest sampling: the logprobs used for the PPO ratio and the KL describe the distribution that was sampled.
-Generation is pure sampling at `temperature`; every logits processor transformers would add from the model's
-own `generation_config` (checkpoints often ship top_k, top_p or a repetition penalty) is neutralised, and the
-processors that remain are checked. Settings that bend the distribution are refused unless the user opts in
-(see `check_generation_kwargs`).
+Generation is pure sampling at `temperature`:
+- every setting that bends the distribution is passed at its neutral value (transformers would otherwise fill
+  an unset one from its global defaults, e.g. top_k = 50);
+- the model's own `generation_config` (checkpoints often ship top_k, top_p or a repetition penalty, and
+  transformers 5 merges its values into the config passed to `generate`) is replaced by a neutral one for the
+  duration of each `generate` call, and restored afterwards so the saved model keeps its own defaults;
+- `pure_sampling_config` checks the result once with a two-token probe: the scores transformers samples from must
+  equal the raw logits divided by the temperature (this catches any processor a future transformers adds).
+Settings that bend the distribution are refused unless the user opts in (see `check_generation_kwargs`).
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
-from typing import Optional, Sequence
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -21,7 +28,7 @@ from lmppo.core.masking import stop_token_mask
 # neutral value. With any of them the policy's logprob of a sampled token is not the probability it was
 # sampled with, so the KL estimate is biased (often negative, see the PPO training tips) and the ratio is off.
 DISTORTING_SETTINGS: dict[str, object] = {
-    "top_k": 0, "top_p": 1.0, "min_p": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "top_k": 0, "top_p": 1.0, "min_p": None, "top_h": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
     "min_length": 0, "min_new_tokens": None, "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
     "length_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
     "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None, "sequence_bias": None,
@@ -62,15 +69,60 @@ def check_generation_kwargs(kwargs: dict, allow_distorting: bool) -> list[str]:
 
 def pure_sampling_config(model: nn.Module, temperature: float, max_new_tokens: int, stop_ids: Sequence[int],
                          pad_id: int, extra: Optional[dict] = None):
-    """A GenerationConfig for pure sampling; also resets the model's own defaults so none leak in."""
+    """A GenerationConfig for pure sampling at `temperature` (plus the user's `extra` settings, already checked
+    by `check_generation_kwargs`). Unless `extra` bends the distribution on purpose, a two-token probe with
+    `model` verifies that transformers samples from softmax(logits / temperature) (see `verify_pure_sampling`)."""
     from transformers import GenerationConfig
 
     settings = dict(DISTORTING_SETTINGS)
     settings.update(extra or {})
     gen = GenerationConfig(do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens,
                            eos_token_id=list(stop_ids) or None, pad_token_id=pad_id, use_cache=True, **settings)
-    model.generation_config = GenerationConfig(eos_token_id=list(stop_ids) or None, pad_token_id=pad_id)
+    if not any(settings[k] != v for k, v in DISTORTING_SETTINGS.items()):
+        verify_pure_sampling(model, gen)
     return gen
+
+
+@contextmanager
+def neutral_generation_config(model: nn.Module, gen_config) -> Iterator[None]:
+    """Inside the block the model's own generation_config holds only the stop and pad ids, so none of its
+    sampling defaults can be merged into `gen_config` by `generate`; the original is restored afterwards."""
+    from transformers import GenerationConfig
+
+    original = getattr(model, "generation_config", None)
+    model.generation_config = GenerationConfig(eos_token_id=gen_config.eos_token_id,
+                                               pad_token_id=gen_config.pad_token_id)
+    try:
+        yield
+    finally:
+        model.generation_config = original
+
+
+@torch.no_grad()
+def verify_pure_sampling(model: nn.Module, gen_config) -> None:
+    """Generate two tokens with `gen_config` and check the scores transformers samples from are exactly the raw
+    logits / temperature (no top-k/top-p mask, no penalty, no forced or suppressed token). Raises LmppoError
+    naming the offending tokens otherwise. The global RNG is left untouched."""
+    from lmppo.errors import LmppoError
+
+    probe = copy.deepcopy(gen_config)
+    probe.max_new_tokens = 2
+    probe.output_scores = probe.output_logits = probe.return_dict_in_generate = True
+    device = next(model.parameters()).device
+    ids = torch.arange(1, 5, device=device)[None]  # a few distinct tokens: a repetition penalty would show
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), neutral_generation_config(model, probe):
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=probe)
+    temperature = gen_config.temperature or 1.0
+    for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
+        expected = logits.float() / temperature
+        if not torch.allclose(scores.float(), expected, rtol=1e-4, atol=1e-4):
+            bad = (scores.float() - expected).abs().flatten().topk(3).indices.tolist()
+            raise LmppoError(
+                f"transformers' generate does not sample from softmax(logits / {temperature}) with lmppo's pure "
+                f"sampling config (step {step}: tokens {bad} have scores {scores.flatten()[bad].tolist()} instead "
+                f"of {expected.flatten()[bad].tolist()}); a logits processor is active that lmppo does not "
+                "neutralise. Please report this with your transformers version.")
 
 
 def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,7 +151,8 @@ def sample_responses(policy: nn.Module, prompt_ids: torch.Tensor, prompt_mask: t
     Returns response_ids (B, T) with padding after the first stop token, response_mask (B, T) bool,
     terminated (B,) bool (stop token produced) and truncated (B,) bool (hit max_new_tokens without it).
     """
-    out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_config)
+    with neutral_generation_config(policy, gen_config):
+        out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_config)
     response_ids = out[:, prompt_ids.shape[1]:]
     response_mask, terminated = stop_token_mask(response_ids, stop_ids)
     response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, gen_config.pad_token_id))

@@ -45,7 +45,8 @@ from lmppo.sampling import response_seed, sample_native
 @dataclass
 class ScoredRollout:
     """Phase 2 output: scores placed on response tokens."""
-    token_scores: torch.Tensor  # (B, T) weighted sum of the sources' placed scores (after truncation policy)
+    token_scores: torch.Tensor  # (B, T) weighted sum of the sources' placed scores, normalised/clipped, then the
+    #                             truncation penalty; all 0 on invalid rows
     raw_scores: torch.Tensor  # (B,) per-response total before truncation penalty / normalisation
     valid: torch.Tensor  # (B,) bool, False where a reward source gave bad output and on_bad_output = drop
     per_source: dict[str, torch.Tensor]  # name -> (B,) unweighted per-response totals
@@ -104,6 +105,7 @@ class PPOTrainer:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.tokenizer.padding_side = "left"
         policy = load_policy(cfg.model, path) if policy is None else prepare_policy(policy, cfg.model)
+        _check_context_length(cfg, policy)
         self.stop_ids = self._stop_ids()
         value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
         critic = build_critic(policy, self._critic_init_path(), cfg.model) if cfg.value.mode == "critic" else None
@@ -239,16 +241,16 @@ class PPOTrainer:
                                rc.on_bad_output, terminated=rollout.terminated.cpu())
         token_scores = result.token_scores.to(self.device, torch.float32)
         raw = token_scores.sum(1)
-        mask = rollout.response_mask
-        if rc.truncation == "penalty":
-            token_scores = penalize_truncated(token_scores, mask, rollout.truncated, rc.penalty, rc.penalty_mode)
+        mask, valid = rollout.response_mask, result.valid.to(self.device)
         if rc.normalize or rc.clip > 0:
-            valid_totals = token_scores.sum(1)[result.valid.to(self.device)]
             if rc.normalize:
-                self.score_moments.update(valid_totals)
+                self.score_moments.update(raw[valid])
             mean, std = (self.score_moments.mean, self.score_moments.std) if rc.normalize else (0.0, 1.0)
             token_scores = normalize_scores(token_scores, mask, mean, std, rc.clip)
-        return ScoredRollout(token_scores=token_scores, raw_scores=raw, valid=result.valid.to(self.device),
+        if rc.truncation == "penalty":  # after normalisation: a cut response scores exactly `reward.penalty`
+            token_scores = penalize_truncated(token_scores, mask, rollout.truncated, rc.penalty, rc.penalty_mode)
+        token_scores = torch.where(valid[:, None], token_scores, torch.zeros_like(token_scores))
+        return ScoredRollout(token_scores=token_scores, raw_scores=raw, valid=valid,
                              per_source={k: v.to(self.device) for k, v in result.per_source.items()})
 
     # ------------------------------------------------------------------ 3. per-token rewards
@@ -584,14 +586,47 @@ class PPOTrainer:
                                      os.path.basename(os.path.abspath(cfg.output_dir)))
             self.logger = MetricsLogger(cfg.output_dir, trackers, self.console, append=self.iteration > 0)
 
-    def _print_progress(self, m: dict[str, float]) -> None:
-        if self.console is None:
+    def _print_progress(self, m: Optional[dict[str, float]]) -> None:
+        """Progress after iteration `self.iteration` (metrics `m`; None: before the first one of this session).
+
+        On a terminal (and with `log.progress`): one live rich bar, iteration/total with the latest score, KL,
+        beta, episodes per second and the time left, redrawn in place below the sample tables. Elsewhere (CI,
+        output piped to a file, `log.progress: false`): one plain line per iteration."""
+        console = self.console
+        if console is None:
             return
-        self.console.print(
-            f"[bold]iter {self.iteration}/{self.config.num_iterations}[/] episode {self.episode} "
-            f"score {m['objective/scores']:+.3f} kl {m['objective/kl']:.3f} beta {m['objective/kl_coef']:.4f} "
-            f"rlhf {m['objective/rlhf_reward']:+.3f} len {m['response/length_mean']:.1f} "
-            f"ratio {m.get('val/ratio', 1.0):.3f} eps {m['eps']:.2f}", highlight=False)
+        total = self.config.num_iterations
+        if m is not None:
+            left = self.train_seconds / max(self.iteration, 1) * max(total - self.iteration, 0)
+            stats = (f"score {m['objective/scores']:+.3f}  kl {m['objective/kl']:.2f}  "
+                     f"beta {m['objective/kl_coef']:.4f}  len {m['response/length_mean']:.1f}  "
+                     f"{m['eps']:.2f} eps  ~{int(left) // 60}:{int(left) % 60:02d} left")
+        if not (self.config.log.progress and console.is_terminal and not console.is_dumb_terminal):
+            if m is not None:
+                console.print(f"[bold]iter {self.iteration}/{total}[/] episode {self.episode}  {stats}  "
+                              f"rlhf {m['objective/rlhf_reward']:+.3f}  ratio {m.get('val/ratio', 1.0):.3f}",
+                              highlight=False, soft_wrap=True)  # one line per iteration in a log file
+            return
+        bar = getattr(self, "_progress_bar", None)
+        if bar is None:
+            import atexit
+
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar = Progress(TextColumn("[bold]PPO iter[/]"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                           TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=console,
+                           refresh_per_second=1)
+            done = self.iteration - (m is not None)
+            self._progress_task = bar.add_task("ppo", total=total, completed=done,
+                                               stats="(first iteration: sampling, scoring, updating)")
+            bar.start()
+            atexit.register(bar.stop)  # the cursor comes back even if training stops with an error
+            self._progress_bar = bar
+        if m is not None:
+            bar.update(self._progress_task, completed=self.iteration, stats=stats)
+        if self.iteration >= total:
+            bar.stop()
+            self._progress_bar = None
 
     def _guard_negative_kl(self, mean_kl: float, rollout: Rollout, rewards: TokenRewards) -> None:
         threshold = self.config.kl.warn_below
@@ -655,6 +690,17 @@ def split_holdout(prompts, holdout: int, seed: int):
         return PromptSet(ids=[prompts.ids[i] for i in idx], texts=[prompts.texts[i] for i in idx])
 
     return pick(False), pick(True)
+
+
+def _check_context_length(cfg: Config, policy: nn.Module) -> None:
+    """ConfigError when the longest prompt plus the longest response does not fit the model's positions."""
+    model_cfg = hf_model(policy).config
+    positions = getattr(model_cfg, "max_position_embeddings", None) or getattr(model_cfg, "n_positions", None)
+    need = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if isinstance(positions, int) and need > positions:
+        raise ConfigError("data.max_prompt_length", cfg.data.max_prompt_length,
+                          f"+ rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) = {need} tokens is more than the "
+                          f"policy model can attend to (max_position_embeddings = {positions}); lower one of them")
 
 
 def _trim(batch: Rollout) -> tuple[Rollout, int]:

@@ -132,7 +132,8 @@ def parse_output(out: Any, num_tokens: int, text_len: int | None) -> tuple[str, 
     if items and all(_is_number(x) for x in items):
         if len(items) != num_tokens:
             raise BadOutput(f"per-token scores have length {len(items)}, the response has {num_tokens} tokens "
-                            "(stop token included)")
+                            "(stop token included; a function gets them as `completion_ids` when it has that "
+                            "parameter: re-encoding the text need not give back the sampled tokens)")
         return "tokens", [_finite(x, f"per-token score [{j}]") for j, x in enumerate(items)]
     spans = []
     for j, s in enumerate(items):

@@ -5,6 +5,12 @@ texts (decoded without the stop token or padding) and returns one output per res
 per-token numbers or a list of character spans (see ``lmppo.rewards.placement``). ``score_rollout`` checks every
 output, places it on the response's tokens and sums the sources with their weights.
 
+A per-token list needs one number per response token, and text alone does not say where the policy's tokens
+are (re-encoding a completion need not give back the sampled tokens, and the stop token is not in the text).
+So a source whose ``wants_completion_ids`` is True is also given ``completion_ids``: each response's token ids,
+stop token included, one per entry of a per-token list. A Python function gets them when it has a parameter
+named ``completion_ids`` or a ``**kwargs`` (the name TRL's GRPOTrainer uses for the same thing).
+
 Kinds: ``function`` (a Python callable, here), ``model`` (``lmppo.rewards.model``), ``http``
 (``lmppo.rewards.http``). A new kind is a subclass registered with ``@register_reward_source("kind")`` whose
 constructor is ``(cfg: RewardSourceConfig, ctx: SourceContext)``.
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import inspect
 import importlib.util
 import logging
 import os
@@ -56,9 +63,12 @@ class SourceContext:
 
 
 class RewardSource:
-    """One reward signal: ``source(prompts, completions) -> list`` of one output per response."""
+    """One reward signal: ``source(prompts, completions) -> list`` of one output per response.
+
+    With ``wants_completion_ids`` True it is called as ``source(prompts, completions, completion_ids=ids)``."""
 
     kind: str = ""
+    wants_completion_ids: bool = False
 
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         self.cfg = cfg
@@ -112,7 +122,9 @@ def default_name(cfg: RewardSourceConfig) -> str:
 
 @register_reward_source("function")
 class FunctionSource(RewardSource):
-    """A Python callable ``fn(prompts: list[str], completions: list[str]) -> list``.
+    """A Python callable ``fn(prompts: list[str], completions: list[str]) -> list``, or
+    ``fn(prompts, completions, completion_ids)`` (also ``**kwargs``) to get each response's token ids (stop token
+    included), which a per-token list must match one for one.
 
     ``cfg.path`` is ``module.sub:function`` (imported) or ``path/to/file.py:function`` (loaded from the file).
     """
@@ -122,6 +134,7 @@ class FunctionSource(RewardSource):
         self.fn = fn if fn is not None else import_callable(cfg.path)
         if not callable(self.fn):
             raise RewardError(f"reward function `{cfg.path or self.name}` is a {type(self.fn).__name__}, not callable")
+        self.wants_completion_ids = _accepts_keyword(self.fn, "completion_ids")
 
     @classmethod
     def from_callable(cls, fn: Callable, name: str = "", weight: float = 1.0,
@@ -135,8 +148,21 @@ class FunctionSource(RewardSource):
         cfg = RewardSourceConfig(kind="function", path="", name=name, weight=weight, span_placement=span_placement)
         return cls(cfg, SourceContext(), fn=fn)
 
-    def __call__(self, prompts: list[str], completions: list[str]) -> list:
+    def __call__(self, prompts: list[str], completions: list[str],
+                 completion_ids: list[list[int]] | None = None) -> list:
+        if self.wants_completion_ids and completion_ids is not None:
+            return self.fn(prompts, completions, completion_ids=completion_ids)
         return self.fn(prompts, completions)
+
+
+def _accepts_keyword(fn: Callable, name: str) -> bool:
+    """Whether `fn` can be called with keyword argument `name` (a parameter of that name, or **kwargs)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # some builtins and C callables have no signature
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+               for p in params)
 
 
 def import_callable(spec: str) -> Callable:
@@ -285,7 +311,11 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         rows = torch.zeros(B, T, dtype=torch.float32)
         placed.append(rows)
         try:
-            outputs = source(list(prompts_text), list(completions_text))
+            if source.wants_completion_ids:
+                ids = [ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
+                outputs = source(list(prompts_text), list(completions_text), completion_ids=ids)
+            else:
+                outputs = source(list(prompts_text), list(completions_text))
         except Exception as err:  # noqa: BLE001 - any failure of user code is reported, not re-thrown raw
             bad(source, None, f"raised {type(err).__name__}: {err}", err)
             continue

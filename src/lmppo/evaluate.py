@@ -1,0 +1,528 @@
+"""Evaluation of a policy on held-out prompts: `lmppo eval`, and the building block of the end-of-run summary.
+
+    lmppo eval MODEL [--reference MODEL] [--config CONFIG.yaml] [--judge NAME] [--num-prompts N]
+                     [--samples-per-prompt K] [--seed S] [--show N] [--output FILE.json] [--section.field VALUE ...]
+
+MODEL is a run's output_dir (its `final/policy` is evaluated with the run's own config.yaml), `OUTPUT_DIR/final/policy`,
+any Hugging Face model folder, or a LoRA adapter folder. It is compared with its starting point: for an adapter the
+base model with the adapter switched off, otherwise `--reference` or the run's `model.policy`.
+
+What is measured, on the run's held-out prompts (`data.holdout`; without them, on up to `--num-prompts` training
+prompts, with a warning), with pure sampling at the training temperature and a fixed seed (`--seed`, default the
+run's seed). The trained model and its starting point sample with the same per-response random streams, so the
+comparison is paired:
+- the mean of every reward source (`reward/<name>`, unweighted) and the training score (the weighted sum of the
+  sources, before normalisation and the truncation policy);
+- the win rate of the trained model over its starting point by one source (`--judge`; default the first source of
+  weight 0, the held-out judge, else the first source): per prompt 1 if its response scores higher, 0.5 on a tie;
+- the KL of the trained policy to the starting point, per response (summed over its tokens), with the k1 and k3
+  estimators over responses sampled from the trained policy, taken as in training (same temperature and precision);
+- the response length in tokens (stop token included) and the fraction that ended with the stop token.
+
+Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.sample_native` (or `rollout`'s HF
+backend), log-probabilities come from `models.policy_forward`, the KL from `core.kl`, scores from
+`rewards.score_rollout`, prompts and the held-out split from `data` and `trainer.split_holdout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import warnings
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from lmppo.errors import LmppoError
+
+EVAL_STREAM = 1 << 40
+"""The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
+evaluation draws its own random streams (response i of a run with seed s always uses response_seed(s, EVAL_STREAM, i))."""
+
+RefLogprobs = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
+"""(input_ids (B, P + T), attention_mask (B, P + T), prompt length P, response_ids (B, T)) -> (B, T) log pi_ref."""
+
+
+# ----------------------------------------------------------------------------- sampling and scoring
+
+@dataclass
+class PolicyEval:
+    """One policy's responses to a prompt set, with their scores and (optionally) their KL to a reference."""
+
+    prompts: list[str]  # N prompt texts, as the policy saw them
+    responses: list[str]  # N completions (no stop token, no padding)
+    scores: dict[str, torch.Tensor]  # source name -> (N,) unweighted score of each response
+    total: torch.Tensor  # (N,) weighted sum of the sources: the training score before normalisation/truncation policy
+    lengths: torch.Tensor  # (N,) response tokens, stop token included
+    terminated: torch.Tensor  # (N,) bool, the response ended with the stop token
+    kl_k1: Optional[torch.Tensor] = None  # (N,) sum over the response's tokens of log pi - log pi_ref (k1)
+    kl_k3: Optional[torch.Tensor] = None  # (N,) same with the k3 estimator; None when no reference was given
+    source_weights: dict[str, float] = field(default_factory=dict)
+
+    def means(self) -> dict[str, Optional[float]]:
+        """`score`, `reward/<name>`, `kl`, `kl_k3`, `length`, `terminated_frac`: means over the responses."""
+        out: dict[str, Optional[float]] = {"score": _mean(self.total)}
+        out.update({f"reward/{name}": _mean(v) for name, v in self.scores.items()})
+        out["kl"] = _mean(self.kl_k1) if self.kl_k1 is not None else None
+        out["kl_k3"] = _mean(self.kl_k3) if self.kl_k3 is not None else None
+        out["length"] = _mean(self.lengths.float())
+        out["terminated_frac"] = _mean(self.terminated.float())
+        return out
+
+
+def _mean(x: torch.Tensor) -> float:
+    return float(x.float().mean()) if x.numel() else float("nan")
+
+
+def win_rate(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Fraction of pairs where `a` beats `b`, ties counted half: mean(1[a > b] + 0.5 * 1[a == b]).
+
+    Naive equivalent: ``sum(1 if x > y else 0.5 if x == y else 0 for x, y in zip(a, b)) / len(a)``."""
+    if a.shape != b.shape or a.numel() == 0:
+        raise ValueError(f"win_rate needs two non-empty score vectors of one shape, got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    return float(((a > b).float() + 0.5 * (a == b).float()).mean())
+
+
+def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], prompt_texts: Sequence[str], *,
+                     tokenizer: Any, sources: Sequence[Any], temperature: float, max_new_tokens: int,
+                     stop_ids: torch.Tensor, seed: int, backend: str = "native", batch_size: int = 16,
+                     reference_logprobs: Optional[RefLogprobs] = None, autocast: Callable[[], Any] = nullcontext,
+                     first_position: int = 0) -> PolicyEval:
+    """Sample one response per prompt from `policy` by pure sampling at `temperature`, score it with every reward
+    source, and, given `reference_logprobs`, measure its KL to the reference (k1 and k3, summed per response).
+
+    Response i draws from its own random stream `response_seed(seed, EVAL_STREAM, first_position + i)` (backend
+    `native`), so two policies given the same seed and prompts are compared on common random numbers. With backend
+    `hf`, transformers' generate runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
+    `autocast` is the precision context of the log-probability passes (as in training); sampling runs outside it.
+    """
+    from lmppo.core.kl import KL_ESTIMATORS
+    from lmppo.core.logprobs import selective_log_softmax
+    from lmppo.core.masking import masked_sum
+    from lmppo.models import policy_forward
+    from lmppo.rewards import decode_completion, score_rollout
+    from lmppo.rollout import left_pad
+
+    if len(prompt_ids) != len(prompt_texts):
+        raise ValueError(f"{len(prompt_ids)} prompt id lists but {len(prompt_texts)} prompt texts")
+    device = next(policy.parameters()).device
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    stop_ids = stop_ids.to(device)
+    responses: list[str] = []
+    per_source: dict[str, list[torch.Tensor]] = {}
+    totals, lengths, terminated_all, k1_all, k3_all = [], [], [], [], []
+    for chunk, start in enumerate(range(0, len(prompt_ids), batch_size)):
+        ids_list = prompt_ids[start:start + batch_size]
+        texts = list(prompt_texts[start:start + batch_size])
+        p_ids, p_mask = left_pad(ids_list, pad_id)
+        p_ids, p_mask = p_ids.to(device), p_mask.to(device)
+        positions = range(first_position + start, first_position + start + len(ids_list))
+        resp, resp_mask, terminated, _ = _sample(policy, p_ids, p_mask, temperature, max_new_tokens, stop_ids,
+                                                 pad_id, backend, seed, chunk, positions)
+        completions = [decode_completion(tokenizer, (r[m][:-1] if t else r[m]).tolist())
+                       for r, m, t in zip(resp, resp_mask, terminated)]
+        result = score_rollout(sources, texts, completions, resp.cpu(), resp_mask.cpu(), tokenizer, "error",
+                               terminated=terminated.cpu())
+        for name, values in result.per_source.items():
+            per_source.setdefault(name, []).append(values.float().cpu())
+        totals.append(result.token_scores.sum(1).float().cpu())
+        lengths.append(resp_mask.sum(1).cpu())
+        terminated_all.append(terminated.cpu())
+        responses += completions
+        if reference_logprobs is not None:
+            P = p_ids.shape[1]
+            input_ids, attention = torch.cat([p_ids, resp], 1), torch.cat([p_mask, resp_mask], 1)
+            with torch.inference_mode(), autocast():
+                logprobs = selective_log_softmax(policy_forward(policy, input_ids, attention, P, temperature).logits,
+                                                 resp)
+                ref = reference_logprobs(input_ids, attention, P, resp)
+            k1_all.append(masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), resp_mask, dim=1).float().cpu())
+            k3_all.append(masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), resp_mask, dim=1).float().cpu())
+    cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0))
+    return PolicyEval(prompts=list(prompt_texts), responses=responses,
+                      scores={k: torch.cat(v) for k, v in per_source.items()}, total=cat(totals),
+                      lengths=cat(lengths), terminated=cat(terminated_all).bool(),
+                      kl_k1=cat(k1_all) if reference_logprobs is not None else None,
+                      kl_k3=cat(k3_all) if reference_logprobs is not None else None,
+                      source_weights={s.name: float(s.weight) for s in sources})
+
+
+def _sample(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, backend, seed, chunk,
+            positions):
+    if backend == "hf":
+        from lmppo.rollout import pure_sampling_config, sample_responses
+
+        gen = pure_sampling_config(policy, temperature, max_new_tokens, stop_ids.tolist(), pad_id)
+        devices = [prompt_ids.device] if prompt_ids.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed + chunk)
+            return sample_responses(policy, prompt_ids, prompt_mask, gen, stop_ids, max_new_tokens)
+    from lmppo.sampling import response_seed, sample_native
+
+    seeds = [response_seed(seed, EVAL_STREAM, p) for p in positions]
+    return sample_native(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds)
+
+
+def compare(trained: PolicyEval, start: PolicyEval) -> dict[str, float]:
+    """Win rate of `trained` over `start` by every reward source (prompt by prompt, ties counted half)."""
+    return {name: win_rate(trained.scores[name], start.scores[name]) for name in trained.scores if name in start.scores}
+
+
+def default_judge(weights: dict[str, float]) -> str:
+    """The first source of weight 0 (a judge logged but never trained on), else the first source."""
+    if not weights:
+        raise LmppoError("no reward sources to judge with")
+    return next((n for n, w in weights.items() if w == 0), next(iter(weights)))
+
+
+# ----------------------------------------------------------------------------- loading
+
+@dataclass
+class LoadedModels:
+    policy: nn.Module
+    tokenizer: Any
+    start: Optional[nn.Module]  # the starting point as its own model, or None when it is `policy` with adapters off
+    model_path: str
+    start_name: str
+    run_dir: Optional[str]
+
+
+def find_run(model: str) -> tuple[str, Optional[str]]:
+    """(policy folder, run folder or None) for a run folder, `RUN/final/policy`, or any other model folder."""
+    if os.path.isdir(os.path.join(model, "final", "policy")):
+        return os.path.join(model, "final", "policy"), model
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(model)))
+    if os.path.basename(os.path.dirname(os.path.abspath(model))) == "final" and os.path.isfile(
+            os.path.join(parent, "config.yaml")):
+        return model, parent
+    return model, None
+
+
+def _is_adapter(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "adapter_config.json"))
+
+
+def _check_model_folder(path: str, what: str) -> None:
+    from lmppo.config import BUILTIN_MODELS
+
+    if path in BUILTIN_MODELS or path.startswith("hub:"):
+        return
+    if not os.path.isdir(path):
+        raise LmppoError(f"{what} {path!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a model "
+                         "folder or a LoRA adapter folder")
+    if not (os.path.isfile(os.path.join(path, "config.json")) or _is_adapter(path)):
+        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+            raise LmppoError(f"{what} {path!r} is a run folder without a final model (final/policy): the run did not "
+                             "finish; resume it with `lmppo train --resume` or evaluate one of its checkpoints")
+        raise LmppoError(f"{what} {path!r} holds no model (neither config.json nor adapter_config.json)")
+
+
+def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Optional[str],
+                device: torch.device, config_given: bool = False) -> LoadedModels:
+    """The policy to evaluate (a LoRA adapter is loaded onto its base), its tokenizer, and its starting point.
+
+    The starting point: `reference` if given; for an adapter, its base model with the adapter switched off;
+    otherwise `cfg.model.policy` when `cfg` is the run's (in a run folder, or `config_given`)."""
+    from lmppo.models import load_policy, load_tokenizer, resolve_model_path
+
+    _check_model_folder(model_path, "model")
+    mc = cfg.model
+    if _is_adapter(model_path):
+        try:
+            from peft import PeftModel
+        except ImportError:
+            raise LmppoError(f"{model_path} is a LoRA adapter; loading it needs `peft` (pip install peft)") from None
+        with open(os.path.join(model_path, "adapter_config.json"), encoding="utf-8") as fh:
+            base_name = json.load(fh).get("base_model_name_or_path") or ""
+        base = reference or base_name
+        if not base:
+            raise LmppoError(f"the adapter {model_path} does not name its base model; give it with --reference")
+        if reference is None and not os.path.isdir(base):
+            base = mc.policy  # the base folder moved (another machine, a cleared cache): the run's model.policy
+        _check_model_folder(base, "base model")
+        base_path = resolve_model_path(base)
+        tokenizer = load_tokenizer(model_path if os.path.isfile(os.path.join(model_path, "tokenizer_config.json"))
+                                   else base_path, mc)
+        from transformers import AutoModelForCausalLM
+
+        base_model = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32,
+                                                          trust_remote_code=mc.trust_remote_code)
+        policy = PeftModel.from_pretrained(base_model, model_path).eval()
+        policy.to(device)
+        return LoadedModels(policy, tokenizer, None, model_path, f"{base} (adapter off)", run_dir)
+    start_name = reference or (mc.policy if run_dir is not None or config_given else None)
+    if start_name is None:
+        raise LmppoError(f"cannot tell where {model_path} started from (it is not in a run folder with a config.yaml); "
+                         "give the starting model with --reference, or the run's config with --config")
+    _check_model_folder(start_name, "reference")
+    full = _full_weights(mc)
+    tokenizer = load_tokenizer(model_path, mc)
+    policy = load_policy(full, model_path).to(device)
+    start = load_policy(full, resolve_model_path(start_name)).to(device)
+    return LoadedModels(policy, tokenizer, start, model_path, start_name, run_dir)
+
+
+def _full_weights(mc: Any) -> Any:
+    import copy
+
+    out = copy.deepcopy(mc)
+    out.lora.enabled = False
+    return out
+
+
+@contextmanager
+def adapters_off(policy: nn.Module) -> Iterator[nn.Module]:
+    with policy.disable_adapter():
+        yield policy
+
+
+def stop_token_ids(tokenizer: Any, stop_token: str) -> torch.Tensor:
+    """The stop token ids of `rollout.stop_token` (as the trainer resolves them)."""
+    if stop_token == "none":
+        return torch.zeros(0, dtype=torch.long)
+    if stop_token == "eos":
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise LmppoError("rollout.stop_token is `eos` but the tokenizer has no eos token")
+        return torch.tensor([eos] if isinstance(eos, int) else list(eos), dtype=torch.long)
+    ids = tokenizer.encode(stop_token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise LmppoError(f"rollout.stop_token {stop_token!r} is not a single token of this tokenizer")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[int]], list[str], bool]:
+    """(ids, texts, held_out): the run's held-out prompts (`data.holdout`, the same seeded split as in training),
+    or, when the run kept none out, `num_prompts` training prompts picked by a seeded permutation."""
+    from lmppo.data import load_prompt_records, tokenize_prompts
+    from lmppo.trainer import split_holdout
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # long prompts were reported at training time
+        prompts = tokenize_prompts(load_prompt_records(cfg.data), tokenizer, cfg.data)
+    if cfg.data.holdout > 0:
+        _, held = split_holdout(prompts, cfg.data.holdout, cfg.seed)
+        n = min(num_prompts, len(held.ids)) if num_prompts > 0 else len(held.ids)
+        return held.ids[:n], held.texts[:n], True
+    order = torch.randperm(len(prompts.ids), generator=torch.Generator().manual_seed(cfg.seed + 11)).tolist()
+    pick = order[:num_prompts if num_prompts > 0 else 64]
+    return [prompts.ids[i] for i in pick], [prompts.texts[i] for i in pick], False
+
+
+# ----------------------------------------------------------------------------- the command
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lmppo eval",
+        description="Score a trained policy against its starting point on held-out prompts: mean reward per "
+                    "source, win rate by a judge, KL to the start (k1, k3), response length. Any other "
+                    "--section.field VALUE overrides the run's config (e.g. --rollout.temperature 1.0).")
+    p.add_argument("model", help="a run's output_dir, OUTPUT_DIR/final/policy, a model folder or a LoRA adapter folder")
+    p.add_argument("--reference", default=None, help="the starting model to compare with (default: the adapter's "
+                   "base with the adapter off, else the run's model.policy)")
+    p.add_argument("--config", default=None, help="config YAML giving prompts, rewards and sampling (default: the "
+                   "run's config.yaml, else the built-in default recipe)")
+    p.add_argument("--judge", default=None, help="reward source (by name) that decides the win rate (default: the "
+                   "first source of weight 0, else the first source)")
+    p.add_argument("--num-prompts", type=int, default=0, help="evaluate on at most this many prompts (default: all "
+                   "held-out prompts; 64 training prompts when the run kept none out)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's seed)")
+    p.add_argument("--show", type=int, default=3, help="example responses to print (default 3)")
+    p.add_argument("--output", "-o", default=None, help="JSON file for the results (default: RUN/eval.json, or "
+                   "eval.json next to the model folder)")
+    return p
+
+
+def main(argv: Sequence[str], console: Any = None) -> int:
+    """`lmppo eval`; returns the exit code. User mistakes raise LmppoError (one line from the CLI)."""
+    from lmppo.cli import parse_overrides, recipe_path
+    from lmppo.config import load_config
+
+    args, rest = _parser().parse_known_args(list(argv))
+    overrides = parse_overrides(rest)
+    model_path, run_dir = find_run(args.model)
+    if not os.path.exists(model_path) and model_path not in ("smollm2",) and not model_path.startswith("hub:"):
+        raise LmppoError(f"model {args.model!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a "
+                         "model folder or a LoRA adapter folder")
+    config_path = args.config or (os.path.join(run_dir, "config.yaml") if run_dir else None)
+    config_given = config_path is not None
+    cfg = load_config(config_path or recipe_path("sentiment"), overrides)
+    cfg.validate()
+    if args.num_prompts < 0:
+        raise LmppoError(f"--num-prompts {args.num_prompts}: must be >= 0")
+    seed = cfg.seed if args.seed is None else args.seed
+    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    sources = build_sources(cfg, device)
+    judge = choose_judge(sources, args.judge)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars: noise in a report
+    models = load_models(model_path, args.reference, cfg, run_dir, device, config_given)
+    result = evaluate_models(models, cfg, sources, seed=seed, judge=judge, num_prompts=args.num_prompts)
+    out = args.output or os.path.join(run_dir or os.path.dirname(os.path.abspath(model_path)), "eval.json")
+    _write_json(result, out)
+    if console is None:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+    print_eval(result, console, show=args.show)
+    console.print(f"wrote {out}")
+    return 0
+
+
+def build_sources(cfg: Any, device: torch.device) -> list:
+    """The config's reward sources (as the trainer builds them)."""
+    from lmppo.models import resolve_model_path
+    from lmppo.rewards import SourceContext, build_reward_sources
+
+    return build_reward_sources(cfg.reward, ctx=SourceContext(
+        device=str(device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
+        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path))
+
+
+def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
+    """`judge` checked against the source names, or the default judge (see `default_judge`)."""
+    weights = {s.name: float(s.weight) for s in sources}
+    judge = judge or default_judge(weights)
+    if judge not in weights:
+        raise LmppoError(f"--judge {judge!r} is not a reward source of this config; sources: "
+                         + ", ".join(f"`{n}`" for n in weights))
+    return judge
+
+
+def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, seed: int,
+                    judge: Optional[str] = None, num_prompts: int = 0) -> dict[str, Any]:
+    """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
+    from lmppo.core.logprobs import selective_log_softmax
+    from lmppo.models import policy_forward
+
+    tokenizer = models.tokenizer
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    device = next(models.policy.parameters()).device
+    weights = {s.name: float(s.weight) for s in sources}
+    judge = choose_judge(sources, judge)
+    ids, texts, held_out = eval_prompts(cfg, tokenizer, num_prompts)
+    if not held_out:
+        warnings.warn("the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts",
+                      stacklevel=2)
+    stop = stop_token_ids(tokenizer, cfg.rollout.stop_token)
+    r = cfg.rollout
+    autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) \
+        if cfg.precision == "bf16" else nullcontext
+    common = dict(tokenizer=tokenizer, sources=sources, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
+                  stop_ids=stop, seed=seed, backend="hf" if r.backend == "hf" else "native",
+                  batch_size=r.forward_batch_size or r.batch_size, autocast=autocast)
+    policy = models.policy
+
+    def start_logprobs(input_ids, attention, P, resp):
+        if models.start is not None:
+            return selective_log_softmax(policy_forward(models.start, input_ids, attention, P, r.temperature).logits,
+                                         resp)
+        with adapters_off(policy):
+            return selective_log_softmax(policy_forward(policy, input_ids, attention, P, r.temperature).logits, resp)
+
+    trained = sample_and_score(policy, ids, texts, reference_logprobs=start_logprobs, **common)
+    if models.start is not None:
+        start = sample_and_score(models.start, ids, texts, **common)
+    else:
+        with adapters_off(policy) as base:
+            start = sample_and_score(base, ids, texts, **common)
+    wins = compare(trained, start)
+    return {
+        "model": models.model_path, "start": models.start_name, "run_dir": models.run_dir,
+        "prompts": len(ids), "held_out": held_out, "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
+        "seed": seed, "precision": cfg.precision, "judge": judge, "weights": weights,
+        "trained": trained.means(), "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0},
+        "win_rate": wins[judge], "win_rate_by_source": wins,
+        "samples": [{"prompt": texts[i], "start": start.responses[i], "trained": trained.responses[i],
+                     "start_scores": {k: float(v[i]) for k, v in start.scores.items()},
+                     "trained_scores": {k: float(v[i]) for k, v in trained.scores.items()}}
+                    for i in range(len(ids))],
+    }
+
+
+def _write_json(data: dict, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, default=_json_default)
+    os.replace(tmp, path)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    raise TypeError(f"not JSON-able: {type(v).__name__}")
+
+
+def metric_rows(before: dict[str, Optional[float]], after: dict[str, Optional[float]], weights: dict[str, float],
+                judge: Optional[str]) -> list[tuple[str, str, str, str]]:
+    """(label, before, after, change) rows shared by `lmppo eval` and the end-of-run summary."""
+    rows = [("score (training reward)", before.get("score"), after.get("score"), "+")]
+    for name, w in weights.items():
+        tag = " (judge, weight 0)" if w == 0 else (f" (weight {w:g})" if w != 1 else "")
+        rows.append((f"reward/{name}{tag}" if name != judge or w == 0 else f"reward/{name} (judge)",
+                     before.get(f"reward/{name}"), after.get(f"reward/{name}"), "+"))
+    rows.append(("KL to start, k1 (nats/response)", before.get("kl"), after.get("kl"), ""))
+    rows.append(("KL to start, k3 (nats/response)", before.get("kl_k3"), after.get("kl_k3"), ""))
+    rows.append(("length (tokens)", before.get("length"), after.get("length"), ""))
+    rows.append(("ended with stop token", before.get("terminated_frac"), after.get("terminated_frac"), ""))
+
+    def fmt(v, sign):
+        return "n/a" if v is None else (f"{v:+.3f}" if sign else f"{v:.3f}")
+
+    out = []
+    for label, b, a, sign in rows:
+        change = "" if a is None or b is None else f"{a - b:+.3f}"
+        out.append((label, fmt(b, sign), fmt(a, sign), change))
+    return out
+
+
+def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
+    from rich.table import Table
+
+    where = "held-out" if result["held_out"] else "training (no held-out split)"
+    table = Table(title=f"{result['model']} vs {result['start']}: {result['prompts']} {where} prompts, "
+                        f"T={result['temperature']:g}, seed {result['seed']}", title_justify="left")
+    for col, just in (("metric", "left"), ("start", "right"), ("trained", "right"), ("change", "right")):
+        table.add_column(col, justify=just)
+    for row in metric_rows(result["start_point"], result["trained"], result["weights"], result["judge"]):
+        table.add_row(*row)
+    by = result["win_rate_by_source"]
+    table.add_row(f"win rate vs start, by {result['judge']} (ties half)", "", f"{result['win_rate']:.3f}", "")
+    for name, w in by.items():
+        if name != result["judge"]:
+            table.add_row(f"  win rate by {name}", "", f"{w:.3f}", "")
+    console.print(table)
+    if show > 0 and result["samples"]:
+        console.print(sample_comparison(result["samples"][:show], "start", "trained", result["judge"]))
+
+
+def sample_comparison(samples: list[dict[str, Any]], before_key: str, after_key: str, judge: Optional[str]):
+    """A rich table: prompt | response before | response after, each response followed by its scores."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(show_lines=True, title_justify="left")
+    table.add_column("prompt", overflow="fold", ratio=2)
+    table.add_column(before_key, overflow="fold", ratio=3)
+    table.add_column(after_key, overflow="fold", ratio=3)
+    for s in samples:
+        cells = []
+        for key in (before_key, after_key):
+            scores = s.get(f"{key}_scores", {})
+            text = Text(s[key].strip() or "(empty)")
+            if scores:
+                text.append("\n" + "  ".join(f"{n} {v:+.2f}" for n, v in scores.items()), style="dim")
+            cells.append(text)
+        table.add_row(Text(s["prompt"]), *cells)
+    return table

@@ -1,0 +1,206 @@
+"""lmppo.evaluate (`lmppo eval`) and lmppo.summary (the end-of-run summary) on tiny in-process models."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import torch
+from conftest import PROMPTS, tiny_llama
+from rich.console import Console
+
+from lmppo.cli import main as cli_main
+from lmppo.config import Config, RewardSourceConfig
+from lmppo.errors import LmppoError
+from lmppo.evaluate import default_judge, main as eval_main, sample_and_score, win_rate
+from lmppo.models import policy_forward
+from lmppo.core.logprobs import selective_log_softmax
+from lmppo.rewards import FunctionSource
+from lmppo.summary import print_summary, summarize
+from lmppo.trainer import PPOTrainer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def length_reward(prompts, completions):
+    return [len(c) / 20.0 for c in completions]
+
+
+def vowel_judge(prompts, completions):
+    return [sum(ch in "aeiou" for ch in c) / max(len(c), 1) for c in completions]
+
+
+def _console():
+    return Console(file=io.StringIO(), width=140, force_terminal=False)
+
+
+def test_win_rate_counts_ties_half():
+    a = torch.tensor([1.0, 2.0, 3.0, 0.0])
+    b = torch.tensor([0.0, 2.0, 4.0, 0.0])
+    assert win_rate(a, b) == pytest.approx((1 + 0.5 + 0 + 0.5) / 4)
+    assert win_rate(b, a) == pytest.approx(1 - 0.5)
+    with pytest.raises(ValueError):
+        win_rate(a, b[:2])
+
+
+def test_default_judge_is_the_first_weight_zero_source():
+    assert default_judge({"vader": 1.0, "judge": 0.0, "other": 0.0}) == "judge"
+    assert default_judge({"vader": 1.0, "len": 0.5}) == "vader"
+
+
+def _ids(tokenizer, texts):
+    return [tokenizer.encode(t) for t in texts]
+
+
+def test_sample_and_score_is_seeded_scores_every_source_and_kl_to_itself_is_zero(tokenizer):
+    policy, other = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=3)
+    sources = [FunctionSource.from_callable(length_reward), FunctionSource.from_callable(vowel_judge, weight=0.0)]
+    ids = _ids(tokenizer, PROMPTS)
+    common = dict(tokenizer=tokenizer, sources=sources, temperature=1.0, max_new_tokens=6,
+                  stop_ids=torch.tensor([tokenizer.eos_token_id]), seed=5, batch_size=3)
+
+    def logprobs_of(model):
+        return lambda ids_, att, P, resp: selective_log_softmax(policy_forward(model, ids_, att, P, 1.0).logits, resp)
+
+    a = sample_and_score(policy, ids, PROMPTS, reference_logprobs=logprobs_of(policy), **common)
+    b = sample_and_score(policy, ids, PROMPTS, **common)
+    assert a.responses == b.responses  # fixed seed: the same responses, whatever else was computed
+    assert len(a.responses) == len(PROMPTS) and a.lengths.shape == (len(PROMPTS),)
+    assert torch.allclose(a.scores["length_reward"], torch.tensor(length_reward(PROMPTS, a.responses)))
+    assert torch.allclose(a.scores["vowel_judge"], torch.tensor(vowel_judge(PROMPTS, a.responses)))
+    assert torch.allclose(a.total, a.scores["length_reward"])  # the judge has weight 0
+    assert torch.equal(a.kl_k1, torch.zeros(len(PROMPTS))) and torch.equal(a.kl_k3, torch.zeros(len(PROMPTS)))
+    assert b.kl_k1 is None and b.means()["kl"] is None
+    c = sample_and_score(policy, ids, PROMPTS, reference_logprobs=logprobs_of(other), **common)
+    assert c.responses == a.responses
+    assert (c.kl_k3 >= 0).all() and c.kl_k3.sum() > 0 and c.kl_k1.abs().sum() > 0
+    # the batch split does not change the samples (each response has its own random stream)
+    d = sample_and_score(policy, ids, PROMPTS, **{**common, "batch_size": 8})
+    assert d.responses == a.responses
+
+
+def _write_prompts(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(PROMPTS * 2) + "\n")
+    return str(path)
+
+
+def _config(tmp_path, policy_dir, lora=False, holdout=4) -> Config:
+    cfg = Config()
+    cfg.output_dir = str(tmp_path / ("run_lora" if lora else "run"))
+    cfg.model.policy = policy_dir
+    cfg.model.lora.enabled, cfg.model.lora.r = lora, 4
+    cfg.data.prompts, cfg.data.holdout = _write_prompts(tmp_path), holdout
+    cfg.total_episodes, cfg.rollout.batch_size, cfg.rollout.max_new_tokens = 8, 8, 6
+    cfg.rollout.temperature = 1.0
+    cfg.ppo.micro_batch_size, cfg.ppo.num_epochs, cfg.ppo.learning_rate = 4, 2, 1e-2 if lora else 3e-3
+    cfg.reward.sources = [
+        RewardSourceConfig(kind="function", path=f"{HERE}/test_evaluate.py:length_reward", name="length"),
+        RewardSourceConfig(kind="function", path=f"{HERE}/test_evaluate.py:vowel_judge", name="judge", weight=0.0)]
+    cfg.log.trackers, cfg.log.sample_every = [], 0
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("eval_full")
+    trainer = PPOTrainer(_config(tmp, tiny_model_dir))
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, full_run, lora):
+    trainer = full_run if not lora else PPOTrainer(_config(tmp_path, tiny_model_dir, lora=True))
+    if lora:
+        trainer.train()
+    console = _console()
+    summary = summarize(trainer, console)
+    saved = json.load(open(os.path.join(trainer.config.output_dir, "summary.json")))
+    assert saved["heldout_prompts"] == 4 == summary["heldout_prompts"]
+    assert set(trainer.holdout_set.texts).isdisjoint(trainer.prompt_set.texts)
+    for side in ("before", "after"):
+        for key in ("score", "reward/length", "reward/judge", "kl", "kl_k3", "length"):
+            assert saved[side][key] is not None, (side, key)
+    assert saved["before"]["kl"] == 0.0 and saved["after"]["kl_k3"] >= 0
+    assert saved["judge"] == "judge" and 0 <= saved["win_rate"]["judge"] <= 1
+    assert len(saved["samples"]) == 3 and all(s["prompt"] in trainer.holdout_set.texts for s in saved["samples"])
+    assert saved["training"]["iterations"] == 1 and "objective/kl" in saved["training"]["last"]
+    # the initial policy's responses are those of the untrained model at the same seed
+    if not lora:
+        fresh = sample_and_score(trainer.reference.model, trainer.holdout_set.ids, trainer.holdout_set.texts,
+                                 tokenizer=trainer.tokenizer, sources=trainer.reward_sources, temperature=1.0,
+                                 max_new_tokens=6, stop_ids=trainer.stop_ids, seed=trainer.config.seed)
+        assert [s["before"] for s in saved["samples"]] == fresh.responses[:3]
+    out = console.file.getvalue()
+    assert "held-out prompts (4)" in out and "reward/judge (judge, weight 0)" in out and "summary.json" in out
+    assert "win rate" in out and "before" in out and "after" in out
+
+
+def test_summary_without_held_out_prompts_says_so(tmp_path, tokenizer):
+    cfg = _config(tmp_path, "smollm2", holdout=0)  # the policy object below replaces it
+    cfg.reward.sources = []
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS,
+                         reward_functions=[length_reward])
+    trainer.train()
+    console = _console()
+    summary = summarize(trainer, console)
+    assert "after" not in summary and "data.holdout" in summary["note"]
+    assert "data.holdout" in console.file.getvalue()
+    print_summary(json.load(open(os.path.join(cfg.output_dir, "summary.json"))), _console())
+
+
+def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
+    run = full_run.config.output_dir
+    out = tmp_path / "eval.json"
+    console = _console()
+    assert eval_main([run, "--output", str(out), "--show", "2"], console) == 0
+    res = json.load(open(out))
+    assert res["held_out"] and res["prompts"] == 4 and res["judge"] == "judge"
+    assert res["start"] == full_run.config.model.policy
+    assert res["trained"]["kl_k3"] >= 0 and res["start_point"]["kl"] == 0.0
+    assert set(res["win_rate_by_source"]) == {"length", "judge"} and 0 <= res["win_rate"] <= 1
+    # the held-out prompts are the run's own, and the trained responses are the summary's "after" ones
+    assert [s["prompt"] for s in res["samples"]] == full_run.holdout_set.texts
+    summary = json.load(open(os.path.join(run, "summary.json"))) if os.path.exists(
+        os.path.join(run, "summary.json")) else summarize(full_run)
+    assert [s["trained"] for s in res["samples"][:3]] == [s["after"] for s in summary["samples"]]
+    assert res["trained"]["reward/length"] == pytest.approx(summary["after"]["reward/length"], abs=1e-6)
+    text = console.file.getvalue()
+    assert "win rate vs start, by judge" in text and "KL to start, k1" in text
+    # the same model against itself: KL 0, every comparison a tie
+    assert eval_main([os.path.join(run, "final", "policy"), "--reference", os.path.join(run, "final", "policy"),
+                      "--config", os.path.join(run, "config.yaml"), "-o", str(out)], _console()) == 0
+    res = json.load(open(out))
+    assert res["trained"]["kl"] == pytest.approx(0.0, abs=1e-5) and res["win_rate"] == 0.5
+
+
+def test_eval_a_lora_adapter_folder(tmp_path, tiny_model_dir):
+    trainer = PPOTrainer(_config(tmp_path, tiny_model_dir, lora=True))
+    trainer.train()
+    policy_dir = os.path.join(trainer.config.output_dir, "final", "policy")
+    assert os.path.isfile(os.path.join(policy_dir, "adapter_config.json"))
+    out = tmp_path / "e.json"
+    assert eval_main([policy_dir, "-o", str(out), "--judge", "length", "--num-prompts", "3"], _console()) == 0
+    res = json.load(open(out))
+    assert res["start"].endswith("(adapter off)") and res["prompts"] == 3 and res["judge"] == "length"
+    assert res["trained"]["kl_k3"] >= 0
+
+
+def test_eval_errors_are_one_line(tmp_path, full_run, tiny_model_dir, capsys):
+    run = full_run.config.output_dir
+    cases = [
+        ([str(tmp_path / "nowhere")], "no such folder"),
+        ([str(tmp_path)], "holds no model"),
+        ([tiny_model_dir], "--reference"),
+        ([run, "--judge", "vader"], "not a reward source"),
+        ([run, "--rollout.temprature", "1"], "did you mean"),
+    ]
+    for argv, message in cases:
+        assert cli_main(["eval", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err and err[-1].startswith("error:") and message in err[-1], (argv, err)
+    with pytest.raises(LmppoError, match="no such folder"):
+        eval_main([str(tmp_path / "nowhere")], _console())
