@@ -250,7 +250,8 @@ def test_k1_is_unbiased_with_default_sampling(drifted_trainer, backend):
     assert mean_k1 - 3 * se > 0
 
 
-@pytest.mark.parametrize("temperature, setting, z_min", [(1.0, {}, -1e9), (T, {"top_k": 3}, 6.0)])
+@pytest.mark.parametrize("temperature, setting, z_min", [(1.0, {}, -1e9), (T, {"top_k": 3}, 6.0)],
+                         ids=["temperature-1", "top_k-3"])
 def test_k1_test_detects_a_sampler_that_is_not_the_measured_one(drifted_trainer, tokenizer, temperature, setting,
                                                               z_min):
     """Power of the test above: sampling at temperature 1 while measuring at 0.7 moves z to about -8, and top_k = 3

@@ -352,6 +352,9 @@ class Config:
         if r.batch_size % r.num_samples_per_prompt:
             raise ConfigError("rollout.num_samples_per_prompt", r.num_samples_per_prompt,
                               f"must divide rollout.batch_size ({r.batch_size})")
+        from lmppo.rollout import check_generation_kwargs
+
+        check_generation_kwargs(r.generation_kwargs, r.allow_distorting_sampling)  # the honest-KL refusal first
         if r.generation_kwargs and r.backend != "hf":
             raise ConfigError("rollout.generation_kwargs", r.generation_kwargs,
                               f"apply only to rollout.backend `hf` (this run uses `{r.backend}`, which always "

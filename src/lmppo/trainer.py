@@ -141,9 +141,7 @@ class PPOTrainer:
         self.trainable_params = params
         self.kl_controller = KL_CONTROLLERS[cfg.kl.controller](cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
-        self.gen_config = pure_sampling_config(self.policy, cfg.rollout.temperature, cfg.rollout.max_new_tokens,
-                                               self.stop_ids.tolist(), self.tokenizer.pad_token_id,
-                                               cfg.rollout.generation_kwargs)
+        self.gen_config = None  # built on first use by the `hf` backend
         warn_distorting_once(self.distorting)
         self.iteration = 0  # completed iterations
         self.episode = 0  # episodes trained on
@@ -204,6 +202,10 @@ class PPOTrainer:
                     self.policy, prompt_ids, prompt_mask, cfg.temperature, cfg.max_new_tokens, self.stop_ids,
                     self.tokenizer.pad_token_id, seeds)
             else:
+                if self.gen_config is None:
+                    self.gen_config = pure_sampling_config(self.policy, cfg.temperature, cfg.max_new_tokens,
+                                                           self.stop_ids.tolist(), self.tokenizer.pad_token_id,
+                                                           cfg.generation_kwargs)
                 response_ids, response_mask, terminated, truncated = sample_responses(
                     self.policy, prompt_ids, prompt_mask, self.gen_config, self.stop_ids, cfg.max_new_tokens)
         P = prompt_ids.shape[1]
