@@ -233,27 +233,23 @@ def test_debug_shows_the_traceback(env):
         main(["train", "--debug", "--ppo.num_epochs", "abc"])
 
 
-@pytest.mark.xfail(strict=True, reason="config.coerce / apply_override do not catch yaml.YAMLError (lead: see report)")
 def test_override_with_broken_yaml_is_a_clean_error(capsys):
     assert_one_clean_line(*run_cli(["train", "--rollout.generation_kwargs", "{a"], capsys),
                           "rollout.generation_kwargs")
 
 
-@pytest.mark.xfail(strict=True, reason="Config.validate has no range check for `seed` (lead: see report)")
 def test_seed_out_of_range_is_a_config_error():
     cfg = load_config(None, {"seed": "-1"})
     with pytest.raises(LmppoError, match="seed"):
         cfg.validate()
 
 
-@pytest.mark.xfail(strict=True, reason="data._read_csv does not catch csv.Error (lead / data.py: see report)")
 def test_csv_field_over_the_csv_module_limit_is_a_data_error(tmp_path):
     (tmp_path / "big.csv").write_text('prompt\n"' + "a" * 200_000 + '"\n')
     with pytest.raises(LmppoError, match="big.csv"):
         load_prompt_records(DataConfig(prompts=str(tmp_path / "big.csv")))
 
 
-@pytest.mark.xfail(strict=True, reason="data._read_jsonl does not catch RecursionError (lead / data.py: see report)")
 def test_deeply_nested_json_line_is_a_data_error(tmp_path):
     (tmp_path / "deep.jsonl").write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
     with pytest.raises(LmppoError, match="deep.jsonl, line 1"):

@@ -161,6 +161,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     console = Console(highlight=False)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # loading bars on stderr would bury lmppo's one-line errors
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option)")
         return 0 if argv else EXIT_USER_ERROR

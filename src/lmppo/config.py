@@ -155,7 +155,8 @@ class RewardConfig:
     """Reward sources; their weighted scores are summed. Each source's mean is logged as `reward/<name>`."""
     truncation: str = "none"
     """Responses that hit `max_new_tokens` without the stop token: `none` (treated as finished), `penalty`
-    (the EOS trick: see `penalty` and `penalty_mode`), `bootstrap` (add gamma * V(final state) to the last
+    (the EOS trick: see `penalty` and `penalty_mode`), `bootstrap` (the response did not finish: its scalar
+    scores are taken off, its per-token and span scores stay, and gamma * V(final state) is added to the last
     token's reward; only sensible once the value function is trained) or `drop` (no gradient from them)."""
     penalty: float = -1.0
     """With truncation `penalty`: the score given to (or subtracted from) responses without a stop token."""
@@ -320,6 +321,7 @@ class Config:
         _check_types(self, "")
         c = self
         _positive(c.total_episodes, "total_episodes")
+        _in_range(c.seed, "seed", 0, 2 ** 32 - 1)
         _one_of(c.precision, "precision", ("fp32", "bf16"))
         _one_of(c.device, "device", ("auto", "cpu", "cuda"))
         _check_model_path(c.model.policy, "model.policy")
@@ -571,8 +573,7 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
         return [coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
     if origin is dict:
         if isinstance(value, str):
-            import yaml
-            value = yaml.safe_load(value) or {}
+            value = _yaml_value(value, name) or {}
         if not isinstance(value, dict):
             raise ConfigError(name, value, "must be a mapping")
         return value
@@ -627,16 +628,24 @@ def apply_override(cfg: Config, dotted: str, raw: Any) -> None:
         tp = _type_hints(type(obj))[part]
         if i == len(parts) - 1:
             if dataclasses.is_dataclass(tp):
-                import yaml
-                value = from_dict(tp, yaml.safe_load(raw) if isinstance(raw, str) else raw, dotted)
+                value = from_dict(tp, _yaml_value(raw, dotted) if isinstance(raw, str) else raw, dotted)
             else:
                 if typing.get_origin(tp) is list and isinstance(raw, str) and raw.strip().startswith("["):
-                    import yaml
-                    raw = yaml.safe_load(raw)
+                    raw = _yaml_value(raw, dotted)
                 value = coerce(raw, tp, dotted)
             setattr(obj, part, value)
         else:
             obj = getattr(obj, part)
+
+
+def _yaml_value(raw: str, name: str) -> Any:
+    """A YAML value given on the command line (a list or mapping), or ConfigError naming the option."""
+    import yaml
+
+    try:
+        return yaml.safe_load(raw)
+    except yaml.YAMLError as err:
+        raise ConfigError(name, raw, f"is not valid YAML: {getattr(err, 'problem', None) or err}") from None
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:

@@ -123,6 +123,8 @@ def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str]]
         except json.JSONDecodeError as err:
             raise DataError(f"{path}, line {n}: not valid JSON ({err.msg} at column {err.colno}): "
                             f"{_short(line)}") from None
+        except RecursionError:
+            raise DataError(f"{path}, line {n}: JSON nested too deeply to read: {_short(line)}") from None
         if not isinstance(row, dict):
             raise DataError(f"{path}, line {n}: expected a JSON object with field `{field_name}`, got a "
                             f"{type(row).__name__}: {_short(line)}")
@@ -135,6 +137,13 @@ def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str]]
 
 
 def _read_csv(text: str, path: str, field_name: str) -> tuple[list, list[str]]:
+    try:
+        return _read_csv_rows(text, path, field_name)
+    except csv.Error as err:
+        raise DataError(f"{path}: not readable as CSV ({err}); check quoting, or use a .jsonl file") from None
+
+
+def _read_csv_rows(text: str, path: str, field_name: str) -> tuple[list, list[str]]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     columns = reader.fieldnames or []
     if field_name not in columns:

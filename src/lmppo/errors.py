@@ -17,7 +17,16 @@ class ConfigError(LmppoError, ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"config field `{field}` = {value!r}: {allowed}")
+        super().__init__(f"config field `{field}` = {_redact(repr(value))}: {allowed}")
+
+
+def _redact(text: str) -> str:
+    """Mask credentials (user:password@ in URLs, tokens) in a value before it reaches a message."""
+    try:
+        from lmppo.checkpoint import redact_text
+    except ImportError:  # pragma: no cover - checkpoint imports nothing heavy, but never fail an error message
+        return text
+    return redact_text(text)
 
 
 class DataError(LmppoError, ValueError):

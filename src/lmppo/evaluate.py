@@ -504,15 +504,16 @@ def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
             table.add_row(f"  win rate by {name}", "", f"{w:.3f}", "")
     console.print(table)
     if show > 0 and result["samples"]:
-        console.print(sample_comparison(result["samples"][:show], "start", "trained", result["judge"]))
+        console.print(sample_comparison(result["samples"][:show], "start", "trained",
+                                        "the first held-out prompts: a response of each model, with its scores"))
 
 
-def sample_comparison(samples: list[dict[str, Any]], before_key: str, after_key: str, judge: Optional[str]):
+def sample_comparison(samples: list[dict[str, Any]], before_key: str, after_key: str, title: str = ""):
     """A rich table: prompt | response before | response after, each response followed by its scores."""
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(show_lines=True, title_justify="left")
+    table = Table(show_lines=True, title=title or None, title_justify="left", expand=True)
     table.add_column("prompt", overflow="fold", ratio=2)
     table.add_column(before_key, overflow="fold", ratio=3)
     table.add_column(after_key, overflow="fold", ratio=3)

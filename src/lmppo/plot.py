@@ -100,6 +100,19 @@ def _expand(keys: list[str], runs: list) -> list[str]:
     return out
 
 
+def _zero_weight_sources(run_dir: str) -> list[str]:
+    """Names of the reward sources of weight 0 in the run's config.yaml (none if it cannot be read)."""
+    path = Path(run_dir)
+    path = (path if path.is_dir() else path.parent) / "config.yaml"
+    try:
+        import yaml
+
+        cfg = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        return [s.get("name") or "" for s in cfg.get("reward", {}).get("sources", []) if s.get("weight", 1) == 0]
+    except Exception:  # noqa: BLE001 - a label only: never fail a plot over it
+        return []
+
+
 def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) -> str:
     """Draw the curves of ``keys`` (default ``DEFAULT_KEYS``; those present) for every run into ``out_png``.
 
@@ -135,6 +148,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
         raise LmppoError("plot: none of the metrics " + ", ".join(wanted) + " appear in "
                          + ", ".join(str(d) for d in run_dirs))
 
+    judges = {f"reward/{n}" for d in run_dirs for n in _zero_weight_sources(d)}
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
@@ -159,7 +173,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                     (line,) = ax.plot(xs, ys, label=label, linewidth=1.3, color=color,
                                       marker="." if len(xs) < 30 else None)
                 legend.setdefault(label, line)
-        ax.set_title(key, fontsize=10)
+        ax.set_title(key + (" (weight 0: judge, not trained on)" if key in judges else ""), fontsize=10)
         ax.set_xlabel(X_KEY, fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)

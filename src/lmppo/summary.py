@@ -136,7 +136,8 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
                 table.add_row(f"  win rate by {name}", "", f"{w:.3f}", "")
     console.print(table)
     if summary.get("samples"):
-        console.print(sample_comparison(summary["samples"], "before", "after", summary["judge"]))
+        console.print(sample_comparison(summary["samples"], "before", "after", "held-out prompts: a response before "
+                                        "and after training (same random stream for both), with its scores"))
 
 
 def write_summary(summary: dict[str, Any], path: str) -> str:

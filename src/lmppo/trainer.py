@@ -31,7 +31,7 @@ from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
 from lmppo.core.masking import masked_mean, masked_sum, whiten_with
 from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalized_rewards, normalize_scores,
-                                penalize_truncated)
+                                penalize_truncated, unfinished_scores)
 from lmppo.errors import ConfigError, LmppoError, TrainingError
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
 from lmppo.models import (Actor, Critic, ValueHead, build_critic, hidden_size, hf_model, load_policy,
@@ -244,7 +244,7 @@ class PPOTrainer:
         result = score_rollout(self.reward_sources, rollout.prompts_text, rollout.responses_text,
                                rollout.response_ids.cpu(), rollout.response_mask.cpu(), self.tokenizer,
                                rc.on_bad_output, terminated=rollout.terminated.cpu())
-        token_scores = result.token_scores.to(self.device, torch.float32)
+        token_scores = placed = result.token_scores.to(self.device, torch.float32)
         raw = token_scores.sum(1)
         mask, valid = rollout.response_mask, result.valid.to(self.device)
         if rc.normalize or rc.clip > 0:
@@ -254,6 +254,10 @@ class PPOTrainer:
             token_scores = normalize_scores(token_scores, mask, mean, std, rc.clip)
         if rc.truncation == "penalty":  # after normalisation: a cut response scores exactly `reward.penalty`
             token_scores = penalize_truncated(token_scores, mask, rollout.truncated, rc.penalty, rc.penalty_mode)
+        if rc.truncation == "bootstrap":  # a cut response did not finish: only its per-token/span scores stay
+            token_scores = unfinished_scores(token_scores, placed, mask, rollout.truncated,
+                                             result.final_scores.to(self.device),
+                                             self.score_moments.std if rc.normalize else 1.0)
         token_scores = torch.where(valid[:, None], token_scores, torch.zeros_like(token_scores))
         return ScoredRollout(token_scores=token_scores, raw_scores=raw, valid=valid,
                              per_source={k: v.to(self.device) for k, v in result.per_source.items()})
@@ -315,6 +319,7 @@ class PPOTrainer:
                         self.accelerator.backward(loss)
                     losses.append(loss.detach())
                 self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
+        self.update_lr = self.scheduler.get_last_lr()[0]  # the rate this iteration's updates used
         self.scheduler.step()
 
     def micro_batch_loss(self, batch: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
@@ -414,7 +419,7 @@ class PPOTrainer:
             "episode": self.episode,
             "iteration": self.iteration,
             "eps": self.episode / max(self.train_seconds, 1e-9),
-            "lr": self.scheduler.get_last_lr()[0],
+            "lr": self.update_lr,
             "objective/kl": gather(kl_per_response),
             "objective/kl_coef": beta,
             "objective/entropy": gather(masked_sum(-rollout.logprobs, mask, dim=1)),

@@ -39,9 +39,26 @@ def penalize_truncated(token_scores: torch.Tensor, mask: torch.Tensor, truncated
     return _add_at_last(token_scores, mask, truncated, amount)
 
 
+def unfinished_scores(token_scores: torch.Tensor, placed: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
+                      final_scores: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """For bootstrap: a cut response did not finish, so what judges it as a finished response is not a reward it
+    received. Rows where `truncated` (B,) is True keep only their per-token and span scores: the placed scores
+    `placed` (B, T) without `final_scores` (B,) (the scalar outputs, which sit on the last real token), divided by
+    `scale` as normalisation divides them; any normalisation shift or clipping correction on their last token goes
+    too. Other rows keep `token_scores` (B, T).
+
+    Keeping a cut response's scalar score and adding gamma * V(s_T) as well counts its ending twice: V(s_T)
+    estimates the score still to come, and with gamma = 1 the value function then inflates without bound (about
+    +0.35 a iteration in benchmarks/truncation_policies.py, V(s_0) 7.6 for returns near 2 after 30 iterations).
+    """
+    own = _add_at_last(placed, mask, truncated, -final_scores) / max(scale, 1e-8)
+    return torch.where(truncated[:, None], own, token_scores)
+
+
 def bootstrap_truncated(rewards: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
                         final_values: torch.Tensor, gamma: float) -> torch.Tensor:
-    """For truncated rows, add gamma * V(s_T) to the last real token's reward (TRL PR #1536).
+    """For truncated rows, add gamma * V(s_T) to the last real token's reward (TRL PR #1536); take their
+    whole-response scores off first (`unfinished_scores`).
 
     rewards (B, T); final_values (B,) = V of the state after the last generated token. GAE then sees
     delta_{T-1} = r_{T-1} + gamma * V(s_T) - V(s_{T-1}), as if the episode went on.

@@ -259,6 +259,8 @@ class RewardResult:
     token_scores: torch.Tensor  # (B, T) float, weighted sum over sources of placed scores; 0 where masked/invalid
     valid: torch.Tensor  # (B,) bool, False for samples some source gave a bad output (on_bad_output=drop)
     per_source: dict[str, torch.Tensor]  # name -> (B,) float, the source's unweighted total per response (0 if invalid)
+    final_scores: torch.Tensor  # (B,) float, the weighted sum of the scalar outputs alone: the part of token_scores
+    #                             that judges a response as a whole (on its last token); 0 where invalid
     num_invalid: int  # samples marked invalid
     problems: list[str] = field(default_factory=list)  # one line per bad output that was dropped
 
@@ -307,9 +309,12 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
             valid[j] = False
 
     placed: list[torch.Tensor] = []
+    scalars: list[torch.Tensor] = []  # per source, (B,) its scalar outputs (0 where it gave another form)
     for source in sources:
         rows = torch.zeros(B, T, dtype=torch.float32)
+        scalar = torch.zeros(B, dtype=torch.float32)
         placed.append(rows)
+        scalars.append(scalar)
         try:
             if source.wants_completion_ids:
                 ids = [ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
@@ -334,13 +339,17 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
                 continue
             off = offsets(i) if kind == "spans" and payload else None
             rows[i] = place_one(kind, payload, lengths[i], T, off, source.span_placement)
+            if kind == "scalar":
+                scalar[i] = payload
 
     keep = torch.tensor(valid, dtype=torch.bool)
     token_scores = torch.zeros(B, T, dtype=torch.float32)
+    final_scores = torch.zeros(B, dtype=torch.float32)
     per_source = {}
-    for source, rows in zip(sources, placed):
+    for source, rows, scalar in zip(sources, placed, scalars):
         rows = rows * mask * keep[:, None]
         token_scores += source.weight * rows
+        final_scores += source.weight * scalar * keep
         per_source[source.name] = rows.sum(dim=1)
     if problems:
         logger.warning("dropped %d of %d samples with bad reward outputs; first: %s", B - int(keep.sum()), B,
@@ -348,6 +357,7 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
     device = response_mask.device
     return RewardResult(token_scores=token_scores.to(device), valid=keep.to(device),
                         per_source={k: v.to(device) for k, v in per_source.items()},
+                        final_scores=final_scores.to(device),
                         num_invalid=B - int(keep.sum()), problems=problems)
 
 
