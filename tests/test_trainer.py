@@ -230,3 +230,21 @@ def test_learning_rule_based_reward_rises(tmp_path, tokenizer):
     scores = [m["objective/scores"] for m in h]
     first, last = sum(scores[:4]) / 4, sum(scores[-4:]) / 4
     assert last > first + 0.25, (first, last)
+
+
+def test_sample_table_with_token_stats_has_kl_and_entropy_per_token(tmp_path, tokenizer):
+    trainer = make_trainer(tmp_path, tokenizer, log__token_stats=True, log__num_samples=2)
+    rollout = trainer.collect_rollout()
+    scored = trainer.score(rollout)
+    rewards = trainer.token_rewards(rollout, scored)
+    rows = trainer.sample_rows(rollout, scored, rewards)
+    assert len(rows) == 2
+    for i, row in enumerate(rows):
+        n = int(rollout.response_mask[i].sum())
+        assert len(row["kl per token"].split(" ")) >= n and len(row["entropy per token"].split(" ")) >= n
+        assert row["kl"] == pytest.approx(float(rewards.kl[i].sum()), abs=1e-5)
+    # entropy is that of the policy's distribution at the sampling temperature, between 0 and log(V)
+    ent = rollout.entropy[rollout.response_mask]
+    assert (ent >= 0).all() and (ent <= math.log(len(tokenizer)) + 1e-4).all()
+    plain = make_trainer(tmp_path / "plain", tokenizer)
+    assert plain.collect_rollout().entropy is None

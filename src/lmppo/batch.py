@@ -8,7 +8,8 @@ token t was chosen; ``rewards[:, t]`` is the reward received for emitting token 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
+from typing import Optional
 
 import torch
 
@@ -28,6 +29,7 @@ class Rollout:
     group_ids: torch.Tensor  # (B,) long, position of the response's prompt in the global batch (same prompt, same id)
     prompts_text: list[str]  # B prompt strings (as the policy saw them, template applied)
     responses_text: list[str]  # B completions, decoded without padding or the stop token
+    entropy: Optional[torch.Tensor] = field(default=None)  # (B, T) policy entropy per position (log.token_stats)
 
     @property
     def batch_size(self) -> int:
@@ -55,5 +57,8 @@ class Rollout:
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
-            out[f.name] = v[t_idx.to(v.device)] if isinstance(v, torch.Tensor) else [v[i] for i in idx]
+            if v is None:
+                out[f.name] = None
+            else:
+                out[f.name] = v[t_idx.to(v.device)] if isinstance(v, torch.Tensor) else [v[i] for i in idx]
         return replace(self, **out)

@@ -214,12 +214,14 @@ class PPOTrainer:
         chunk = cfg.forward_batch_size or input_ids.shape[0]
         actor = self.accelerator.unwrap_model(self.actor)  # no-grad passes need no DDP wrapper
         critic = self.accelerator.unwrap_model(self.critic) if self.critic is not None else None
-        logprobs, ref_logprobs, values = [], [], []
+        logprobs, ref_logprobs, values, entropies = [], [], [], []
         with torch.inference_mode(), self._autocast():
             for s in range(0, input_ids.shape[0], chunk):
                 ids, att, resp = input_ids[s:s + chunk], attention_mask[s:s + chunk], response_ids[s:s + chunk]
                 out = actor(ids, att, P, cfg.temperature)
                 logprobs.append(selective_log_softmax(out.logits, resp))
+                if self.config.log.token_stats:
+                    entropies.append(entropy_from_logits(out.logits))
                 values.append(out.values if critic is None else critic(ids, att, P))
                 ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
         # clone out of inference mode: these tensors enter the loss as constants
@@ -234,7 +236,8 @@ class PPOTrainer:
             ref_logprobs=torch.where(response_mask, ref_logprobs, zeros),
             values=torch.where(response_mask, all_values[:, :-1], zeros), final_values=final_values,
             terminated=terminated, truncated=truncated, group_ids=group_ids,
-            prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text)
+            prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text,
+            entropy=torch.cat(entropies).clone() if entropies else None)
 
     # ------------------------------------------------------------------ 2. score
     def score(self, rollout: Rollout) -> ScoredRollout:
@@ -465,6 +468,9 @@ class PPOTrainer:
                 toks = self.tokenizer.convert_ids_to_tokens(rollout.response_ids[i][m].tolist())
                 kl = rewards.kl[i][m].tolist()
                 row["kl per token"] = " ".join(f"{t}({k:+.2f})" for t, k in zip(toks, kl))
+                if rollout.entropy is not None:
+                    ent = rollout.entropy[i][m].tolist()
+                    row["entropy per token"] = " ".join(f"{t}({e:.2f})" for t, e in zip(toks, ent))
                 row["kl"] = float(sum(kl))
             rows.append(row)
         return rows
