@@ -14,8 +14,10 @@ sampled from the trained policy and measured:
   truncated   fraction that hit max_new_tokens without <eos>
   KL          mean summed per-token KL to the reference over the last 3 training iterations
   length      mean response length in tokens (<eos> included)
+  proper      fraction that ended with <eos> and are well-formed (" adj( and subject verb adj)*."): a policy
+              that repeats positive adjectives until it is cut scores well and writes nothing proper
 
-    python benchmarks/truncation_policies.py [--seeds 0,1,2] [--iterations 30]
+    python benchmarks/truncation_policies.py [--seeds 0,1,2] [--iterations 30] [--kl-coef 0.05] [--penalty -1]
 
 Prints mean +- sd over seeds. About 10 s per run on one CPU core (plus 12 s per seed for the supervised start).
 """
@@ -26,6 +28,7 @@ import argparse
 import copy
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -42,7 +45,7 @@ POSITIVE = ["good", "great", "wonderful", "funny", "bright", "beautiful", "happy
 NEGATIVE = ["bad", "boring", "terrible", "slow", "strange", "sad", "dull", "long", "weak"]
 POLICIES = {  # name -> reward.* settings
     "none": {"truncation": "none"},
-    "penalty": {"truncation": "penalty", "penalty": -1.0, "penalty_mode": "replace"},
+    "penalty": {"truncation": "penalty", "penalty_mode": "replace"},  # reward.penalty from --penalty
     "bootstrap": {"truncation": "bootstrap"},
     "drop": {"truncation": "drop"},
 }
@@ -60,6 +63,12 @@ def example(rng: random.Random) -> tuple[str, str]:
     first = rng.choice(POSITIVE + NEGATIVE)
     more = "".join(f" and {clause(rng)}" for _ in range(rng.randint(0, 3)))
     return f"{subject[0].upper()}{subject[1:]} {verb}", f" {first}{more}."
+
+
+def proper_sentence() -> re.Pattern:
+    adj = "(?:" + "|".join(POSITIVE + NEGATIVE) + ")"
+    clause = f"(?:{'|'.join(SUBJECTS)}) (?:{'|'.join(VERBS)}) {adj}"
+    return re.compile(f"^ {adj}(?: and {clause})*\\.$")
 
 
 def content_score(prompts: list[str], completions: list[str]) -> list[float]:
@@ -109,7 +118,8 @@ def supervised_policy(tokenizer, seed: int, steps: int = 300):
     return policy.eval()
 
 
-def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_dir: str) -> dict[str, float]:
+def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_dir: str,
+               kl_coef: float = 0.05, penalty: float = -1.0) -> dict[str, float]:
     import torch
 
     from lmppo.config import Config
@@ -130,9 +140,10 @@ def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_
     cfg.ppo.num_epochs = 4
     cfg.ppo.lr_schedule = "constant"
     cfg.kl.controller = "fixed"
-    cfg.kl.coef = 0.05
+    cfg.kl.coef = kl_coef
     cfg.log.trackers = []
     cfg.log.sample_every = 0
+    cfg.reward.penalty = penalty
     for key, value in POLICIES[name].items():
         setattr(cfg.reward, key, value)
     rng = random.Random(seed)
@@ -140,15 +151,18 @@ def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_
     trainer = PPOTrainer(cfg, policy=copy.deepcopy(policy), tokenizer=tokenizer, prompts=prompts,
                          reward_functions=[FunctionSource.from_callable(content_score, name="content")])
     history = trainer.train()
-    scores, cut, lengths = [], [], []
+    scores, cut, lengths, proper = [], [], [], []
+    grammar = proper_sentence()
     with torch.no_grad():
         for _ in range(2):  # 64 fresh responses from the trained policy
             rollout = trainer.collect_rollout()
             scores += content_score(rollout.prompts_text, rollout.responses_text)
             cut += rollout.truncated.float().tolist()
             lengths += rollout.response_mask.sum(1).float().tolist()
+            proper += [float(bool(done) and grammar.match(text) is not None)
+                       for done, text in zip(rollout.terminated.tolist(), rollout.responses_text)]
     mean = statistics.mean
-    return {"score": mean(scores), "truncated": mean(cut), "length": mean(lengths),
+    return {"score": mean(scores), "truncated": mean(cut), "length": mean(lengths), "proper": mean(proper),
             "kl": mean(m["objective/kl"] for m in history[-3:]),
             "first_truncated": history[0]["response/truncated_frac"]}
 
@@ -157,6 +171,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     parser.add_argument("--iterations", type=int, default=30, help="PPO iterations of 32 episodes")
+    parser.add_argument("--kl-coef", type=float, default=0.05, help="fixed KL coefficient")
+    parser.add_argument("--penalty", type=float, default=-1.0, help="reward.penalty of the `penalty` policy (replace)")
     parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES))
     args = parser.parse_args(argv)
     import torch
@@ -171,11 +187,12 @@ def main(argv=None) -> None:
         for seed in seeds:
             policy = supervised_policy(tokenizer, seed)
             for name in names:
-                r = run_policy(name, policy, tokenizer, seed, args.iterations, os.path.join(tmp, f"{name}-{seed}"))
+                r = run_policy(name, policy, tokenizer, seed, args.iterations, os.path.join(tmp, f"{name}-{seed}"),
+                               args.kl_coef, args.penalty)
                 results[name].append(r)
                 print(f"  seed {seed} {name:>9}: score {r['score']:+.2f}  truncated {r['truncated']:.2f} "
-                      f"(first iteration {r['first_truncated']:.2f})  KL {r['kl']:.2f}  length {r['length']:.1f}",
-                      flush=True)
+                      f"(first iteration {r['first_truncated']:.2f})  KL {r['kl']:.2f}  length {r['length']:.1f}  "
+                      f"proper {r['proper']:.2f}", flush=True)
 
     def ms(rows, key, fmt):
         xs = [r[key] for r in rows]
@@ -183,13 +200,13 @@ def main(argv=None) -> None:
         return f"{format(statistics.mean(xs), fmt)} ± {format(sd, fmt.lstrip('+'))}"
 
     print(f"\nTruncation policies: {len(seeds)} seeds x {args.iterations} iterations x {BATCH} episodes, "
-          f"max_new_tokens {MAX_NEW_TOKENS}; measured on 64 fresh responses after training")
-    print("| policy | score | truncated fraction | KL | response length | truncated, first iteration |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"max_new_tokens {MAX_NEW_TOKENS}, kl.coef {args.kl_coef}, penalty {args.penalty}; measured on 64 fresh responses after training")
+    print("| policy | score | truncated fraction | KL | response length | proper | truncated, first iteration |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name in names:
         rows = results[name]
-        print(f"| {name} | {ms(rows, 'score', '+.2f')} | {ms(rows, 'truncated', '.2f')} | {ms(rows, 'kl', '.2f')} | "
-              f"{ms(rows, 'length', '.1f')} | {ms(rows, 'first_truncated', '.2f')} |")
+        print(f"| {name} | {ms(rows, 'score', '+.2f')} | {ms(rows, 'truncated', '.2f')} | {ms(rows, 'kl', '.1f')} | "
+              f"{ms(rows, 'length', '.1f')} | {ms(rows, 'proper', '.2f')} | {ms(rows, 'first_truncated', '.2f')} |")
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

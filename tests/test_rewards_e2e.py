@@ -44,17 +44,16 @@ def t(rows) -> torch.Tensor:
 
 
 def base_config(tmp_path, iterations: int = 1, batch: int = 4, **kw) -> Config:
-    """A small config with a fixed KL coefficient; `a__b=v` keyword arguments set `cfg.a.b = v`."""
+    """A small config with a fixed KL coefficient; `a__b=v` keyword arguments set `cfg.a.b = v`. Unless given,
+    total_episodes is `iterations` batches and a micro-batch is the whole minibatch."""
     cfg = Config()
     cfg.output_dir = str(tmp_path / "run")
-    cfg.total_episodes = iterations * batch
     cfg.rollout.batch_size = batch
     cfg.rollout.max_new_tokens = 4
     cfg.rollout.temperature = 1.0
     cfg.kl.controller = "fixed"
     cfg.kl.coef = KL_COEF
     cfg.kl.estimator = "k1"
-    cfg.ppo.micro_batch_size = batch
     cfg.ppo.num_epochs = 1
     cfg.ppo.learning_rate = 1e-3
     cfg.log.trackers = []
