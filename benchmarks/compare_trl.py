@@ -53,13 +53,15 @@ CONFIGS: dict[str, dict] = {
     "len64": {"response_length": 64},            # (b)
     "epoch1": {"ppo_epochs": 1},                 # (c)
     "shared": {"shared_value_head": True},       # (d) lmppo with a value head on the policy; TRL side == base
+    "bf16": {"precision": "bf16"},               # lmppo with bf16 autocast; TRL side == base (fp32)
+    "shared_bf16": {"shared_value_head": True, "precision": "bf16"},
     "real": {                                    # (e) opt-in --real: SmolLM2-135M, full weights
-        "response_length": 24, "threads": 2, "learning_rate": 3e-6, "kind": "real",
+        "response_length": 24, "threads": 2, "learning_rate": 3e-6, "kind": "real", "eval_prompts": 32,
     },
 }
 # settings that only the lmppo side reads: a TRL run of a config that differs from another config
 # only in these is the same run, and is reused instead of repeated.
-LMPPO_ONLY_KEYS = {"shared_value_head"}
+LMPPO_ONLY_KEYS = {"shared_value_head", "precision"}
 DEFAULT_EPISODES = {"tiny": 128, "real": 32}
 
 
@@ -232,26 +234,104 @@ def _summarize_profile(prof, path: Path, total: float) -> dict:
 # ================================================================================================
 
 def run_lmppo(cfg: dict) -> dict:
-    """Train lmppo with ``cfg`` (same keys as run_trl) and return the same kind of dict.
+    """Train lmppo with ``cfg`` (the same keys as ``run_trl``), save the policy, return the same kind of dict.
 
-    Contract (what the driver relies on):
-      * inputs: ``cfg["cache"]`` holds tokenizer/, policy/, critic/, reward/ and prompts.json (train
-        prompts are token-id lists, already 16-32 tokens; pad/eos/bos = 0/2/1 for the tiny cache);
-        use ``cfg["threads"]`` torch threads, ``cfg["seed"]``, ``cfg["episodes"]`` episodes, batch
-        ``cfg["batch_size"]``, ``cfg["ppo_epochs"]``, ``cfg["num_mini_batches"]``,
-        ``cfg["response_length"]``, ``cfg["temperature"]``, ``cfg["kl_coef"]``,
-        ``cfg["learning_rate"]`` (schedule ``cfg["lr_schedule"]``), stop at ``cfg["stop_token"]``,
-        and a shared value head on the policy when ``cfg.get("shared_value_head")``;
-        the reward is the reward model's score at the last real token of prompt+response.
-      * save the trained policy as a Hugging Face folder at ``Path(cfg["out_dir"]) / "policy"``
-        (``save_pretrained``) -- the driver scores it with ``common.evaluate_saved_policy``.
-      * return at least ``episodes``, ``train_seconds`` (wall time of the training call only,
-        excluding model loading and any warm-up/compile you choose to exclude -- say which), ``eps``
-        and optionally ``eps_steady`` (without the first update), ``train_cpu_seconds``
-        (``time.process_time()`` over the same span), ``eps_cpu`` (= episodes / cpu seconds * threads),
-        ``cpu_util`` (cpu / wall), ``setup_seconds``, ``versions`` -- as run_trl does.
+    Like for like with TRL: the same policy, critic (a separate value model initialised from the cached
+    critic) and reward model; batch 8, one minibatch, no gradient accumulation; fixed KL coefficient with the
+    k1 estimator in the reward; AdamW with eps 1e-8; linear LR decay; gradient clipping off (TRL 1.12 does not
+    apply its max_grad_norm). The reward model reads text (prompt + completion) through its own tokenizer,
+    as lmppo always does. ``eps`` is episodes / wall time of the training loop (``trainer.train_seconds``:
+    from the first rollout to the end of the last iteration's logging; model loading, trainer set-up, and
+    the final save and checkpoint are excluded, as TRL's final save is); ``eps_wall`` also counts those.
     """
-    raise NotImplementedError("run_lmppo: the lmppo side of the benchmark is not wired yet")
+    t_start = time.perf_counter()
+    _set_threads(cfg["threads"])
+    import torch
+    import transformers
+    import accelerate
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lmppo.config import Config, RewardSourceConfig
+    from lmppo.trainer import PPOTrainer
+
+    cache, out = Path(cfg["cache"]), Path(cfg["out_dir"])
+    tok = AutoTokenizer.from_pretrained(cache / "tokenizer")
+    tok.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(cache / "policy", dtype=getattr(torch, cfg["dtype"]))
+    prompts = common.load_prompts(cache)
+
+    c = Config()
+    c.output_dir = str(out / "lmppo_run")
+    c.overwrite = True
+    c.seed = cfg["seed"]
+    c.device = "cpu"
+    c.total_episodes = cfg["episodes"]
+    c.precision = cfg.get("precision", "fp32")
+    c.data.max_prompt_length = 64
+    c.data.shuffle = True
+    c.rollout.batch_size = cfg["batch_size"]
+    c.rollout.max_new_tokens = cfg["response_length"]
+    c.rollout.temperature = cfg["temperature"]
+    c.rollout.stop_token = cfg["stop_token"] or "none"
+    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm")]
+    c.reward.truncation = "none" if cfg["missing_eos_penalty"] is None else "penalty"
+    if cfg["missing_eos_penalty"] is not None:
+        c.reward.penalty, c.reward.penalty_mode = -float(cfg["missing_eos_penalty"]), "add"
+    c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = cfg["kl_coef"], "fixed", "k1", "reward"
+    c.value.mode = "shared" if cfg.get("shared_value_head") else "critic"
+    c.value.init_from = str(cache / "critic")
+    p = c.ppo
+    p.num_epochs, p.num_minibatches = cfg["ppo_epochs"], cfg["num_mini_batches"]
+    p.micro_batch_size = cfg["batch_size"] // cfg["num_mini_batches"]
+    p.learning_rate, p.lr_schedule = cfg["learning_rate"], cfg["lr_schedule"]
+    p.clip_range, p.value_clip_range, p.vf_coef = cfg["cliprange"], cfg["cliprange_value"], cfg["vf_coef"]
+    p.gamma, p.lam, p.adam_eps, p.max_grad_norm = cfg["gamma"], cfg["lam"], 1e-8, 0.0
+    c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False
+    trainer = PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompts["train"])
+    setup_s = time.perf_counter() - t_start
+
+    prof = None
+    if cfg.get("profile"):
+        import cProfile
+        prof = cProfile.Profile()
+    t0, c0 = time.perf_counter(), time.process_time()
+    if prof:
+        prof.enable()
+    history = trainer.train()
+    if prof:
+        prof.disable()
+    t1, c1 = time.perf_counter(), time.process_time()
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    trainer.policy.save_pretrained(out / "policy")
+    tok.save_pretrained(out / "policy")
+
+    episodes = trainer.episode
+    loop_s = trainer.train_seconds
+    per_iter = [sum(v for k, v in m.items() if k.startswith("time/")) for m in history]
+    steady = (episodes - cfg["batch_size"]) / sum(per_iter[1:]) if len(per_iter) > 1 else None
+    phases = {k: sum(m.get(k, 0.0) for m in history) for k in history[-1] if k.startswith("time/")}
+    res = dict(
+        side="lmppo", episodes=episodes, updates=len(history), train_seconds=loop_s, eps=episodes / loop_s,
+        eps_wall=episodes / (t1 - t0), eps_steady=steady, train_cpu_seconds=c1 - c0,
+        eps_cpu=episodes / (c1 - c0) * cfg["threads"], cpu_util=(c1 - c0) / (t1 - t0), setup_seconds=setup_s,
+        worker_maxrss_mb=rss_kb / 1024, phase_seconds=phases,
+        train_scores_first=[m.get("objective/scores") for m in history[:3]],
+        train_scores_last=[m.get("objective/scores") for m in history[-3:]],
+        train_kl_last=history[-1].get("objective/kl"), torch_threads=torch.get_num_threads(),
+        versions=dict(transformers=transformers.__version__, accelerate=accelerate.__version__,
+                      torch=torch.__version__, python=sys.version.split()[0]),
+    )
+    if prof:
+        import pstats
+        prof.dump_stats(str(out / "lmppo_profile.prof"))
+        res["profile_top"] = _top_functions(pstats.Stats(prof), 15)
+    return res
+
+
+def _top_functions(stats, n: int) -> list[str]:
+    stats.sort_stats("tottime")
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:n]
+    return [f"{v[2]:8.2f}s  {fn}  ({os.path.basename(f)}:{line})" for (f, line, fn), v in rows]
 
 
 # ================================================================================================
@@ -329,14 +409,20 @@ def run_worker(side: str, python: str, cfg: dict, timeout: float) -> dict:
     return res
 
 
-def run_eval(python: str, policy_dir: Path, cache: Path, cfg: dict, eval_seed: int, timeout: float) -> dict:
-    out = policy_dir.parent / f"eval_{policy_dir.name}.json"
-    log = policy_dir.parent / f"eval_{policy_dir.name}.log"
+def run_eval(python: str, policy_dir: Path, cache: Path, cfg: dict, eval_seed: int, timeout: float,
+             dest: Path | None = None) -> dict:
+    """Score a saved policy in its own subprocess (1 thread: robust on a busy machine); results go to
+    ``dest`` (default: beside the policy folder -- pass a run folder for the cached untrained policy)."""
+    dest = dest or policy_dir.parent
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / f"eval_{policy_dir.name}.json"
+    log = dest / f"eval_{policy_dir.name}.log"
     cmd = [python, str(HERE / "common.py"), "eval", "--policy", str(policy_dir), "--cache", str(cache),
            "--seed", str(eval_seed), "--response-length", str(cfg["response_length"]),
            "--temperature", "1.0", "--samples-per-prompt", str(cfg["eval_samples_per_prompt"]),
+           "--n-prompts", str(cfg["eval_prompts"]), "--threads", "1",
            "--out", str(out)]
-    rc, _, _ = _spawn(cmd, log, _child_env(os.cpu_count() or 1), timeout)
+    rc, _, _ = _spawn(cmd, log, _child_env(1), timeout)
     if rc != 0 or not out.exists():
         return dict(ok=False, error=f"eval exit {rc}", log_tail=_tail(log))
     r = json.loads(out.read_text())
@@ -504,7 +590,8 @@ def main(argv=None):
             break
         cfg0 = make_run_cfg(n, "none", a.seed, episodes, cache, root / n / "untrained")
         (root / n).mkdir(parents=True, exist_ok=True)
-        untrained[n] = run_eval(eval_python, cache / "policy", cache, cfg0, a.eval_seed, a.timeout)
+        untrained[n] = run_eval(eval_python, cache / "policy", cache, cfg0, a.eval_seed, a.timeout,
+                                dest=root / n / "untrained")
         (root / n / "untrained.json").write_text(json.dumps(untrained[n], indent=1))
     for r in range(a.repeats):
         for n in names:
