@@ -79,3 +79,45 @@ PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed"
 @pytest.fixture()
 def prompts():
     return list(PROMPTS)
+
+
+def set_fields(cfg, **fields):
+    """Set config fields named with `__` for dots (value__mode="critic" sets cfg.value.mode)."""
+    for dotted, value in fields.items():
+        obj = cfg
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            obj = getattr(obj, p)
+        assert hasattr(obj, leaf), dotted
+        setattr(obj, leaf, value)
+    return cfg
+
+
+def small_config(output_dir: str, iterations: int = 2, batch: int = 8, **fields):
+    """A small, fast config: 6 new tokens, 2 minibatches of 2 micro-batches, 2 epochs, lr 1e-3, no trackers."""
+    from lmppo.config import Config
+
+    cfg = Config()
+    cfg.output_dir = str(output_dir)
+    cfg.total_episodes = iterations * batch
+    cfg.rollout.batch_size = batch
+    cfg.rollout.max_new_tokens = 6
+    cfg.rollout.temperature = 1.0
+    cfg.ppo.micro_batch_size = 4
+    cfg.ppo.num_minibatches = 2
+    cfg.ppo.num_epochs = 2
+    cfg.ppo.learning_rate = 1e-3
+    cfg.log.trackers = []
+    cfg.log.sample_every = 0
+    return set_fields(cfg, **fields)
+
+
+def frac_target_reward(tokenizer):
+    """A rule-based reward: the fraction of response tokens in the first quarter of the vocabulary."""
+    target = set(range(len(tokenizer) // 4))
+
+    def frac_target(prompts, completions):
+        ids = [tokenizer.encode(c, add_special_tokens=False) for c in completions]
+        return [sum(i in target for i in x) / max(len(x), 1) for x in ids]
+
+    return frac_target

@@ -7,7 +7,7 @@ import copy
 import os
 
 import torch
-from conftest import PROMPTS, tiny_llama
+from conftest import PROMPTS, frac_target_reward, tiny_llama
 
 from lmppo.config import Config
 from lmppo.core.logprobs import selective_log_softmax
@@ -17,11 +17,7 @@ from lmppo.trainer import PPOTrainer
 
 
 def lora_trainer(tokenizer, tmp_path, iterations: int = 4, **overrides) -> PPOTrainer:
-    target = set(range(len(tokenizer) // 4))
-
-    def frac_target(prompts, completions):
-        ids = [tokenizer.encode(c, add_special_tokens=False) for c in completions]
-        return [sum(i in target for i in x) / max(len(x), 1) for x in ids]
+    frac_target = frac_target_reward(tokenizer)
 
     cfg = Config()
     cfg.output_dir, cfg.overwrite, cfg.log.trackers, cfg.log.sample_every = str(tmp_path), True, [], 0

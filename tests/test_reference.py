@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from conftest import PROMPTS, tiny_llama
+from conftest import PROMPTS, frac_target_reward, tiny_llama
 
 from lmppo.config import Config, ModelConfig
 from lmppo.core.logprobs import selective_log_softmax
@@ -207,11 +207,7 @@ def test_unknown_mode_is_a_config_error(tokenizer):
 
 # ----------------------------------------------------------------------------- through the trainer
 def run(tokenizer, tmp_path, iterations: int, **overrides) -> tuple[PPOTrainer, list[dict]]:
-    target = set(range(len(tokenizer) // 4))
-
-    def frac_target(prompts, completions):
-        ids = [tokenizer.encode(c, add_special_tokens=False) for c in completions]
-        return [sum(i in target for i in x) / max(len(x), 1) for x in ids]
+    frac_target = frac_target_reward(tokenizer)
 
     cfg = Config()
     cfg.output_dir, cfg.overwrite, cfg.log.trackers, cfg.log.sample_every = str(tmp_path), True, [], 0

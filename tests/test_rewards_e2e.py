@@ -24,7 +24,7 @@ import os
 import pytest
 import torch
 
-from conftest import PROMPTS, tiny_llama
+from conftest import PROMPTS, set_fields, tiny_llama
 from lmppo.batch import Rollout
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.errors import RewardError
@@ -58,12 +58,7 @@ def base_config(tmp_path, iterations: int = 1, batch: int = 4, **kw) -> Config:
     cfg.ppo.learning_rate = 1e-3
     cfg.log.trackers = []
     cfg.log.sample_every = 0
-    for dotted, value in kw.items():
-        obj = cfg
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            obj = getattr(obj, p)
-        setattr(obj, leaf, value)
+    set_fields(cfg, **kw)
     if "total_episodes" not in kw:
         cfg.total_episodes = iterations * cfg.rollout.batch_size
     if "ppo__micro_batch_size" not in kw:

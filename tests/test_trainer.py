@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from conftest import PROMPTS, tiny_gpt2, tiny_llama
+from conftest import PROMPTS, small_config, tiny_gpt2, tiny_llama
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.trainer import PPOTrainer, _trim
@@ -21,25 +21,7 @@ TRL_METRICS = ["eps", "objective/kl", "objective/entropy", "objective/non_score_
 
 
 def tiny_config(tmp_path, iterations=2, batch=8, **kw) -> Config:
-    cfg = Config()
-    cfg.output_dir = str(tmp_path / "run")
-    cfg.total_episodes = iterations * batch
-    cfg.rollout.batch_size = batch
-    cfg.rollout.max_new_tokens = 6
-    cfg.rollout.temperature = 1.0
-    cfg.ppo.micro_batch_size = 4
-    cfg.ppo.num_minibatches = 2
-    cfg.ppo.num_epochs = 2
-    cfg.ppo.learning_rate = 1e-3
-    cfg.log.trackers = []
-    cfg.log.sample_every = 0
-    for dotted, value in kw.items():
-        obj = cfg
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            obj = getattr(obj, p)
-        setattr(obj, leaf, value)
-    return cfg
+    return small_config(tmp_path / "run", iterations, batch, **kw)
 
 
 def length_reward(prompts, completions):

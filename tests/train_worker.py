@@ -34,30 +34,11 @@ def length_reward(prompts, completions):
 
 
 def make_config(output_dir: str, iterations: int = 4, **fields):
-    """A small, fast config: batch 8, 6 new tokens, 2 minibatches of 2 micro-batches, 2 epochs; `fields` as
-    dotted names with `__` (value__mode="critic")."""
-    from lmppo.config import Config
+    """A small, fast config (tests/conftest.py `small_config`): batch 8, 6 new tokens, 2 minibatches of 2
+    micro-batches, 2 epochs; `fields` as dotted names with `__` (value__mode="critic")."""
+    from conftest import small_config
 
-    cfg = Config()
-    cfg.output_dir = output_dir
-    cfg.total_episodes = iterations * BATCH
-    cfg.rollout.batch_size = BATCH
-    cfg.rollout.max_new_tokens = 6
-    cfg.rollout.temperature = 1.0
-    cfg.ppo.micro_batch_size = 4
-    cfg.ppo.num_minibatches = 2
-    cfg.ppo.num_epochs = 2
-    cfg.ppo.learning_rate = 1e-3
-    cfg.log.trackers = []
-    cfg.log.sample_every = 0
-    for dotted, value in fields.items():
-        obj = cfg
-        *parents, leaf = dotted.split("__")
-        for p in parents:
-            obj = getattr(obj, p)
-        assert hasattr(obj, leaf), dotted
-        setattr(obj, leaf, value)
-    return cfg
+    return small_config(output_dir, iterations, BATCH, **fields)
 
 
 def api_objects(tokenizer, reward=length_reward) -> dict:
