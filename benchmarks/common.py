@@ -80,6 +80,7 @@ BASE_SETTINGS = dict(
     threads=1,
     dtype="float32",
     eval_samples_per_prompt=2,
+    eval_prompts=128,            # held-out prompts scored after training (all of them for the tiny config)
 )
 
 
@@ -503,7 +504,7 @@ def evaluate_policy(policy, tokenizer, reward_model, prompts: list[list[int]], s
 
 
 def evaluate_saved_policy(policy_dir, cache, seed=0, response_length=32, temperature=1.0,
-                          samples_per_prompt=2, threads=None, dtype="float32") -> dict:
+                          samples_per_prompt=2, threads=None, dtype="float32", n_prompts=None) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -514,7 +515,7 @@ def evaluate_saved_policy(policy_dir, cache, seed=0, response_length=32, tempera
     tok = AutoTokenizer.from_pretrained(cache / "tokenizer")
     policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=dt)
     rm = AutoModelForSequenceClassification.from_pretrained(cache / "reward", dtype=dt)
-    prompts = load_prompts(cache)["eval"]
+    prompts = load_prompts(cache)["eval"][:n_prompts]
     t0 = time.time()
     res = evaluate_policy(policy, tok, rm, prompts, seed=seed, response_length=response_length,
                           temperature=temperature, samples_per_prompt=samples_per_prompt)
@@ -541,6 +542,7 @@ def main(argv=None):
     e.add_argument("--temperature", type=float, default=1.0)
     e.add_argument("--samples-per-prompt", type=int, default=BASE_SETTINGS["eval_samples_per_prompt"])
     e.add_argument("--threads", type=int, default=None)
+    e.add_argument("--n-prompts", type=int, default=None, help="score only the first N held-out prompts")
     e.add_argument("--out", type=Path, default=None)
     a = ap.parse_args(argv)
     if a.cmd == "build":
@@ -549,7 +551,7 @@ def main(argv=None):
         res = build_real_cache(a.model_dir.resolve(), a.cache, a.force)
     else:
         res = evaluate_saved_policy(a.policy, a.cache, a.seed, a.response_length, a.temperature,
-                                    a.samples_per_prompt, a.threads)
+                                    a.samples_per_prompt, a.threads, n_prompts=a.n_prompts)
     text = json.dumps(res, indent=1)
     if getattr(a, "out", None):
         a.out.write_text(text)

@@ -135,7 +135,7 @@ def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, 
                                  max_new_tokens=6, stop_ids=trainer.stop_ids, seed=trainer.config.seed)
         assert [s["before"] for s in saved["samples"]] == fresh.responses[:3]
     out = console.file.getvalue()
-    assert "held-out prompts (4)" in out and "reward/judge (judge, weight 0)" in out and "summary.json" in out
+    assert "held-out prompts (4)" in out and "reward/judge (weight 0)" in out and "summary.json" in out
     assert "win rate" in out and "before" in out and "after" in out
 
 
@@ -169,7 +169,7 @@ def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
     assert [s["trained"] for s in res["samples"][:3]] == [s["after"] for s in summary["samples"]]
     assert res["trained"]["reward/length"] == pytest.approx(summary["after"]["reward/length"], abs=1e-6)
     text = console.file.getvalue()
-    assert "win rate vs start, by judge" in text and "KL to start, k1" in text
+    assert "win rate by judge (judge)" in text and "KL to reference, k1" in text
     # the same model against itself: KL 0, every comparison a tie
     assert eval_main([os.path.join(run, "final", "policy"), "--reference", os.path.join(run, "final", "policy"),
                       "--config", os.path.join(run, "config.yaml"), "-o", str(out)], _console()) == 0

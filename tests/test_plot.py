@@ -58,3 +58,30 @@ def test_missing_or_empty_metrics_is_a_clear_error(tmp_path):
     with pytest.raises(LmppoError, match="none of the metrics"):
         plot_runs([str(tmp_path / "other")], str(tmp_path / "x.png"))
     assert not (tmp_path / "x.png").exists()
+
+
+def test_ema_is_debiased_at_the_start():
+    from lmppo.plot import ema
+
+    assert ema([1.0, 0.0], 0.5) == pytest.approx([1.0, 0.25 / 0.75])  # s1 = .5, s2 = .25; / (1 - .5^t)
+    assert ema([2.0, 2.0, 2.0], 0.9) == pytest.approx([2.0, 2.0, 2.0])  # a constant stays constant
+
+
+def test_every_reward_source_gets_a_panel_with_judges_after_the_trained_ones(tmp_path):
+    from lmppo.plot import panels
+
+    run = _write_run(tmp_path / "run", n=12)
+    rows = [json.loads(x) for x in open(run / "metrics.jsonl")]
+    with open(run / "metrics.jsonl", "w") as fh:
+        for r in rows:
+            fh.write(json.dumps({**r, "reward/a_judge": 0.1, "reward/vader": 0.5, "reward/num_invalid": 0,
+                                 "objective/kl_coef": 0.05}) + "\n")
+    (run / "config.yaml").write_text("reward:\n  sources:\n    - {name: vader, weight: 1.0}\n"
+                                     "    - {name: a_judge, weight: 0.0}\n")
+    got = panels([str(run)])
+    keys = [k for k, _ in got]
+    assert keys[:3] == ["objective/scores", "reward/vader", "reward/a_judge"]  # the judge after, though sorted first
+    assert "reward/num_invalid" not in keys and "objective/kl_coef" in keys
+    assert dict(got)["reward/a_judge"].endswith("(weight 0: judge, not trained on)")
+    out = plot_runs([str(run)], str(tmp_path / "c.png"))  # 12 points: raw + smoothed lines
+    assert open(out, "rb").read()[:8] == PNG_MAGIC

@@ -127,3 +127,35 @@ def test_a_tracker_that_cannot_start_is_a_one_line_error(tmp_path, monkeypatch):
                                          r"\(no-tty\) \(set WANDB_MODE=offline"):
         make_trackers(["fine", "wandb"], str(tmp_path), {}, "run")
     assert closed == [True]  # the tracker already started is closed
+
+
+def _documented(name: str, doc: str) -> bool:
+    """`name` appears in the metric guide literally or through its pattern (reward/<name>, time/<phase>, ...)."""
+    import re
+
+    patterns = {r"^reward/(?!num_invalid$).+": "`reward/<name>`", r"^time/.+": "`time/<phase>`",
+                r"^truncation/.+_count$": "`truncation/<policy>_count`"}
+    if f"`{name}`" in doc:
+        return True
+    return any(re.match(p, name) and token in doc for p, token in patterns.items())
+
+
+@pytest.mark.parametrize("options", [{}, {"kl.placement": "both", "reference.mode": "sync", "reference.every": 1,
+                                          "reward.truncation": "penalty", "value.mode": "critic"}])
+def test_every_logged_metric_is_in_the_metric_guide(tmp_path, tokenizer, options):
+    """docs/metrics.md explains every name the trainer logs (so the guide cannot fall behind the code)."""
+    from lmppo.config import apply_override
+
+    cfg = Config()
+    cfg.output_dir = str(tmp_path / "run")
+    cfg.total_episodes, cfg.rollout.batch_size, cfg.rollout.max_new_tokens = 8, 8, 5
+    cfg.ppo.micro_batch_size, cfg.ppo.num_epochs, cfg.log.trackers = 4, 1, []
+    for key, value in options.items():
+        apply_override(cfg, key, value)
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS,
+                         reward_functions=[reward])
+    names = set(trainer.train()[-1])
+    doc = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "metrics.md"),
+               encoding="utf-8").read()
+    missing = sorted(n for n in names if not _documented(n, doc))
+    assert not missing, f"metrics logged but not explained in docs/metrics.md: {missing}"

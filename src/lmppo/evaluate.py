@@ -464,16 +464,15 @@ def _json_default(v: Any) -> Any:
     raise TypeError(f"not JSON-able: {type(v).__name__}")
 
 
-def metric_rows(before: dict[str, Optional[float]], after: dict[str, Optional[float]], weights: dict[str, float],
-                judge: Optional[str]) -> list[tuple[str, str, str, str]]:
+def metric_rows(before: dict[str, Optional[float]], after: dict[str, Optional[float]],
+                weights: dict[str, float]) -> list[tuple[str, str, str, str]]:
     """(label, before, after, change) rows shared by `lmppo eval` and the end-of-run summary."""
     rows = [("score (training reward)", before.get("score"), after.get("score"), "+")]
     for name, w in weights.items():
-        tag = " (judge, weight 0)" if w == 0 else (f" (weight {w:g})" if w != 1 else "")
-        rows.append((f"reward/{name}{tag}" if name != judge or w == 0 else f"reward/{name} (judge)",
-                     before.get(f"reward/{name}"), after.get(f"reward/{name}"), "+"))
-    rows.append(("KL to start, k1 (nats/response)", before.get("kl"), after.get("kl"), ""))
-    rows.append(("KL to start, k3 (nats/response)", before.get("kl_k3"), after.get("kl_k3"), ""))
+        tag = " (weight 0)" if w == 0 else (f" (weight {w:g})" if w != 1 else "")
+        rows.append((f"reward/{name}{tag}", before.get(f"reward/{name}"), after.get(f"reward/{name}"), "+"))
+    rows.append(("KL to reference, k1 (nats)", before.get("kl"), after.get("kl"), ""))
+    rows.append(("KL to reference, k3 (nats)", before.get("kl_k3"), after.get("kl_k3"), ""))
     rows.append(("length (tokens)", before.get("length"), after.get("length"), ""))
     rows.append(("ended with stop token", before.get("terminated_frac"), after.get("terminated_frac"), ""))
 
@@ -495,13 +494,13 @@ def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
                         f"T={result['temperature']:g}, seed {result['seed']}", title_justify="left")
     for col, just in (("metric", "left"), ("start", "right"), ("trained", "right"), ("change", "right")):
         table.add_column(col, justify=just)
-    for row in metric_rows(result["start_point"], result["trained"], result["weights"], result["judge"]):
+    for row in metric_rows(result["start_point"], result["trained"], result["weights"]):
         table.add_row(*row)
     by = result["win_rate_by_source"]
-    table.add_row(f"win rate vs start, by {result['judge']} (ties half)", "", f"{result['win_rate']:.3f}", "")
+    table.add_row(f"win rate by {result['judge']} (judge)", "", f"{result['win_rate']:.3f}", "")
     for name, w in by.items():
         if name != result["judge"]:
-            table.add_row(f"  win rate by {name}", "", f"{w:.3f}", "")
+            table.add_row(f"win rate by {name}", "", f"{w:.3f}", "")
     console.print(table)
     if show > 0 and result["samples"]:
         console.print(sample_comparison(result["samples"][:show], "start", "trained",

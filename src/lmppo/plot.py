@@ -86,14 +86,16 @@ def ema(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def _expand(keys: list[str], runs: list) -> list[str]:
-    """Replace `prefix/*` by the metrics of that prefix logged by any run (sorted; counters left out)."""
+def _expand(keys: list[str], runs: list, last: set[str] = frozenset()) -> list[str]:
+    """Replace `prefix/*` by the metrics of that prefix logged by any run (sorted, those in `last` after the
+    others; counters left out)."""
     out: list[str] = []
     for k in keys:
         if k.endswith("/*"):
             prefix = k[:-1]
             found = sorted({name for _, rows in runs for r in rows for name in r
-                            if name.startswith(prefix) and name not in ("reward/num_invalid",)})
+                            if name.startswith(prefix) and name not in ("reward/num_invalid",)},
+                           key=lambda name: (name in last, name))
             out += [n for n in found if n not in out]
         elif k not in out:
             out.append(k)
@@ -113,6 +115,39 @@ def _zero_weight_sources(run_dir: str) -> list[str]:
         return []
 
 
+def _load_runs(run_dirs: list[str]) -> list[tuple[str, list[dict]]]:
+    """(label, rows) per run; labels are folder names, or the paths given when two folders share a name."""
+    runs = []
+    skipped = 0
+    for run_dir in run_dirs:
+        rows, bad = read_metrics(run_dir)
+        skipped += bad
+        folder = Path(run_dir).resolve()
+        folder = folder if folder.is_dir() else folder.parent
+        runs.append((folder.name or str(folder), rows))
+    names = [label for label, _ in runs]
+    if len(set(names)) < len(names):  # same folder name in different places: label by the path given
+        runs = [(str(d), rows) for d, (_, rows) in zip(run_dirs, runs)]
+    if skipped:
+        warnings.warn(f"plot: skipped {skipped} malformed line(s) in the metrics files", stacklevel=3)
+    return runs
+
+
+def _panels(runs: list, run_dirs: list[str], keys: list[str] | None) -> list[tuple[str, str]]:
+    judges = {f"reward/{n}" for d in run_dirs for n in _zero_weight_sources(d)}
+    wanted = _expand(list(keys) if keys else list(DEFAULT_KEYS), runs, last=judges)
+    present = [k for k in wanted if any(_number(r.get(k)) is not None for _, rows in runs for r in rows)]
+    if not present:
+        raise LmppoError("plot: none of the metrics " + ", ".join(wanted) + " appear in "
+                         + ", ".join(str(d) for d in run_dirs))
+    return [(k, k + (" (weight 0: judge, not trained on)" if k in judges else "")) for k in present]
+
+
+def panels(run_dirs: list[str], keys: list[str] | None = None) -> list[tuple[str, str]]:
+    """(metric, subplot title) of every subplot ``plot_runs`` draws for these runs, in order."""
+    return _panels(_load_runs(run_dirs), run_dirs, keys)
+
+
 def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) -> str:
     """Draw the curves of ``keys`` (default ``DEFAULT_KEYS``; those present) for every run into ``out_png``.
 
@@ -128,33 +163,14 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    runs = []
-    skipped = 0
-    for run_dir in run_dirs:
-        rows, bad = read_metrics(run_dir)
-        skipped += bad
-        folder = Path(run_dir).resolve()
-        folder = folder if folder.is_dir() else folder.parent
-        runs.append((folder.name or str(folder), rows))
-    names = [label for label, _ in runs]
-    if len(set(names)) < len(names):  # same folder name in different places: label by the path given
-        runs = [(str(d), rows) for d, (_, rows) in zip(run_dirs, runs)]
-    if skipped:
-        warnings.warn(f"plot: skipped {skipped} malformed line(s) in the metrics files", stacklevel=2)
-
-    wanted = _expand(list(keys) if keys else list(DEFAULT_KEYS), runs)
-    present = [k for k in wanted if any(_number(r.get(k)) is not None for _, rows in runs for r in rows)]
-    if not present:
-        raise LmppoError("plot: none of the metrics " + ", ".join(wanted) + " appear in "
-                         + ", ".join(str(d) for d in run_dirs))
-
-    judges = {f"reward/{n}" for d in run_dirs for n in _zero_weight_sources(d)}
+    runs = _load_runs(run_dirs)
+    present = _panels(runs, run_dirs, keys)
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     legend: dict[str, object] = {}
-    for ax, key in zip(axes.flat, present):
+    for ax, (key, title) in zip(axes.flat, present):
         for r, (label, rows) in enumerate(runs):
             xs, ys = [], []
             for i, row in enumerate(rows):
@@ -173,7 +189,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                     (line,) = ax.plot(xs, ys, label=label, linewidth=1.3, color=color,
                                       marker="." if len(xs) < 30 else None)
                 legend.setdefault(label, line)
-        ax.set_title(key + (" (weight 0: judge, not trained on)" if key in judges else ""), fontsize=10)
+        ax.set_title(title, fontsize=10)
         ax.set_xlabel(X_KEY, fontsize=8)
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)

@@ -125,15 +125,15 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
                         f"{summary['temperature']:g}, seed {summary['seed']}", title_justify="left")
     for col, just in (("metric", "left"), ("before", "right"), ("after", "right"), ("change", "right")):
         table.add_column(col, justify=just)
-    for row in metric_rows(before, summary["after"], summary["weights"], summary["judge"]):
+    for row in metric_rows(before, summary["after"], summary["weights"]):
         table.add_row(*row)
     if summary.get("win_rate"):
         wins = summary["win_rate"]
         judge = summary["judge"]
-        table.add_row(f"win rate after vs before, by {judge} (ties half)", "", f"{wins[judge]:.3f}", "")
+        table.add_row(f"win rate by {judge} (judge)", "", f"{wins[judge]:.3f}", "")
         for name, w in wins.items():
             if name != judge:
-                table.add_row(f"  win rate by {name}", "", f"{w:.3f}", "")
+                table.add_row(f"win rate by {name}", "", f"{w:.3f}", "")
     console.print(table)
     if summary.get("samples"):
         console.print(sample_comparison(summary["samples"], "before", "after", "held-out prompts: a response before "
