@@ -238,7 +238,7 @@ def run_lmppo(cfg: dict) -> dict:
 
     Like for like with TRL: the same policy, critic (a separate value model initialised from the cached
     critic) and reward model; batch 8, one minibatch, no gradient accumulation; fixed KL coefficient with the
-    k1 estimator in the reward; AdamW with eps 1e-8; linear LR decay; gradient clipping off (TRL 1.12 does not
+    k1 estimator in the reward; AdamW with eps 1e-8; the same LR schedule; gradient clipping off (TRL 1.12 does not
     apply its max_grad_norm). The reward model reads text (prompt + completion) through its own tokenizer,
     as lmppo always does. ``eps`` is episodes / wall time of the training loop (``trainer.train_seconds``:
     from the first rollout to the end of the last iteration's logging; model loading, trainer set-up, and
