@@ -25,8 +25,14 @@ train: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(ARGS)
 
-bench: $(STAMP)
-	$(PY) benchmarks/compare_trl.py $(ARGS)
+# TRL 1.12 lives in its own venv: it is a benchmark opponent, never a dependency of lmppo
+TRL_VENV ?= .venv-trl
+$(TRL_VENV)/bin/python:
+	$(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "trl==1.12.0"
+
+bench: $(STAMP) $(TRL_VENV)/bin/python
+	$(PY) benchmarks/compare_trl.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TRL_VENV) runs
