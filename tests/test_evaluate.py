@@ -14,11 +14,11 @@ from rich.console import Console
 from lmppo.cli import main as cli_main
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.errors import LmppoError
-from lmppo.evaluate import default_judge, main as eval_main, sample_and_score, win_rate
+from lmppo.evaluate import default_judge, main as eval_main, repeat_prompts, sample_and_score, win_rate
 from lmppo.models import policy_forward
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.rewards import FunctionSource
-from lmppo.summary import print_summary, summarize
+from lmppo.summary import SAMPLES_PER_PROMPT, print_summary, summarize
 from lmppo.trainer import PPOTrainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -129,13 +129,17 @@ def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, 
     assert len(saved["samples"]) == 3 and all(s["prompt"] in trainer.holdout_set.texts for s in saved["samples"])
     assert saved["training"]["iterations"] == 1 and "objective/kl" in saved["training"]["last"]
     # the initial policy's responses are those of the untrained model at the same seed
+    k = saved["samples_per_prompt"]
+    assert k == SAMPLES_PER_PROMPT > 1
     if not lora:
-        fresh = sample_and_score(trainer.reference.model, trainer.holdout_set.ids, trainer.holdout_set.texts,
-                                 tokenizer=trainer.tokenizer, sources=trainer.reward_sources, temperature=1.0,
-                                 max_new_tokens=6, stop_ids=trainer.stop_ids, seed=trainer.config.seed)
-        assert [s["before"] for s in saved["samples"]] == fresh.responses[:3]
+        ids, texts = repeat_prompts(trainer.holdout_set.ids, trainer.holdout_set.texts, k)
+        fresh = sample_and_score(trainer.reference.model, ids, texts, tokenizer=trainer.tokenizer,
+                                 sources=trainer.reward_sources, temperature=1.0, max_new_tokens=6,
+                                 stop_ids=trainer.stop_ids, seed=trainer.config.seed)
+        assert [s["before"] for s in saved["samples"]] == fresh.responses[::k][:3]
+        assert saved["before"]["reward/length"] == pytest.approx(float(fresh.scores["length"].mean()))
     out = console.file.getvalue()
-    assert "held-out prompts (4)" in out and "reward/judge (weight 0)" in out and "summary.json" in out
+    assert "held-out prompts (4), 4 samples each" in out and "reward/judge (weight 0)" in out and "summary.json" in out
     assert "win rate" in out and "before" in out and "after" in out
 
 
@@ -163,10 +167,11 @@ def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
     assert res["trained"]["kl_k3"] >= 0 and res["start_point"]["kl"] == 0.0
     assert set(res["win_rate_by_source"]) == {"length", "judge"} and 0 <= res["win_rate"] <= 1
     # the held-out prompts are the run's own, and the trained responses are the summary's "after" ones
-    assert [s["prompt"] for s in res["samples"]] == full_run.holdout_set.texts
+    k = res["samples_per_prompt"]
+    assert [s["prompt"] for s in res["samples"][::k]] == full_run.holdout_set.texts and len(res["samples"]) == 4 * k
     summary = json.load(open(os.path.join(run, "summary.json"))) if os.path.exists(
         os.path.join(run, "summary.json")) else summarize(full_run)
-    assert [s["trained"] for s in res["samples"][:3]] == [s["after"] for s in summary["samples"]]
+    assert [s["trained"] for s in res["samples"][::k][:3]] == [s["after"] for s in summary["samples"]]
     assert res["trained"]["reward/length"] == pytest.approx(summary["after"]["reward/length"], abs=1e-6)
     text = console.file.getvalue()
     assert "win rate by judge (judge)" in text and "KL to reference, k1" in text
@@ -197,6 +202,7 @@ def test_eval_errors_are_one_line(tmp_path, full_run, tiny_model_dir, capsys):
         ([tiny_model_dir], "--reference"),
         ([run, "--judge", "vader"], "not a reward source"),
         ([run, "--rollout.temprature", "1"], "did you mean"),
+        ([run, "--samples-per-prompt", "0"], "must be >= 1"),
     ]
     for argv, message in cases:
         assert cli_main(["eval", *argv]) == 2, argv

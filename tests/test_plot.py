@@ -82,6 +82,20 @@ def test_every_reward_source_gets_a_panel_with_judges_after_the_trained_ones(tmp
     keys = [k for k, _ in got]
     assert keys[:3] == ["objective/scores", "reward/vader", "reward/a_judge"]  # the judge after, though sorted first
     assert "reward/num_invalid" not in keys and "objective/kl_coef" in keys
-    assert dict(got)["reward/a_judge"].endswith("(weight 0: judge, not trained on)")
-    out = plot_runs([str(run)], str(tmp_path / "c.png"))  # 12 points: raw + smoothed lines
+    assert dict(got)["reward/a_judge"].endswith("(weight 0: judge)")
+    (run / "summary.json").write_text(json.dumps({"before": {"score": 0.1, "reward/a_judge": 0.0, "kl": 0.0},
+                                                  "after": {"score": 0.6, "reward/a_judge": 0.2, "kl": 4.0}}))
+    out = plot_runs([str(run)], str(tmp_path / "c.png"))  # 12 points: raw + smoothed lines, held-out crosses
     assert open(out, "rb").read()[:8] == PNG_MAGIC
+
+
+def test_a_reward_panel_that_repeats_the_score_is_left_out(tmp_path):
+    from lmppo.plot import panels
+
+    run = _write_run(tmp_path / "run")
+    rows = [json.loads(x) for x in open(run / "metrics.jsonl")]
+    with open(run / "metrics.jsonl", "w") as fh:
+        for r in rows:  # one unweighted source: reward/vader == objective/scores in every row
+            fh.write(json.dumps({**r, "reward/vader": r["objective/scores"], "reward/judge": 0.3}) + "\n")
+    keys = [k for k, _ in panels([str(run)])]
+    assert "reward/vader" not in keys and "reward/judge" in keys

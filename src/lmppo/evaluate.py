@@ -169,6 +169,13 @@ def _sample(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_i
     return sample_native(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds)
 
 
+def repeat_prompts(ids: Sequence[Sequence[int]], texts: Sequence[str], k: int) -> tuple[list, list[str]]:
+    """Each prompt `k` times in a row (response i then has its own random stream: see `sample_and_score`)."""
+    if k < 1:
+        raise LmppoError(f"samples per prompt = {k}: must be >= 1")
+    return [x for x in ids for _ in range(k)], [t for t in texts for _ in range(k)]
+
+
 def compare(trained: PolicyEval, start: PolicyEval) -> dict[str, float]:
     """Win rate of `trained` over `start` by every reward source (prompt by prompt, ties counted half)."""
     return {name: win_rate(trained.scores[name], start.scores[name]) for name in trained.scores if name in start.scores}
@@ -332,6 +339,8 @@ def _parser() -> argparse.ArgumentParser:
                    "first source of weight 0, else the first source)")
     p.add_argument("--num-prompts", type=int, default=0, help="evaluate on at most this many prompts (default: all "
                    "held-out prompts; 64 training prompts when the run kept none out)")
+    p.add_argument("--samples-per-prompt", type=int, default=4, help="responses sampled per prompt, by each model "
+                   "(default 4)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's seed)")
     p.add_argument("--show", type=int, default=3, help="example responses to print (default 3)")
     p.add_argument("--output", "-o", default=None, help="JSON file for the results (default: RUN/eval.json, or "
@@ -356,6 +365,8 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     cfg.validate()
     if args.num_prompts < 0:
         raise LmppoError(f"--num-prompts {args.num_prompts}: must be >= 0")
+    if args.samples_per_prompt < 1:
+        raise LmppoError(f"--samples-per-prompt {args.samples_per_prompt}: must be >= 1")
     seed = cfg.seed if args.seed is None else args.seed
     device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     sources = build_sources(cfg, device)
@@ -364,7 +375,8 @@ def main(argv: Sequence[str], console: Any = None) -> int:
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars: noise in a report
     models = load_models(model_path, args.reference, cfg, run_dir, device, config_given)
-    result = evaluate_models(models, cfg, sources, seed=seed, judge=judge, num_prompts=args.num_prompts)
+    result = evaluate_models(models, cfg, sources, seed=seed, judge=judge, num_prompts=args.num_prompts,
+                             samples_per_prompt=args.samples_per_prompt)
     out = args.output or os.path.join(run_dir or os.path.dirname(os.path.abspath(model_path)), "eval.json")
     _write_json(result, out)
     if console is None:
@@ -397,7 +409,7 @@ def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
 
 
 def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, seed: int,
-                    judge: Optional[str] = None, num_prompts: int = 0) -> dict[str, Any]:
+                    judge: Optional[str] = None, num_prompts: int = 0, samples_per_prompt: int = 4) -> dict[str, Any]:
     """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
     from lmppo.core.logprobs import selective_log_softmax
     from lmppo.models import policy_forward
@@ -410,6 +422,8 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
     weights = {s.name: float(s.weight) for s in sources}
     judge = choose_judge(sources, judge)
     ids, texts, held_out = eval_prompts(cfg, tokenizer, num_prompts)
+    num = len(ids)
+    ids, texts = repeat_prompts(ids, texts, samples_per_prompt)
     if not held_out:
         warnings.warn("the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts",
                       stacklevel=2)
@@ -438,7 +452,8 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
     wins = compare(trained, start)
     return {
         "model": models.model_path, "start": models.start_name, "run_dir": models.run_dir,
-        "prompts": len(ids), "held_out": held_out, "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
+        "prompts": num, "samples_per_prompt": samples_per_prompt, "held_out": held_out,
+        "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
         "seed": seed, "precision": cfg.precision, "judge": judge, "weights": weights,
         "trained": trained.means(), "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0},
         "win_rate": wins[judge], "win_rate_by_source": wins,
@@ -490,8 +505,9 @@ def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
     from rich.table import Table
 
     where = "held-out" if result["held_out"] else "training (no held-out split)"
-    table = Table(title=f"{result['model']} vs {result['start']}: {result['prompts']} {where} prompts, "
-                        f"T={result['temperature']:g}, seed {result['seed']}", title_justify="left")
+    k = result.get("samples_per_prompt", 1)
+    table = Table(title=f"{result['model']} vs {result['start']}: {result['prompts']} {where} prompts x {k} "
+                        f"samples, T={result['temperature']:g}, seed {result['seed']}", title_justify="left")
     for col, just in (("metric", "left"), ("start", "right"), ("trained", "right"), ("change", "right")):
         table.add_column(col, justify=just)
     for row in metric_rows(result["start_point"], result["trained"], result["weights"]):
@@ -503,7 +519,8 @@ def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
             table.add_row(f"win rate by {name}", "", f"{w:.3f}", "")
     console.print(table)
     if show > 0 and result["samples"]:
-        console.print(sample_comparison(result["samples"][:show], "start", "trained",
+        firsts = result["samples"][::k][:show]  # the first response to each of the first prompts
+        console.print(sample_comparison(firsts, "start", "trained",
                                         "the first held-out prompts: a response of each model, with its scores"))
 
 

@@ -4,8 +4,12 @@ Each run directory holds ``metrics.jsonl``: one JSON object per PPO iteration. O
 of ``DEFAULT_KEYS`` that at least one run logged, in that order, with every reward source's ``reward/<name>``
 after ``objective/scores``), x = ``episode``, runs overlaid and named by their directory. RL curves are noisy
 (one batch per point): with enough points each run is drawn as a faint raw line under an exponential moving
-average (``SMOOTHING``), so trends are readable without hiding the noise. Lines that are not valid JSON objects
-(a run killed mid-write) are skipped and counted.
+average (``SMOOTHING``), so trends are readable without hiding the noise (quantities set by lmppo itself, such as
+the KL coefficient, are drawn as they are). When a run holds ``summary.json`` (the end-of-run summary), its
+held-out measurements before and after training are drawn as two crosses, at episode 0 and at the run's last
+episode, on the panels they belong to. A ``reward/<name>`` panel that would repeat ``objective/scores`` exactly
+(a single reward source) is left out. Lines that are not valid JSON objects (a run killed mid-write) are
+skipped and counted.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ X_KEY = "episode"
 SMOOTHING = 0.6
 """Weight of the past in the moving average drawn over runs of at least ``SMOOTH_FROM`` points (0: raw only)."""
 SMOOTH_FROM = 10
+NOT_SMOOTHED = ("objective/kl_coef", "lr")
+"""Deterministic quantities (set by a controller or a schedule, not measured on a batch): never smoothed."""
+HELDOUT = {"objective/scores": "score", "objective/kl": "kl", "response/length_mean": "length"}
+"""Panel -> field of `summary.json`'s `before` / `after` (plus every `reward/<name>`, under its own name)."""
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], int]:
@@ -136,11 +144,32 @@ def _load_runs(run_dirs: list[str]) -> list[tuple[str, list[dict]]]:
 def _panels(runs: list, run_dirs: list[str], keys: list[str] | None) -> list[tuple[str, str]]:
     judges = {f"reward/{n}" for d in run_dirs for n in _zero_weight_sources(d)}
     wanted = _expand(list(keys) if keys else list(DEFAULT_KEYS), runs, last=judges)
-    present = [k for k in wanted if any(_number(r.get(k)) is not None for _, rows in runs for r in rows)]
+    present = [k for k in wanted if any(_number(r.get(k)) is not None for _, rows in runs for r in rows)
+               and not _repeats_scores(k, runs)]
     if not present:
         raise LmppoError("plot: none of the metrics " + ", ".join(wanted) + " appear in "
                          + ", ".join(str(d) for d in run_dirs))
-    return [(k, k + (" (weight 0: judge, not trained on)" if k in judges else "")) for k in present]
+    return [(k, k + (" (weight 0: judge)" if k in judges else "")) for k in present]
+
+
+def _repeats_scores(key: str, runs: list) -> bool:
+    """A `reward/<name>` whose every value equals `objective/scores` in its row (the only, unweighted source)."""
+    if not key.startswith("reward/"):
+        return False
+    pairs = [(r.get(key), r.get("objective/scores")) for _, rows in runs for r in rows if key in r]
+    return bool(pairs) and all(_number(a) is not None and _number(b) is not None and abs(a - b) <= 1e-9 * max(
+        1.0, abs(b)) for a, b in pairs)
+
+
+def read_summary(run_dir: str) -> dict | None:
+    """The run's ``summary.json`` (the end-of-run summary), or None when absent or unreadable."""
+    path = Path(run_dir)
+    path = (path if path.is_dir() else path.parent) / "summary.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("after"), dict) else None
 
 
 def panels(run_dirs: list[str], keys: list[str] | None = None) -> list[tuple[str, str]]:
@@ -165,6 +194,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
 
     runs = _load_runs(run_dirs)
     present = _panels(runs, run_dirs, keys)
+    summaries = [read_summary(d) for d in run_dirs]
     ncols = min(3, len(present))
     nrows = math.ceil(len(present) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
@@ -182,13 +212,23 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                 ys.append(y)
             if xs:
                 color = colors[r % len(colors)]
-                if SMOOTHING and len(xs) >= SMOOTH_FROM:
+                if SMOOTHING and len(xs) >= SMOOTH_FROM and key not in NOT_SMOOTHED:
                     ax.plot(xs, ys, linewidth=0.8, color=color, alpha=0.3)
                     (line,) = ax.plot(xs, ema(ys, SMOOTHING), label=label, linewidth=1.6, color=color)
                 else:
                     (line,) = ax.plot(xs, ys, label=label, linewidth=1.3, color=color,
                                       marker="." if len(xs) < 30 else None)
                 legend.setdefault(label, line)
+                field = HELDOUT.get(key, key if key.startswith("reward/") else None)
+                summary = summaries[r]
+                if field and summary is not None:
+                    before, after = (summary.get("before") or {}).get(field), summary["after"].get(field)
+                    if _number(after) is not None:
+                        hx = [0.0, xs[-1]] if _number(before) is not None else [xs[-1]]
+                        hy = [before, after] if _number(before) is not None else [after]
+                        (held,) = ax.plot(hx, hy, linestyle="none", marker="x", markersize=8, mew=1.8,
+                                          color=color)
+                        legend.setdefault("held-out before / after (summary.json)", held)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(X_KEY, fontsize=8)
         ax.tick_params(labelsize=8)
