@@ -111,7 +111,9 @@ class RolloutConfig:
     """Generation backend: `native` (lmppo's sampling loop over the HF model with its KV cache; each response
     has its own random stream seeded from seed, iteration and batch position, so the same responses come out
     whatever the number of processes, and after a resume), `hf` (transformers `generate`, global RNG; the only
-    backend where `generation_kwargs` apply) or `vllm` (GPU only)."""
+    backend where `generation_kwargs` apply) or `vllm` (a vLLM engine in the training process, NVIDIA GPU and
+    `pip install lmppo[vllm]` needed; the policy's weights are synced into it before every rollout and it samples
+    with the native backend's per-response seeds; see docs/distributed.md)."""
     num_samples_per_prompt: int = 1
     """Responses sampled for each prompt (consecutive rows of a batch share a group id). Group advantage
     estimators (`rloo`, `grpo`) need 2 or more; must divide `batch_size`."""
@@ -123,6 +125,13 @@ class RolloutConfig:
     they make the measured KL wrong and often negative."""
     allow_distorting_sampling: bool = False
     """Opt in to distribution-bending generation settings. lmppo then warns once and marks the run's metrics."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Backend `vllm` only: the share of the GPU's total memory the vLLM engine may take for its weights and KV
+    cache, in (0, 1]. The training models are loaded first, so this must fit in what they leave free."""
+    vllm_sleep: bool = True
+    """Backend `vllm` only: put the engine to sleep (level 1: weights offloaded to CPU memory, KV cache freed)
+    after each rollout and wake it for the next, so training has the GPU memory; costs a copy of the weights to
+    and from CPU memory per iteration."""
 
 
 @dataclass
@@ -362,6 +371,16 @@ class Config:
                               f"apply only to rollout.backend `hf` (this run uses `{r.backend}`, which always "
                               "samples purely at the temperature)")
         _non_negative(r.forward_batch_size, "rollout.forward_batch_size")
+        if not 0.0 < r.vllm_gpu_memory_utilization <= 1.0:
+            raise ConfigError("rollout.vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization,
+                              "must be in (0, 1]: the share of the GPU's memory the vLLM engine may use")
+        if r.backend == "vllm" and c.device == "cpu":
+            raise ConfigError("rollout.backend", r.backend, "needs a CUDA GPU, but this run has device `cpu`; use "
+                              "rollout.backend `native` or `hf`")
+        if r.backend == "vllm" and r.temperature < 0.01:
+            raise ConfigError("rollout.temperature", r.temperature, "must be >= 0.01 with rollout.backend `vllm`: "
+                              "vLLM raises lower temperatures to 0.01, so responses would not be sampled at the "
+                              "temperature their logprobs are measured at")
         if r.stop_token == "none" and c.reward.truncation != "none":
             raise ConfigError("reward.truncation", c.reward.truncation, "needs a stop token: with rollout.stop_token "
                               "`none` every response is cut at max_new_tokens; use truncation `none`")

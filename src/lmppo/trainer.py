@@ -88,9 +88,9 @@ class PPOTrainer:
             config.reward.sources = []
         self.config = cfg = _validate_with_api_objects(config, reward_functions, prompts)
         self.distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
-        if cfg.rollout.backend == "vllm":
-            raise ConfigError("rollout.backend", "vllm", "is not available in this build: vLLM needs a GPU and the "
-                              "`vllm` extra; use `hf`")
+        if cfg.rollout.backend == "vllm":  # a GPU and the `vllm` package, checked before any model is loaded
+            from lmppo.vllm_backend import check_vllm_available
+            check_vllm_available(cfg)
         self.accelerator = Accelerator(cpu=cfg.device == "cpu")
         self.device = self.accelerator.device
         set_seed(cfg.seed)
@@ -200,6 +200,9 @@ class PPOTrainer:
                 response_ids, response_mask, terminated, truncated = sample_native(
                     self.policy, prompt_ids, prompt_mask, cfg.temperature, cfg.max_new_tokens, self.stop_ids,
                     self.tokenizer.pad_token_id, seeds)
+            elif cfg.backend == "vllm":  # colocated engine, the policy's weights synced in (lmppo.vllm_backend)
+                from lmppo.vllm_backend import sample_with_vllm
+                response_ids, response_mask, terminated, truncated = sample_with_vllm(self, index, positions)
             else:
                 if self.gen_config is None:
                     self.gen_config = pure_sampling_config(self.policy, cfg.temperature, cfg.max_new_tokens,
