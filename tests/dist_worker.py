@@ -39,12 +39,30 @@ def main(out_path: str) -> None:
     cfg.log.trackers = []
     cfg.log.sample_every = 0
     cfg.value.mode = os.environ.get("VALUE_MODE", "shared")
-    trainer = PPOTrainer(cfg, policy=tiny_llama(tok), tokenizer=tok, prompts=PROMPTS * 2,
+    cfg.deepspeed = os.environ.get("DEEPSPEED", "")  # zero2 / zero3: tests/test_deepspeed.py
+    cfg.reference.mode = os.environ.get("REFERENCE_MODE", "frozen")
+    cfg.reference.every = 1
+    cfg.model.lora.enabled, cfg.model.lora.r = bool(os.environ.get("LORA")), 4
+    policy = tiny_llama(tok)
+    if os.environ.get("POLICY_FROM_FOLDER"):  # loaded by the trainer (under ZeRO-3: partitioned by zero.Init)
+        cfg.model.policy = os.path.join(os.path.dirname(out_path), f"policy-rank{os.environ.get('RANK', '0')}")
+        policy.save_pretrained(cfg.model.policy)
+        tok.save_pretrained(cfg.model.policy)
+        policy = None
+    trainer = PPOTrainer(cfg, policy=policy, tokenizer=tok, prompts=PROMPTS * 2,
                          reward_functions=[length_reward])
     history = trainer.train()
     if trainer.accelerator.is_main_process:
         with open(out_path, "w") as fh:
             json.dump(history, fh)
+    if getattr(trainer, "zero", None) is not None and trainer.accelerator.is_main_process:
+        from lmppo.distributed import is_partitioned  # what ZeRO did, checked by tests/test_deepspeed.py
+
+        ref = trainer.reference.model
+        with open(out_path + ".zero.json", "w") as fh:
+            json.dump({"stage": trainer.zero.stage, "num_processes": trainer.accelerator.num_processes,
+                       "policy_partitioned": is_partitioned(trainer.policy),
+                       "reference_partitioned": ref is not None and is_partitioned(ref)}, fh)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ exit code 2; `--debug` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import sys
@@ -129,7 +130,9 @@ def _print_summary(trainer, console) -> None:
     if console is not None and held is not None and len(held.ids):
         console.print(f"[bold]done[/]; sampling the initial and the trained policy on the {len(held.ids)} held-out "
                       "prompts ...", highlight=False)
-    summarize(trainer, console)
+    zero = getattr(trainer, "zero", None)  # ZeRO-3: each process samples with the full weights gathered
+    with zero.full_weights(trainer.actor) if zero is not None else contextlib.nullcontext():
+        summarize(trainer, console)
 
 
 def cmd_plot(argv: Sequence[str], console) -> int:

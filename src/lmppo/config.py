@@ -289,6 +289,11 @@ class Config:
     """`fp32`, or `bf16` (autocast of forward/backward; fp32 master weights, logprobs and losses)."""
     device: str = "auto"
     """`auto` (what accelerate picks), `cpu` or `cuda`."""
+    deepspeed: str = ""
+    """DeepSpeed ZeRO through accelerate: `zero2`, `zero3`, or a DeepSpeed JSON config file. Empty: off, unless
+    the launcher turned it on (`accelerate launch --config_file examples/deepspeed/zero3.yaml`). lmppo sets the
+    micro-batch size, gradient accumulation and clipping from `ppo.*`. Needs the `deepspeed` package and a
+    multi-process launch (torchrun or accelerate launch); see docs/distributed.md."""
     overwrite: bool = False
     """Allow writing into an `output_dir` that holds another run."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -333,6 +338,9 @@ class Config:
         _in_range(c.seed, "seed", 0, 2 ** 32 - 1)
         _one_of(c.precision, "precision", ("fp32", "bf16"))
         _one_of(c.device, "device", ("auto", "cpu", "cuda"))
+        if c.deepspeed not in ("", "zero2", "zero3") and not os.path.isfile(c.deepspeed):
+            raise ConfigError("deepspeed", c.deepspeed, "must be `zero2`, `zero3`, a DeepSpeed JSON config file, or "
+                              "empty (off)")
         _check_model_path(c.model.policy, "model.policy")
         if c.model.tokenizer:
             _check_model_path(c.model.tokenizer, "model.tokenizer")

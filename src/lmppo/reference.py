@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from lmppo.core.logprobs import selective_log_softmax
+from lmppo.distributed import gathered_if_partitioned, local_shard
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models import hf_model, policy_forward
 
@@ -54,7 +55,9 @@ class ReferencePolicy:
     when the schedule says so; `state_dict` / `load_state_dict` carry it through checkpoints.
     """
 
-    def __init__(self, policy: nn.Module, mode: str = "frozen", every: int = 10, ema_alpha: float = 0.1):
+    def __init__(self, policy: nn.Module, mode: str = "frozen", every: int = 10, ema_alpha: float = 0.1,
+                 model: Optional[nn.Module] = None):
+        """`model`: the reference's weights when built elsewhere (ZeRO-3: `lmppo.distributed`); default a copy."""
         if mode not in REFERENCE_MODES:
             raise ConfigError("reference.mode", mode, "must be one of " + ", ".join(f"`{m}`" for m in REFERENCE_MODES))
         self.mode, self.every, self.ema_alpha = mode, every, ema_alpha
@@ -63,7 +66,7 @@ class ReferencePolicy:
         self.adapter: dict[str, torch.Tensor] = {}  # reference adapter: name -> detached copy (LoRA)
         self._fingerprint: Optional[list[float]] = None
         if not self.peft:
-            self.model = copy.deepcopy(hf_model(policy))
+            self.model = model if model is not None else copy.deepcopy(hf_model(policy))
             self.model.requires_grad_(False)
             self.model.eval()
         elif mode != "frozen" or not _adapter_off_is_identity(policy):
@@ -122,7 +125,8 @@ class ReferencePolicy:
         else:
             source, targets = trained_parameters(policy), self.adapter
         for name, ref in targets.items():
-            new = source[name].detach().to(ref.device, ref.dtype)
+            # ZeRO-3: each process updates its own shard (shards of policy and reference line up)
+            ref, new = local_shard(ref), local_shard(source[name]).detach().to(ref.device, ref.dtype)
             if self.mode == "sync":
                 ref.copy_(new)
             else:
@@ -191,7 +195,8 @@ def _adapter_off_is_identity(policy: nn.Module) -> bool:
     device = next(policy.parameters()).device
     ids = torch.arange(8, device=device)[None] % max(hf_model(policy).config.vocab_size, 1)
     mask = torch.ones_like(ids, dtype=torch.bool)
-    on = policy_forward(policy, ids, mask, 1, 1.0).logits
-    with policy.disable_adapter():
-        off = policy_forward(policy, ids, mask, 1, 1.0).logits
+    with gathered_if_partitioned(policy):  # ZeRO-3 loaded the policy partitioned: its full weights for this check
+        on = policy_forward(policy, ids, mask, 1, 1.0).logits
+        with policy.disable_adapter():
+            off = policy_forward(policy, ids, mask, 1, 1.0).logits
     return torch.equal(on, off)

@@ -32,6 +32,8 @@ from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mea
 from lmppo.core.masking import masked_mean, masked_sum, whiten_with
 from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalized_rewards, normalize_scores,
                                 penalize_truncated, unfinished_scores)
+from lmppo.distributed import ZeroSupport, accelerator_kwargs, refuse_resume
+from lmppo.distributed import prepare as prepare_models
 from lmppo.errors import ConfigError, LmppoError, TrainingError
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
 from lmppo.models import (Actor, Critic, ValueHead, build_critic, hidden_size, hf_model, load_policy,
@@ -91,8 +93,9 @@ class PPOTrainer:
         if cfg.rollout.backend == "vllm":  # a GPU and the `vllm` package, checked before any model is loaded
             from lmppo.vllm_backend import check_vllm_available
             check_vllm_available(cfg)
-        self.accelerator = Accelerator(cpu=cfg.device == "cpu")
+        self.accelerator = Accelerator(**accelerator_kwargs(cfg))
         self.device = self.accelerator.device
+        self.zero = ZeroSupport.maybe(self.accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else None
         set_seed(cfg.seed)
         self.console = console
         self._prepare_output_dir()
@@ -108,9 +111,16 @@ class PPOTrainer:
         _check_context_length(cfg, policy)
         self.stop_ids = self._stop_ids()
         value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
-        critic = build_critic(policy, self._critic_init_path(), cfg.model) if cfg.value.mode == "critic" else None
-        self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha)
+        if cfg.value.mode == "critic":
+            critic = (build_critic(policy, self._critic_init_path(), cfg.model) if self.zero is None else
+                      self.zero.build_critic(policy, path, self._critic_init_path(), cfg.model))
+        else:
+            critic = None
+        self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha,
+                                         model=self.zero and self.zero.reference_model(policy, path, cfg.model))
         self.reference_model_to_device()
+        if self.zero is not None:
+            self.zero.models_built()  # reward models load whole, never partitioned
 
         # --- data and rewards
         from lmppo.data import PromptStream, load_prompt_records, tokenize_prompts
@@ -132,11 +142,8 @@ class PPOTrainer:
             params += [p for p in critic.parameters() if p.requires_grad]
         self.optimizer = make_adamw(params, cfg.ppo.learning_rate, cfg.ppo.adam_eps, cfg.ppo.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        if critic is not None:
-            self.actor, self.critic, self.optimizer = self.accelerator.prepare(self.actor, critic, self.optimizer)
-        else:
-            self.actor, self.optimizer = self.accelerator.prepare(self.actor, self.optimizer)
-            self.critic = None
+        self.actor, self.critic, self.optimizer = prepare_models(self.accelerator, self.actor, critic,
+                                                                 self.optimizer, self.zero)
         self.trainable_params = params
         self.kl_controller = KL_CONTROLLERS[cfg.kl.controller](cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
@@ -194,7 +201,7 @@ class PPOTrainer:
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         # sampling runs in the same precision as the logprob passes below (bf16 autocast: 2.7x faster
         # generation on SmolLM2 here, benchmarks/sampler_speed.py)
-        with self._autocast():
+        with self._autocast(), (self.zero.gathered_for_generation(self.actor) if self.zero else nullcontext()):
             if cfg.backend == "native":
                 seeds = [response_seed(self.config.seed, self.iteration, p) for p in positions]
                 response_ids, response_mask, terminated, truncated = sample_native(
@@ -321,7 +328,7 @@ class PPOTrainer:
                     with self._sync_gradients(last=m + micro >= mb):
                         loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
                                                      train_mask[idx], num_tokens, stats)
-                        self.accelerator.backward(loss)
+                        self.accelerator.backward(loss, **(self.zero.backward_kwargs if self.zero else {}))
                     losses.append(loss.detach())
                 self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
         self.update_lr = self.scheduler.get_last_lr()[0]  # the rate this iteration's updates used
@@ -363,7 +370,9 @@ class PPOTrainer:
         from contextlib import ExitStack
 
         stack = ExitStack()
-        if not last and self.accelerator.num_processes > 1:
+        if self.zero is not None:  # DeepSpeed: the engine steps after the last micro-batch only
+            stack.enter_context(self.zero.micro_batch(last))
+        elif not last and self.accelerator.num_processes > 1:
             stack.enter_context(self.accelerator.no_sync(self.actor))
             if self.critic is not None:
                 stack.enter_context(self.accelerator.no_sync(self.critic))
@@ -480,6 +489,12 @@ class PPOTrainer:
     # ------------------------------------------------------------------ saving
     def save_model(self, directory: str) -> None:
         """The trained policy (and value model) in Hugging Face format with safetensors, written atomically."""
+        if self.zero is not None:  # ZeRO-3: every process gathers the full weights for the save
+            with self.zero.gathered(self.actor):
+                return self._save_model(directory)
+        return self._save_model(directory)
+
+    def _save_model(self, directory: str) -> None:
         if not self.accelerator.is_main_process:
             return
         from lmppo.checkpoint import atomic_dir
@@ -498,9 +513,11 @@ class PPOTrainer:
                 save_file({k: v.contiguous() for k, v in head.state_dict().items()},
                           os.path.join(tmp, "value", "value_head.safetensors"))
 
-    def save_checkpoint(self) -> str:
+    def save_checkpoint(self) -> Optional[str]:
         from lmppo.checkpoint import save_checkpoint
 
+        if self.zero is not None:
+            return self.zero.no_checkpoint()
         return save_checkpoint(self)
 
     # ------------------------------------------------------------------ helpers
@@ -683,6 +700,8 @@ class PPOTrainer:
         output_dir are cut back to the checkpoint's iteration."""
         from lmppo.checkpoint import load_checkpoint
 
+        if self.zero is not None:
+            refuse_resume()
         return load_checkpoint(self, path)
 
     def state_for_checkpoint(self) -> dict[str, Any]:
