@@ -157,6 +157,7 @@ def run_trl(cfg: dict) -> dict:
                 self.logs.append({k: v for k, v in logs.items() if isinstance(v, (int, float))})
 
     rec = Recorder()
+    limits = _matmul_limits(cfg["threads"])
     trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                          train_dataset=train_ds, value_model=critic, eval_dataset=eval_ds, callbacks=[rec])
     setup_s = time.perf_counter() - t_start
@@ -189,13 +190,21 @@ def run_trl(cfg: dict) -> dict:
         train_scores_last=[l.get("objective/scores") for l in rec.logs[-3:]],
         train_kl_last=rec.logs[-1].get("objective/kl") if rec.logs else None,
         optimizer=type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
-        optim=str(args.optim), torch_threads=torch.get_num_threads(),
+        optim=str(args.optim), torch_threads=torch.get_num_threads(), **limits,
         versions=dict(trl=trl.__version__, transformers=transformers.__version__, accelerate=accelerate.__version__,
                       torch=torch.__version__, python=sys.version.split()[0]),
     )
     if prof:
         res["profile"] = _summarize_profile(prof, out / "trl_profile.txt", t1 - t0)
     return res
+
+
+def _matmul_limits(threads: int) -> dict:
+    """The machine's matmul throughput in this process (fp32 and bf16), for the FLOP-utilisation figure."""
+    import flops
+
+    return {"matmul_gflops_float32": flops.matmul_gflops("float32", threads),
+            "matmul_gflops_bfloat16": flops.matmul_gflops("bfloat16", threads)}
 
 
 def _summarize_profile(prof, path: Path, total: float) -> dict:
@@ -289,6 +298,7 @@ def run_lmppo(cfg: dict) -> dict:
     c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False
     trainer = PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompts["train"])
     setup_s = time.perf_counter() - t_start
+    limits = _matmul_limits(cfg["threads"])
 
     prof = None
     if cfg.get("profile"):
@@ -317,7 +327,8 @@ def run_lmppo(cfg: dict) -> dict:
         worker_maxrss_mb=rss_kb / 1024, phase_seconds=phases,
         train_scores_first=[m.get("objective/scores") for m in history[:3]],
         train_scores_last=[m.get("objective/scores") for m in history[-3:]],
-        train_kl_last=history[-1].get("objective/kl"), torch_threads=torch.get_num_threads(),
+        train_kl_last=history[-1].get("objective/kl"), torch_threads=torch.get_num_threads(), **limits,
+        response_length_mean=sum(m["response/length_mean"] for m in history) / len(history),
         versions=dict(transformers=transformers.__version__, accelerate=accelerate.__version__,
                       torch=torch.__version__, python=sys.version.split()[0]),
     )
@@ -471,8 +482,27 @@ def _spread(xs):
     return 100.0 * (max(xs) - min(xs)) / statistics.median(xs)
 
 
-def summarize(results: dict, untrained: dict) -> str:
-    """Per configuration: medians over repeats, spread (noise) and the lmppo/TRL ratio."""
+def flop_utilisation(run: dict, name: str, shape: dict, prompt_len: float, response_len: float) -> tuple[float, float]:
+    """(needed GFLOP per iteration, percent of the measured matmul limit) of one run: the FLOPs the algorithm
+    needs (flops.iteration_flops, non-padding tokens) per CPU-second of train(), over the matmul throughput the
+    same process measured in the number format its matmuls run in (bf16 for lmppo's bf16 configs)."""
+    import flops
+
+    settings = dict(common.BASE_SETTINGS, **CONFIGS[name])
+    lmppo_side = run["side"] == "lmppo"
+    separate_critic = not (lmppo_side and settings.get("shared_value_head"))
+    per_iteration = flops.iteration_flops(shape, settings["batch_size"], prompt_len, response_len,
+                                          settings["ppo_epochs"], separate_critic)["total"]
+    bf16 = lmppo_side and settings.get("precision") == "bf16"
+    limit = run.get("matmul_gflops_bfloat16" if bf16 else "matmul_gflops_float32")
+    busy = run["train_cpu_seconds"] / run.get("torch_threads", 1)
+    if not limit or not busy:
+        return per_iteration / 1e9, None
+    return per_iteration / 1e9, 100 * per_iteration * run["updates"] / busy / (limit * 1e9)
+
+
+def summarize(results: dict, untrained: dict, flop_inputs: dict | None = None) -> str:
+    """Per configuration: medians over repeats, spread (noise), the lmppo/TRL ratio and FLOP utilisation."""
     lines = ["eps = episodes / wall time of train(); eps_cpu = episodes / CPU time of train() x threads "
              "(robust to other load on the machine); util = CPU / wall of train() (1.0 per thread when alone);",
              "spread = (max - min) / median of eps over repeats; peak RSS = ru_maxrss of the worker process; "
@@ -503,6 +533,20 @@ def summarize(results: dict, untrained: dict) -> str:
                 f"{_fmt(_median([100 * r['cpu_util'] for r in ok if r.get('cpu_util')]), '.0f'):>5} "
                 f"{_fmt(med[side]['rss'], '.0f'):>7} {_fmt(_median(sc), '+.3f'):>7} "
                 f"{_fmt(statistics.stdev(sc) if len(sc) > 1 else None, '.3f'):>6} {len(ok):>2}")
+        if flop_inputs:
+            runs = [r for side in ("trl", "lmppo") for r in sides.get(side, []) if r.get("ok")]
+            lengths = [r["response_length_mean"] for r in runs if r.get("response_length_mean")]
+            response_len = _median(lengths) or CONFIGS[name].get("response_length", common.BASE_SETTINGS["response_length"])
+            for side in ("trl", "lmppo"):
+                figures = [flop_utilisation(r, name, flop_inputs["shape"], flop_inputs["prompt_len"], response_len)
+                           for r in sides.get(side, []) if r.get("ok")]
+                if figures:
+                    limit_key = ("matmul_gflops_bfloat16" if side == "lmppo" and CONFIGS[name].get("precision") == "bf16"
+                                 else "matmul_gflops_float32")
+                    limit = _median([r.get(limit_key) for r in sides[side] if r.get("ok")])
+                    lines.append(f"{side:6} needs {figures[0][0]:.0f} GFLOP/iteration (prompt {flop_inputs['prompt_len']:.1f} + "
+                                 f"response {response_len:.1f} tokens): {_fmt(_median([f[1] for f in figures]), '.0f')}% "
+                                 f"of the measured {limit_key.split('_')[-1]} matmul limit ({_fmt(limit, '.0f')} GFLOP/s)")
         if "trl" in med and "lmppo" in med:
             t, l = med["trl"], med["lmppo"]
             lines.append(f"lmppo/TRL: eps x{l['eps'] / t['eps']:.2f}"
@@ -511,6 +555,15 @@ def summarize(results: dict, untrained: dict) -> str:
         if any(r.get("reused_from") for r in sides.get("trl", [])):
             lines.append("(TRL side reused from an identical TRL run of another config)")
     return "\n".join(lines)
+
+
+def flop_inputs(cache: Path) -> dict:
+    """The policy's shape and the mean prompt length of the training prompts, for flop_utilisation."""
+    import flops
+
+    prompts = json.loads((cache / "prompts.json").read_text())["train"]
+    return {"shape": flops.llama_shape(cache / "policy" / "config.json"),
+            "prompt_len": sum(len(p) for p in prompts) / len(prompts)}
 
 
 def main(argv=None):
@@ -623,7 +676,7 @@ def main(argv=None):
                     else:
                         print(res["error"], "-", res["log"], flush=True)
                 results[n][side].append(res)
-    summary = summarize(results, untrained)
+    summary = summarize(results, untrained, flop_inputs(cache))
     print(summary)
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.json").write_text(json.dumps(dict(results=results, untrained=untrained, manifest=manifest,

@@ -307,6 +307,18 @@ def test_model_source_equals_unpadded_forward(rm_dirs, which):
     assert src.name == which
 
 
+@pytest.mark.parametrize("which", ["decoder", "encoder"])
+def test_model_source_runs_under_autocast_when_asked(rm_dirs, which):
+    """precision: bf16 reaches the reward model: scores move by bf16 rounding, stay float32, keep their order."""
+    root, _, _ = rm_dirs
+    fp32 = torch.tensor(model_source(root / which, batch_size=2)(*TEXTS))
+    src = model_source(root / which, batch_size=2, autocast_dtype=torch.bfloat16)
+    bf16 = torch.tensor(src(*TEXTS))
+    assert src.score_texts(["a text"]).dtype == torch.float32
+    assert not torch.equal(bf16, fp32)  # autocast really ran
+    torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.02 * fp32.abs().max().item())
+
+
 def test_model_source_refuses_pickles_and_several_labels(rm_dirs, tmp_path):
     root, *_ = rm_dirs
     with pytest.raises(RewardError, match=r"holds only pickle weights \(pytorch_model.bin\).*model.allow_pickle"):

@@ -82,6 +82,34 @@ def test_ratio_is_exactly_one_before_the_first_update(tmp_path, tokenizer):
     assert torch.equal(logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
 
 
+@pytest.mark.parametrize("value_mode", ["shared", "critic"])
+def test_bf16_precision_trains_with_fp32_master_weights(tmp_path, tokenizer, value_mode):
+    """precision: bf16 is applied (rollout logprobs differ from the fp32 run's by bf16 rounding), the first
+    update's ratio is still exactly 1 (the rollout and the update run the same bf16 pass), and the weights,
+    optimizer state, logprobs and losses stay fp32."""
+    fp32 = make_trainer(tmp_path / "fp32", tokenizer, value__mode=value_mode)
+    bf16 = make_trainer(tmp_path / "bf16", tokenizer, value__mode=value_mode, precision="bf16")
+    assert fp32.policy.config._attn_implementation == bf16.policy.config._attn_implementation == "lmppo_cpu"
+    r32, r16 = fp32.collect_rollout(), bf16.collect_rollout()
+    assert r16.logprobs.dtype == torch.float32 and r16.values.dtype == torch.float32
+    same = r32.response_ids == r16.response_ids  # the same per-response seeds: mostly the same tokens
+    assert same.float().mean() > 0.5
+    rows = same.all(1)  # responses sampled identically: their logprobs differ by bf16 rounding only
+    mask = r32.response_mask[rows]
+    diff = (r32.logprobs[rows] - r16.logprobs[rows])[mask].abs()
+    assert rows.sum() >= 2 and diff.max() > 0 and diff.max() < 0.1
+    batch, _ = _trim(r16.select(range(4)))
+    with bf16._autocast():
+        out = bf16.actor(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], 1.0)
+    logprobs = selective_log_softmax(out.logits, batch.response_ids)
+    assert torch.equal(logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
+    history = bf16.train()
+    assert all(math.isfinite(m[k]) for m in history for k in TRL_METRICS)
+    assert all(p.dtype == torch.float32 for p in bf16.trainable_params)
+    state = bf16.optimizer.state_dict()["state"]
+    assert state and all(v["exp_avg"].dtype == torch.float32 for v in state.values())
+
+
 def test_left_padding_does_not_change_logprobs(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer)
     rollout = trainer.collect_rollout()

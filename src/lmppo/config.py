@@ -286,7 +286,9 @@ class Config:
     total_episodes: int = 640
     """Episodes (prompt + response) to train on; iterations = total_episodes // rollout.batch_size."""
     precision: str = "fp32"
-    """`fp32`, or `bf16` (autocast of forward/backward; fp32 master weights, logprobs and losses)."""
+    """`fp32`, or `bf16`: bf16 autocast of every forward/backward pass (sampling, policy, critic, reference and
+    reward-model passes); master weights, optimizer state, logprobs, ratios, values and losses stay fp32. On CPU,
+    short bf16 passes use eager attention (faster there than the fused kernel; see `lmppo.attention`)."""
     device: str = "auto"
     """`auto` (what accelerate picks), `cpu` or `cuda`."""
     deepspeed: str = ""

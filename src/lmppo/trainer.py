@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from lmppo.attention import use_cpu_attention
 from lmppo.batch import Rollout
 from lmppo.config import Config, save_config
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
@@ -119,6 +120,10 @@ class PPOTrainer:
         self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha,
                                          model=self.zero and self.zero.reference_model(policy, path, cfg.model))
         self.reference_model_to_device()
+        if self.device.type == "cpu":  # eager attention for short bf16 passes: see lmppo.attention
+            for model in (hf_model(policy), critic.model if critic is not None else None, self.reference.model):
+                if model is not None:
+                    use_cpu_attention(model)
         if self.zero is not None:
             self.zero.models_built()  # reward models load whole, never partitioned
 
@@ -132,7 +137,8 @@ class PPOTrainer:
         self.stream = PromptStream(len(self.prompt_set.ids), self.prompts_per_iteration, cfg.seed, cfg.data.shuffle)
         self.reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
             device=str(self.device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
-            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path))
+            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
+            autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
         self.score_moments = RunningMoments()
 
         # --- optimisation

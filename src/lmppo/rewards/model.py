@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from lmppo.attention import use_cpu_attention
 from lmppo.config import RewardSourceConfig
 from lmppo.errors import RewardError
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
@@ -80,6 +81,9 @@ class ModelSource(RewardSource):
         self.max_length = min(limits) if limits else None
         self.batch_size = ctx.batch_size
         self.device = ctx.device
+        self.autocast_dtype = ctx.autocast_dtype
+        if torch.device(ctx.device).type == "cpu":
+            use_cpu_attention(self.model)
         self.decoder_head = hasattr(self.model, "score") and hasattr(self.model, "base_model")
 
     def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
@@ -97,6 +101,11 @@ class ModelSource(RewardSource):
                              max_length=self.max_length)
         input_ids = enc["input_ids"].to(self.device)  # (N, L) right-padded
         attention_mask = enc["attention_mask"].to(self.device)  # (N, L)
+        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
+                            enabled=self.autocast_dtype is not None):
+            return self._forward(input_ids, attention_mask).float().cpu()
+
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.decoder_head:
             hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
             last = (attention_mask.sum(dim=-1) - 1).clamp(min=0)  # (N,) index of the last real token
@@ -104,4 +113,4 @@ class ModelSource(RewardSource):
             scores = self.model.score(hidden_last)[:, 0]  # (N,)
         else:
             scores = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]  # (N,)
-        return scores.float().cpu()
+        return scores

@@ -58,6 +58,9 @@ class SourceContext:
     """Sequences per reward-model forward pass; 0 means the whole batch."""
     dtype: Any = None
     """torch dtype for reward models; None keeps the checkpoint's (float32 for most small models)."""
+    autocast_dtype: Any = None
+    """Run reward-model forward passes under autocast to this dtype (`torch.bfloat16` with `precision: bf16`,
+    like the policy's passes); None: no autocast. Scores are returned in float32 either way."""
     resolve_path: Callable[[str], str] | None = None
     """Turns a model name that is not a folder (`hub:ORG/NAME`, a built-in name) into a local folder."""
 
