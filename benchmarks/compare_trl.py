@@ -199,6 +199,24 @@ def run_trl(cfg: dict) -> dict:
     return res
 
 
+def _time_saves(trainer) -> list:
+    """Count the CPU time of the trainer's checkpoint and final-model saves (into the returned one-item list), so
+    that eps_cpu leaves them out as eps does: TRL's train() saves nothing, its final save comes after."""
+    spent = [0.0]
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += time.process_time() - start
+        return wrapper
+
+    trainer.save_checkpoint, trainer.save_model = timed(trainer.save_checkpoint), timed(trainer.save_model)
+    return spent
+
+
 def _matmul_limits(threads: int) -> dict:
     """The machine's matmul throughput in this process (fp32 and bf16), for the FLOP-utilisation figure."""
     import flops
@@ -252,6 +270,7 @@ def run_lmppo(cfg: dict) -> dict:
     as lmppo always does. ``eps`` is episodes / wall time of the training loop (``trainer.train_seconds``:
     from the first rollout to the end of the last iteration's logging; model loading, trainer set-up, and
     the final save and checkpoint are excluded, as TRL's final save is); ``eps_wall`` also counts those.
+    ``eps_cpu`` likewise leaves out the CPU time of checkpoint and model saves.
     """
     t_start = time.perf_counter()
     _set_threads(cfg["threads"])
@@ -300,6 +319,7 @@ def run_lmppo(cfg: dict) -> dict:
     setup_s = time.perf_counter() - t_start
     limits = _matmul_limits(cfg["threads"])
 
+    save_cpu = _time_saves(trainer)
     prof = None
     if cfg.get("profile"):
         import cProfile
@@ -322,8 +342,9 @@ def run_lmppo(cfg: dict) -> dict:
     phases = {k: sum(m.get(k, 0.0) for m in history) for k in history[-1] if k.startswith("time/")}
     res = dict(
         side="lmppo", episodes=episodes, updates=len(history), train_seconds=loop_s, eps=episodes / loop_s,
-        eps_wall=episodes / (t1 - t0), eps_steady=steady, train_cpu_seconds=c1 - c0,
-        eps_cpu=episodes / (c1 - c0) * cfg["threads"], cpu_util=(c1 - c0) / (t1 - t0), setup_seconds=setup_s,
+        eps_wall=episodes / (t1 - t0), eps_steady=steady, train_cpu_seconds=c1 - c0 - save_cpu[0],
+        save_cpu_seconds=save_cpu[0], eps_cpu=episodes / (c1 - c0 - save_cpu[0]) * cfg["threads"],
+        cpu_util=(c1 - c0) / (t1 - t0), setup_seconds=setup_s,
         worker_maxrss_mb=rss_kb / 1024, phase_seconds=phases,
         train_scores_first=[m.get("objective/scores") for m in history[:3]],
         train_scores_last=[m.get("objective/scores") for m in history[-3:]],

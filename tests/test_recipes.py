@@ -21,8 +21,10 @@ from lmppo.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "examples")
-RECIPES = sorted(glob.glob(os.path.join(REPO, "src", "lmppo", "recipes", "*.yaml"))
-                 + glob.glob(os.path.join(EXAMPLES, "*.yaml")) + glob.glob(os.path.join(EXAMPLES, "*", "*.yaml")))
+LAUNCHER_CONFIGS = os.path.join(EXAMPLES, "deepspeed")  # accelerate launcher configs, not lmppo recipes
+RECIPES = sorted(p for p in glob.glob(os.path.join(REPO, "src", "lmppo", "recipes", "*.yaml"))
+                 + glob.glob(os.path.join(EXAMPLES, "*.yaml")) + glob.glob(os.path.join(EXAMPLES, "*", "*.yaml"))
+                 if not p.startswith(LAUNCHER_CONFIGS + os.sep))
 
 
 def _rel(path: str) -> str:
