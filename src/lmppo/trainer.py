@@ -26,6 +26,7 @@ from torch import nn
 from lmppo.attention import use_cpu_attention
 from lmppo.batch import Rollout
 from lmppo.config import Config, save_config
+from lmppo.cpu_memory import keep_freed_memory
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
@@ -120,7 +121,8 @@ class PPOTrainer:
         self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha,
                                          model=self.zero and self.zero.reference_model(policy, path, cfg.model))
         self.reference_model_to_device()
-        if self.device.type == "cpu":  # eager attention for short bf16 passes: see lmppo.attention
+        if self.device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention); freed memory
+            keep_freed_memory()  # reused, not faulted in again every iteration (lmppo.cpu_memory)
             for model in (hf_model(policy), critic.model if critic is not None else None, self.reference.model):
                 if model is not None:
                     use_cpu_attention(model)
