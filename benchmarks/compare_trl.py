@@ -266,8 +266,7 @@ def run_lmppo(cfg: dict) -> dict:
     Like for like with TRL: the same policy, critic (a separate value model initialised from the cached
     critic) and reward model; batch 8, one minibatch, no gradient accumulation; fixed KL coefficient with the
     k1 estimator in the reward; AdamW with eps 1e-8; the same LR schedule; gradient clipping off (TRL 1.12 does not
-    apply its max_grad_norm). The reward model reads text (prompt + completion) through its own tokenizer,
-    as lmppo always does. ``eps`` is episodes / wall time of the training loop (``trainer.train_seconds``:
+    apply its max_grad_norm). The reward model reads the sampled token ids (`input: tokens`), as TRL's does. ``eps`` is episodes / wall time of the training loop (``trainer.train_seconds``:
     from the first rollout to the end of the last iteration's logging; model loading, trainer set-up, and
     the final save and checkpoint are excluded, as TRL's final save is); ``eps_wall`` also counts those.
     ``eps_cpu`` likewise leaves out the CPU time of checkpoint and model saves.
@@ -301,7 +300,9 @@ def run_lmppo(cfg: dict) -> dict:
     c.rollout.max_new_tokens = cfg["response_length"]
     c.rollout.temperature = cfg["temperature"]
     c.rollout.stop_token = cfg["stop_token"] or "none"
-    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm")]
+    # the reward model shares the policy's tokenizer and reads the sampled ids, as TRL's does (not decoded text:
+    # re-encoding a decoded sample often gives other ids, and this reward model scores particular tokens)
+    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm", input="tokens")]
     c.reward.truncation = "none" if cfg["missing_eos_penalty"] is None else "penalty"
     if cfg["missing_eos_penalty"] is not None:
         c.reward.penalty, c.reward.penalty_mode = -float(cfg["missing_eos_penalty"]), "add"

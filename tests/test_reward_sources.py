@@ -286,8 +286,8 @@ TEXTS = (["Prompt: ", "Q: ", "A much longer prompt that is here "],
          ["the movie was great.", "bad", "and the ending was sad and slow, to be honest."])
 
 
-def model_source(path, **ctx):
-    cfg = RewardConfig(sources=[RewardSourceConfig(kind="model", path=str(path))])
+def model_source(path, input="text", **ctx):
+    cfg = RewardConfig(sources=[RewardSourceConfig(kind="model", path=str(path), input=input)])
     return build_reward_sources(cfg, ctx=SourceContext(**ctx))[0]
 
 
@@ -317,6 +317,91 @@ def test_model_source_runs_under_autocast_when_asked(rm_dirs, which):
     assert src.score_texts(["a text"]).dtype == torch.float32
     assert not torch.equal(bf16, fp32)  # autocast really ran
     torch.testing.assert_close(bf16, fp32, rtol=0.05, atol=0.02 * fp32.abs().max().item())
+
+
+def test_model_source_reads_token_ids_as_given(rm_dirs):
+    """input: tokens: the reward model sees exactly the ids it is given (no decode / re-encode), padding inside a
+    batch does not change a score, and the score is read at the last real token."""
+    root, dec, _ = rm_dirs
+    src = model_source(root / "decoder", input="tokens", batch_size=2)
+    sequences = [[5, 9, 17, 4], [8, 30], [12, 7, 7, 7, 7, 40]]
+    scores = src(["p"] * 3, ["c"] * 3, token_ids=sequences)
+    with torch.no_grad():
+        expected = [dec(input_ids=torch.tensor([s])).logits[0, 0].item() for s in sequences]
+    assert scores == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(RewardError, match="token_ids"):
+        src(["p"], ["c"])  # a token-reading source called without ids is an error, not a silent text fallback
+
+
+def test_score_rollout_gives_token_sources_prompt_plus_response_ids(rollout, tok):
+    seen = {}
+
+    class IdReader(RewardSource):
+        wants_token_ids = True
+
+        def __call__(self, prompts, completions, token_ids=None):
+            seen["ids"] = token_ids
+            return [float(len(x)) for x in token_ids]
+
+    reader = IdReader(RewardSourceConfig(kind="function", path="x:y", name="ids"), SourceContext())
+    prompt_ids = [[11, 12], [13]]
+    result = score([reader], rollout, tok, prompt_ids=prompt_ids)
+    _, _, ids, mask = rollout
+    assert seen["ids"][0] == [11, 12] + ids[0, :4].tolist()  # the stop token (EOS) included
+    assert seen["ids"][0][-1] == tok.eos_token_id
+    assert seen["ids"][1] == [13] + ids[1, :3].tolist()
+    assert result.per_source["ids"].tolist() == [6.0, 4.0]
+    with pytest.raises(ValueError, match="prompt_ids"):
+        score([reader], rollout, tok)
+
+
+@pytest.mark.parametrize("kind,path,value,match", [
+    ("function", "m:f", "tokens", "is for reward models"),
+    ("model", "", "bytes", "must be one of"),
+])
+def test_input_field_is_validated(tmp_path, kind, path, value, match):
+    from lmppo.config import Config
+    from lmppo.errors import ConfigError
+
+    cfg = Config()
+    cfg.model.policy = str(tmp_path)
+    cfg.reward.sources = [RewardSourceConfig(kind=kind, path=path or str(tmp_path), input=value)]
+    with pytest.raises(ConfigError, match=match) as err:
+        cfg.validate()
+    assert "reward.sources[0].input" in str(err.value)
+
+
+def test_trainer_refuses_token_input_with_another_tokenizer(rm_dirs, tmp_path, tokenizer):
+    from conftest import PROMPTS, small_config, tiny_llama
+    from lmppo.errors import ConfigError
+    from lmppo.trainer import PPOTrainer
+
+    root, _, _ = rm_dirs
+    cfg = small_config(tmp_path / "run")
+    cfg.reward.sources = [RewardSourceConfig(kind="model", path=str(root / "encoder"), input="tokens")]
+    with pytest.raises(ConfigError, match=r"reward.sources\[0\].input.*own tokenizer"):
+        PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS)
+
+
+def test_trainer_scores_the_sampled_ids_with_token_input(tmp_path, tokenizer, tiny_reward_model_dir):
+    """End to end: with input: tokens the score of each response is the reward model's output on the exact
+    prompt + response ids of the rollout."""
+    from transformers import AutoModelForSequenceClassification
+
+    from conftest import PROMPTS, small_config, tiny_llama
+    from lmppo.trainer import PPOTrainer
+
+    cfg = small_config(tmp_path / "run")
+    cfg.reward.sources = [RewardSourceConfig(kind="model", path=tiny_reward_model_dir, input="tokens", name="rm")]
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS)
+    rollout = trainer.collect_rollout()
+    scored = trainer.score(rollout)
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_reward_model_dir).eval()
+    with torch.no_grad():
+        for i in range(rollout.batch_size):
+            ids = torch.cat([rollout.prompt_ids[i][rollout.prompt_mask[i]], rollout.response_ids[i][rollout.response_mask[i]]])
+            expected = rm(input_ids=ids[None]).logits[0, 0].item()
+            assert scored.per_source["rm"][i].item() == pytest.approx(expected, abs=1e-4)
 
 
 def test_model_source_refuses_pickles_and_several_labels(rm_dirs, tmp_path):

@@ -152,6 +152,12 @@ class RewardSourceConfig:
     """HTTP only: further attempts after a failed request."""
     span_placement: str = "last"
     """For span rewards: put a span's value on its `last` token, or `spread` it evenly over the span's tokens."""
+    input: str = "text"
+    """Model sources: what the reward model reads. `text` (default): prompt + completion as text, through the reward
+    model's own tokenizer (any tokenizer works). `tokens`: the policy's token ids exactly as sampled (the prompt
+    without padding, then the response up to and including its stop token), with no decoding and re-encoding, as
+    TRL's PPOTrainer scores; only for a reward model that uses the policy's tokenizer (checked at start-up). Use it
+    when the reward depends on the exact tokens: a decoded sample does not always re-encode to the same ids."""
 
 
 def _default_sources() -> list[RewardSourceConfig]:
@@ -506,6 +512,10 @@ def _check_reward(rc: RewardConfig) -> None:
         _positive(s.timeout, f"{where}.timeout")
         _non_negative(s.retries, f"{where}.retries")
         _one_of(s.span_placement, f"{where}.span_placement", ("last", "spread"))
+        _one_of(s.input, f"{where}.input", ("text", "tokens"))
+        if s.input == "tokens" and s.kind != "model":
+            raise ConfigError(f"{where}.input", s.input, f"is for reward models (kind `model`); a `{s.kind}` source "
+                              "gets text (a function can also take `completion_ids`)")
         if s.weight != s.weight:
             raise ConfigError(f"{where}.weight", s.weight, "must be a number")
     _one_of(rc.truncation, "reward.truncation", ("none", "penalty", "bootstrap", "drop"))

@@ -128,7 +128,7 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
         completions = [decode_completion(tokenizer, (r[m][:-1] if t else r[m]).tolist())
                        for r, m, t in zip(resp, resp_mask, terminated)]
         result = score_rollout(sources, texts, completions, resp.cpu(), resp_mask.cpu(), tokenizer, "error",
-                               terminated=terminated.cpu())
+                               terminated=terminated.cpu(), prompt_ids=ids_list)
         for name, values in result.per_source.items():
             per_source.setdefault(name, []).append(values.float().cpu())
         totals.append(result.token_scores.sum(1).float().cpu())

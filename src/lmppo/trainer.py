@@ -141,6 +141,7 @@ class PPOTrainer:
             device=str(self.device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
             batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
             autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
+        _check_token_input(self.reward_sources, self.tokenizer)
         self.score_moments = RunningMoments()
 
         # --- optimisation
@@ -261,9 +262,12 @@ class PPOTrainer:
         from lmppo.rewards import score_rollout
 
         rc = self.config.reward
+        prompt_ids = None
+        if any(s.wants_token_ids for s in self.reward_sources):
+            prompt_ids = [ids[mask].tolist() for ids, mask in zip(rollout.prompt_ids.cpu(), rollout.prompt_mask.cpu())]
         result = score_rollout(self.reward_sources, rollout.prompts_text, rollout.responses_text,
                                rollout.response_ids.cpu(), rollout.response_mask.cpu(), self.tokenizer,
-                               rc.on_bad_output, terminated=rollout.terminated.cpu())
+                               rc.on_bad_output, terminated=rollout.terminated.cpu(), prompt_ids=prompt_ids)
         token_scores = placed = result.token_scores.to(self.device, torch.float32)
         raw = token_scores.sum(1)
         mask, valid = rollout.response_mask, result.valid.to(self.device)
@@ -767,6 +771,16 @@ def _trim(batch: Rollout) -> tuple[Rollout, int]:
                    response_ids=batch.response_ids[:, :keep], response_mask=batch.response_mask[:, :keep],
                    logprobs=batch.logprobs[:, :keep], ref_logprobs=batch.ref_logprobs[:, :keep],
                    values=batch.values[:, :keep]), keep
+
+
+def _check_token_input(sources, tokenizer) -> None:
+    """ConfigError when a reward model reads the policy's token ids (`input: tokens`) but has another tokenizer."""
+    for i, source in enumerate(sources):
+        own = getattr(source, "tokenizer", None)
+        if source.wants_token_ids and own is not None and own.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(f"reward.sources[{i}].input", "tokens",
+                              f"reward model `{source.name}` has its own tokenizer ({len(own)} tokens), not the "
+                              f"policy's ({len(tokenizer)} tokens): it must read text (`input: text`)")
 
 
 def _has_user_sources(config: Config) -> bool:

@@ -85,14 +85,34 @@ class ModelSource(RewardSource):
         if torch.device(ctx.device).type == "cpu":
             use_cpu_attention(self.model)
         self.decoder_head = hasattr(self.model, "score") and hasattr(self.model, "base_model")
+        self.wants_token_ids = cfg.input == "tokens"
 
-    def __call__(self, prompts: list[str], completions: list[str]) -> list[float]:
-        texts = [p + c for p, c in zip(prompts, completions)]
-        step = self.batch_size or max(1, len(texts))
+    def __call__(self, prompts: list[str], completions: list[str],
+                 token_ids: list[list[int]] | None = None) -> list[float]:
+        if self.wants_token_ids:
+            if token_ids is None:
+                raise RewardError(f"reward model `{self.name}` reads token ids (input: tokens); call it with "
+                                  "token_ids=[prompt ids + response ids, ...]")
+            items, score = token_ids, self.score_ids
+        else:
+            items, score = [p + c for p, c in zip(prompts, completions)], self.score_texts
+        step = self.batch_size or max(1, len(items))
         scores: list[float] = []
-        for k in range(0, len(texts), step):
-            scores += self.score_texts(texts[k:k + step]).tolist()
+        for k in range(0, len(items), step):
+            scores += score(items[k:k + step]).tolist()
         return scores
+
+    @torch.inference_mode()
+    def score_ids(self, sequences: list[list[int]]) -> torch.Tensor:
+        """(N,) float32 score of each token-id sequence (`input: tokens`): right-padded, left-truncated to the
+        model's length limit, the score read at the last real token."""
+        if self.max_length is not None:
+            sequences = [s[-self.max_length:] for s in sequences]
+        width = max(len(s) for s in sequences)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences], device=self.device)
+        attention_mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in sequences], device=self.device)
+        return self._scores(input_ids, attention_mask)
 
     @torch.inference_mode()
     def score_texts(self, texts: list[str]) -> torch.Tensor:
@@ -101,6 +121,9 @@ class ModelSource(RewardSource):
                              max_length=self.max_length)
         input_ids = enc["input_ids"].to(self.device)  # (N, L) right-padded
         attention_mask = enc["attention_mask"].to(self.device)  # (N, L)
+        return self._scores(input_ids, attention_mask)
+
+    def _scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
                             enabled=self.autocast_dtype is not None):
             return self._forward(input_ids, attention_mask).float().cpu()

@@ -68,10 +68,13 @@ class SourceContext:
 class RewardSource:
     """One reward signal: ``source(prompts, completions) -> list`` of one output per response.
 
-    With ``wants_completion_ids`` True it is called as ``source(prompts, completions, completion_ids=ids)``."""
+    With ``wants_completion_ids`` True it is called as ``source(prompts, completions, completion_ids=ids)``; with
+    ``wants_token_ids`` True as ``source(prompts, completions, token_ids=ids)``, each entry the whole sequence of
+    policy token ids: the prompt without padding, then the response including its stop token."""
 
     kind: str = ""
     wants_completion_ids: bool = False
+    wants_token_ids: bool = False
 
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         self.cfg = cfg
@@ -270,7 +273,8 @@ class RewardResult:
 
 def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], completions_text: Sequence[str],
                   response_ids: torch.Tensor, response_mask: torch.Tensor, tokenizer: Any,
-                  on_bad_output: str = "error", terminated: torch.Tensor | None = None) -> RewardResult:
+                  on_bad_output: str = "error", terminated: torch.Tensor | None = None,
+                  prompt_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:
     """Call every source on the batch, check and place its outputs, and sum them with the sources' weights.
 
     ``response_ids``: (B, T) long, right-padded; ``response_mask``: (B, T) bool, True on real response tokens
@@ -278,6 +282,8 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
     the completion text); None infers it per response by decoding. ``tokenizer``: the policy's (spans are mapped
     through it). With ``on_bad_output="error"`` a bad output raises RewardError naming the source, the sample
     and the value; with ``"drop"`` the sample is marked invalid (all its scores 0) and counted.
+    ``prompt_ids``: each prompt's token ids without padding; needed by sources that read token ids
+    (``wants_token_ids``, a reward model with ``input: tokens``).
     """
     if on_bad_output not in ON_BAD_OUTPUT:
         raise ValueError(f"on_bad_output {on_bad_output!r}: must be one of {ON_BAD_OUTPUT}")
@@ -285,6 +291,10 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
     B, T = mask.shape
     if len(prompts_text) != B or len(completions_text) != B:
         raise ValueError(f"{len(prompts_text)} prompts and {len(completions_text)} completions for {B} responses")
+    readers = [s.name for s in sources if s.wants_token_ids]
+    if readers and (prompt_ids is None or len(prompt_ids) != B):
+        raise ValueError(f"reward source `{readers[0]}` reads token ids: score_rollout needs the {B} prompts' ids "
+                         "(prompt_ids)")
     lengths = mask.sum(dim=1).tolist()
     ids_cpu = response_ids.detach().cpu()
     offsets_cache: dict[int, list[tuple[int, int]]] = {}
@@ -319,7 +329,10 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         placed.append(rows)
         scalars.append(scalar)
         try:
-            if source.wants_completion_ids:
+            if source.wants_token_ids:
+                ids = [list(prompt_ids[i]) + ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
+                outputs = source(list(prompts_text), list(completions_text), token_ids=ids)
+            elif source.wants_completion_ids:
                 ids = [ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
                 outputs = source(list(prompts_text), list(completions_text), completion_ids=ids)
             else:
