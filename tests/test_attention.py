@@ -10,7 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from conftest import tiny_gpt2, tiny_llama
-from lmppo.attention import EAGER_MAX_SCORES, IMPLEMENTATION, _attention, eager_attention, use_cpu_attention
+from lmppo.attention import (EAGER_MAX_SCORES, IMPLEMENTATION, _attention, _register, eager_attention,
+                             use_cpu_attention)
+
+_register()  # what use_cpu_attention does first; the dispatch tests call _attention directly
 from lmppo.models import position_ids_from_mask
 
 NEG = torch.finfo(torch.float32).min

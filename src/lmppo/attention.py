@@ -1,9 +1,10 @@
 """Attention kernel choice for CPU passes under bf16 autocast.
 
 On CPU, torch's fused scaled-dot-product (flash) kernel is slow in bf16 at the short sequences RLHF trains on:
-for one layer's forward + backward (batch 8, 8 heads, head dim 64) it took 4.6x the time of the plain
-matmul-softmax-matmul ("eager") attention at 64 tokens, 2.5x at 128 and 2.0x at 256, and only won from 512
-tokens on (`python benchmarks/attention_cpu.py` prints the table). In fp32 the two are within 15% up to 256 tokens.
+for one layer's forward + backward (batch 8, 8 heads, head dim 64) it took 4.7x the time of the plain
+matmul-softmax-matmul ("eager") attention at 64 tokens, 3.5x at 128 and 1.3x at 256, and only won from 512
+tokens on (`python benchmarks/attention_cpu.py` prints the table; docs/performance.md has the run). In fp32 the
+two are within 20% up to 256 tokens.
 
 Inside Llama-like models under bf16 autocast the query, key and value reach the attention in fp32 (the rotary
 embedding is applied in fp32), so SDPA runs its fp32 kernel, while the eager path's two matmuls run in bf16 under
@@ -31,8 +32,6 @@ EAGER_MAX_SCORES = 256 * 256  # query length x key length per head up to which e
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask, **kwargs):
     """query: (B, heads, Lq, D); key, value: (B, kv_heads, Lk, D) -> ((B, Lq, heads, D), weights or None)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     low_precision = query.dtype in _LOW_PRECISION or (query.device.type == "cpu" and torch.is_autocast_enabled("cpu")
                                                       and torch.get_autocast_dtype("cpu") in _LOW_PRECISION)
     short = query.shape[2] * key.shape[2] <= EAGER_MAX_SCORES
@@ -40,9 +39,10 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     if query.device.type == "cpu" and low_precision and short and plain:
         return eager_attention(query, key, value, attention_mask, kwargs.get("scaling"),
                                kwargs.get("dropout", 0.0) if module.training else 0.0)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return _SDPA[0](module, query, key, value, attention_mask, **kwargs)
 
 
+_SDPA: list = []  # transformers' SDPA attention function, looked up once by _register (not per layer call)
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 # keyword arguments of model-specific attention variants that the eager path below does not implement
 _UNSUPPORTED = ("softcap", "s_aux", "sinks", "head_mask")
@@ -68,8 +68,10 @@ def eager_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
 
 def _register() -> None:
     from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+    _SDPA[:] = [sdpa_attention_forward]
     AttentionInterface.register(IMPLEMENTATION, _attention)
     AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
 
