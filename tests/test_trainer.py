@@ -258,3 +258,17 @@ def test_sample_table_with_token_stats_has_kl_and_entropy_per_token(tmp_path, to
     assert (ent >= 0).all() and (ent <= math.log(len(tokenizer)) + 1e-4).all()
     plain = make_trainer(tmp_path / "plain", tokenizer)
     assert plain.collect_rollout().entropy is None
+
+
+def test_ratio_var_is_the_unbiased_variance_of_micro_batch_means():
+    """TRL's `val/ratio_var` is `torch.var` (n - 1) of the per-micro-batch mean ratios. Hand-worked: means 1.0, 1.2,
+    1.1 have mean 1.1 and squared deviations 0.01 + 0.01 + 0 = 0.02; 0.02 / (3 - 1) = 0.01 (0.02 / 3 if biased)."""
+    from lmppo.metrics import MetricsAccumulator
+
+    stats = MetricsAccumulator()
+    for value in (1.0, 1.2, 1.1):
+        stats.add("val/ratio", value)
+    assert stats.var("val/ratio") == pytest.approx(0.01, rel=1e-5)
+    single = MetricsAccumulator()
+    single.add("val/ratio", 1.3)
+    assert single.var("val/ratio") == 0.0

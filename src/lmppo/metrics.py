@@ -31,8 +31,9 @@ class MetricsAccumulator:
         return torch.stack(self._values[name]).mean().item()
 
     def var(self, name: str) -> float:
+        """Unbiased variance (n - 1 in the denominator), as TRL's `val/ratio_var` (`torch.var`); 0 for one value."""
         vals = torch.stack(self._values[name])
-        return vals.var(unbiased=False).item() if vals.numel() > 1 else 0.0
+        return vals.var(unbiased=True).item() if vals.numel() > 1 else 0.0
 
     def __contains__(self, name: str) -> bool:
         return name in self._values

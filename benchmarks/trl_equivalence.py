@@ -1,0 +1,190 @@
+"""One PPO iteration of TRL's PPOTrainer and of lmppo on the *same* rollout: do the updates agree?
+
+The speed benchmark (``compare_trl.py``) compares the two trainers over whole runs, where sampling noise
+hides small differences in the update. This script removes the noise: it runs one TRL 1.12 iteration
+(batch 8, 4 PPO epochs, one minibatch), records the prompts and the responses TRL sampled, then runs one
+lmppo iteration whose sampler returns exactly those responses. With one minibatch the update is deterministic
+given the rollout, so any difference in rewards, advantages, losses or the weights after the update is a
+difference of algorithm, not of luck.
+
+It prints both trainers' logged metrics side by side and the relative size of the difference between the
+two weight updates, for the policy and the critic: ``|dW_lmppo - dW_trl| / |dW_trl|``. Float rounding
+alone gives about 1e-6; an algorithmic difference gives 1e-2 or more.
+
+Needs an interpreter with TRL 1.12 and lmppo importable (``PYTHONPATH=src``), and the tiny benchmark cache
+(``python benchmarks/common.py build``)::
+
+    PYTHONPATH=src .venv-trl/bin/python benchmarks/trl_equivalence.py [--seed 0] [--iterations 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import common  # noqa: E402
+
+METRICS = ["objective/scores", "objective/kl", "objective/non_score_reward", "objective/rlhf_reward",
+           "objective/entropy", "loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
+           "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens"]
+
+
+def _settings(seed: int, iterations: int) -> dict:
+    s = dict(common.BASE_SETTINGS)
+    s.update(seed=seed, episodes=s["batch_size"] * iterations)
+    return s
+
+
+def run_trl(cache: Path, s: dict, out: Path):
+    """Train TRL for the given episodes; return (rollouts [(queries, responses) per iteration], metrics, models)."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    import transformers
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    from trl.experimental.ppo import ppo_trainer as trl_ppo
+
+    transformers.set_seed(s["seed"])
+    tok = AutoTokenizer.from_pretrained(cache / "tokenizer")
+    tok.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(cache / "policy")
+    ref = AutoModelForCausalLM.from_pretrained(cache / "policy")
+    critic = AutoModelForSequenceClassification.from_pretrained(cache / "critic")
+    reward = AutoModelForSequenceClassification.from_pretrained(cache / "reward")
+    prompts = common.load_prompts(cache)
+    args = PPOConfig(
+        output_dir=str(out / "trl"), per_device_train_batch_size=s["batch_size"], gradient_accumulation_steps=1,
+        num_mini_batches=s["num_mini_batches"], num_ppo_epochs=s["ppo_epochs"], response_length=s["response_length"],
+        total_episodes=s["episodes"], local_rollout_forward_batch_size=s["batch_size"], stop_token=s["stop_token"],
+        missing_eos_penalty=s["missing_eos_penalty"], temperature=s["temperature"], kl_coef=s["kl_coef"],
+        cliprange=s["cliprange"], cliprange_value=s["cliprange_value"], vf_coef=s["vf_coef"], gamma=s["gamma"],
+        lam=s["lam"], learning_rate=s["learning_rate"], lr_scheduler_type="constant", num_sample_generations=0,
+        report_to="none", bf16=False, fp16=False, use_cpu=True, save_strategy="no", logging_steps=1,
+        disable_tqdm=True, seed=s["seed"], dataloader_num_workers=0)
+
+    rollouts: list[tuple] = []
+    original = trl_ppo.batch_generation
+
+    def recording_generation(model, queries, *a, **kw):
+        query_responses, logits = original(model, queries, *a, **kw)
+        rollouts.append((queries.clone(), query_responses[:, queries.shape[1]:].clone()))
+        return query_responses, logits
+
+    trl_ppo.batch_generation = recording_generation
+
+    class Recorder(TrainerCallback):
+        logs: list = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs:
+                self.logs.append(dict(logs))
+
+    recorder = Recorder()
+    trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
+                         train_dataset=Dataset.from_dict({"input_ids": prompts["train"]}), value_model=critic,
+                         eval_dataset=Dataset.from_dict({"input_ids": prompts["eval"][:8]}), callbacks=[recorder])
+    try:
+        trainer.train()
+    finally:
+        trl_ppo.batch_generation = original
+    wrapped = trainer.accelerator.unwrap_model(trainer.model)
+    return rollouts, recorder.logs, wrapped.policy, wrapped.value_model, tok
+
+
+def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
+    """One lmppo run over the same prompts whose sampler returns TRL's responses, iteration by iteration."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import lmppo.trainer as lt
+    from lmppo.config import Config, RewardSourceConfig
+    from lmppo.core.masking import stop_token_mask
+
+    pad = tok.pad_token_id
+    prompt_lists = []
+    for queries, _ in rollouts:
+        prompt_lists += [q[q != pad].tolist() for q in queries]
+    replay = iter(rollouts)
+
+    def replayed_sampler(model, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds):
+        queries, responses = next(replay)
+        assert torch.equal(prompt_ids, queries), "lmppo's prompts differ from TRL's"
+        mask, terminated = stop_token_mask(responses, stop_ids)
+        responses = torch.where(mask, responses, torch.full_like(responses, pad_id))
+        return responses, mask, terminated, ~terminated & (mask.sum(1) >= max_new_tokens)
+
+    c = Config()
+    c.output_dir, c.overwrite, c.seed, c.device = str(out / "lmppo"), True, s["seed"], "cpu"
+    c.total_episodes = s["episodes"]
+    c.data.max_prompt_length, c.data.shuffle = 64, False
+    c.rollout.batch_size, c.rollout.max_new_tokens = s["batch_size"], s["response_length"]
+    c.rollout.temperature, c.rollout.stop_token = s["temperature"], s["stop_token"]
+    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm", input="tokens")]
+    c.reward.truncation = "none"
+    c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = s["kl_coef"], "fixed", "k1", "reward"
+    c.value.mode, c.value.init_from = "critic", str(cache / "critic")
+    p = c.ppo
+    p.num_epochs, p.num_minibatches, p.micro_batch_size = s["ppo_epochs"], s["num_mini_batches"], s["batch_size"]
+    p.learning_rate, p.lr_schedule, p.adam_eps, p.max_grad_norm = s["learning_rate"], "constant", 1e-8, 0.0
+    p.clip_range, p.value_clip_range, p.vf_coef = s["cliprange"], s["cliprange_value"], s["vf_coef"]
+    p.gamma, p.lam = s["gamma"], s["lam"]
+    c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False
+    policy = AutoModelForCausalLM.from_pretrained(cache / "policy")
+    trainer = lt.PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompt_lists)
+    original, lt.sample_native = lt.sample_native, replayed_sampler
+    try:
+        history = trainer.train()
+    finally:
+        lt.sample_native = original
+    return history, trainer.policy, trainer.accelerator.unwrap_model(trainer.critic).model
+
+
+def relative_update_difference(start, a, b) -> float:
+    """|(a - start) - (b - start)| / |b - start| over all parameters (b is the reference)."""
+    import torch
+
+    diff = sq_ref = 0.0
+    sa, sb = dict(a.named_parameters()), dict(b.named_parameters())
+    for name, p0 in start.named_parameters():
+        da, db = sa[name].detach() - p0.detach(), sb[name].detach() - p0.detach()
+        diff += float(((da - db) ** 2).sum())
+        sq_ref += float((db ** 2).sum())
+    return (diff / max(sq_ref, 1e-30)) ** 0.5
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--iterations", type=int, default=1)
+    ap.add_argument("--cache", type=Path, default=common.DEFAULT_CACHE_ROOT / "tiny")
+    a = ap.parse_args(argv)
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.set_num_threads(1)
+    s = _settings(a.seed, a.iterations)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        rollouts, trl_logs, trl_policy, trl_critic, tok = run_trl(a.cache, s, out)
+        history, lm_policy, lm_critic = run_lmppo(a.cache, s, out, rollouts, tok)
+    start_policy = AutoModelForCausalLM.from_pretrained(a.cache / "policy")
+    start_critic = AutoModelForSequenceClassification.from_pretrained(a.cache / "critic")
+    trl_logs = [l for l in trl_logs if "objective/kl" in l]
+    for it, (tl, ll) in enumerate(zip(trl_logs, history), 1):
+        print(f"iteration {it}: {'metric':28} {'TRL':>12} {'lmppo':>12}")
+        for name in METRICS:
+            print(f"{'':13}{name:28} {tl.get(name, float('nan')):12.6f} {ll.get(name, float('nan')):12.6f}")
+    print(f"responses ending in the stop token: {sum(int((r == tok.eos_token_id).any(1).sum()) for _, r in rollouts)}"
+          f" of {sum(len(r) for _, r in rollouts)}")
+    print(f"policy update: |dW_lmppo - dW_trl| / |dW_trl| = {relative_update_difference(start_policy, lm_policy, trl_policy):.2e}")
+    print(f"critic update: |dW_lmppo - dW_trl| / |dW_trl| = {relative_update_difference(start_critic, lm_critic, trl_critic):.2e}")
+
+
+if __name__ == "__main__":
+    main()
