@@ -93,9 +93,9 @@ def run_trl(cfg: dict) -> dict:
     from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
                               TrainerCallback)
     try:
-        from trl.experimental.ppo import PPOConfig, PPOTrainer
+        from trl.experimental.ppo import PPOTrainer
     except ImportError:  # older TRL
-        from trl import PPOConfig, PPOTrainer
+        from trl import PPOTrainer
 
     transformers.set_seed(cfg["seed"])
     cache = Path(cfg["cache"])
@@ -111,39 +111,7 @@ def run_trl(cfg: dict) -> dict:
     train_ds = Dataset.from_dict({"input_ids": prompts["train"]})
     eval_ds = Dataset.from_dict({"input_ids": prompts["eval"][: cfg["batch_size"]]})
 
-    args = PPOConfig(
-        output_dir=str(out / "trl_output"),
-        per_device_train_batch_size=cfg["batch_size"],
-        gradient_accumulation_steps=1,
-        num_mini_batches=cfg["num_mini_batches"],
-        num_ppo_epochs=cfg["ppo_epochs"],
-        response_length=cfg["response_length"],
-        total_episodes=cfg["episodes"],
-        local_rollout_forward_batch_size=cfg["batch_size"],
-        stop_token=cfg["stop_token"],
-        missing_eos_penalty=cfg["missing_eos_penalty"],
-        temperature=cfg["temperature"],
-        kl_coef=cfg["kl_coef"],
-        cliprange=cfg["cliprange"],
-        cliprange_value=cfg["cliprange_value"],
-        vf_coef=cfg["vf_coef"],
-        gamma=cfg["gamma"],
-        lam=cfg["lam"],
-        learning_rate=cfg["learning_rate"],
-        lr_scheduler_type=cfg["lr_schedule"],
-        num_sample_generations=0,
-        report_to="none",
-        bf16=False,
-        fp16=False,
-        use_cpu=True,
-        gradient_checkpointing=False,   # TRL's PPOTrainer never enables it anyway (it bypasses Trainer.__init__)
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=cfg["seed"],
-        per_device_eval_batch_size=cfg["batch_size"],
-        dataloader_num_workers=0,
-    )
+    args = trl_args(cfg, out / "trl_output")
 
     class Recorder(TrainerCallback):
         def __init__(self):
@@ -197,6 +165,85 @@ def run_trl(cfg: dict) -> dict:
     if prof:
         res["profile"] = _summarize_profile(prof, out / "trl_profile.txt", t1 - t0)
     return res
+
+
+def lmppo_config(cfg: dict, output_dir: Path):
+    """lmppo's Config for the run settings ``cfg`` (see ``make_run_cfg``): the same work as ``trl_args`` asks of TRL."""
+    from lmppo.config import Config, RewardSourceConfig
+
+    cache = Path(cfg["cache"])
+    c = Config()
+    c.output_dir = str(output_dir)
+    c.overwrite = True
+    c.seed = cfg["seed"]
+    c.device = "cpu"
+    c.total_episodes = cfg["episodes"]
+    c.precision = cfg.get("precision", "fp32")
+    c.data.max_prompt_length = 64
+    c.data.shuffle = True
+    c.rollout.batch_size = cfg["batch_size"]
+    c.rollout.max_new_tokens = cfg["response_length"]
+    c.rollout.temperature = cfg["temperature"]
+    c.rollout.stop_token = cfg["stop_token"] or "none"
+    # the reward model shares the policy's tokenizer and reads the sampled ids, as TRL's does (not decoded text:
+    # re-encoding a decoded sample often gives other ids, and this reward model scores particular tokens)
+    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm", input="tokens")]
+    c.reward.truncation = "none" if cfg["missing_eos_penalty"] is None else "penalty"
+    if cfg["missing_eos_penalty"] is not None:
+        c.reward.penalty, c.reward.penalty_mode = -float(cfg["missing_eos_penalty"]), "add"
+    c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = cfg["kl_coef"], "fixed", "k1", "reward"
+    c.value.mode = "shared" if cfg.get("shared_value_head") else "critic"
+    c.value.init_from = str(cache / "critic")
+    p = c.ppo
+    p.num_epochs, p.num_minibatches = cfg["ppo_epochs"], cfg["num_mini_batches"]
+    p.micro_batch_size = cfg["batch_size"] // cfg["num_mini_batches"]
+    p.learning_rate, p.lr_schedule = cfg["learning_rate"], cfg["lr_schedule"]
+    p.clip_range, p.value_clip_range, p.vf_coef = cfg["cliprange"], cfg["cliprange_value"], cfg["vf_coef"]
+    p.gamma, p.lam, p.adam_eps, p.max_grad_norm = cfg["gamma"], cfg["lam"], 1e-8, 0.0
+    c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False
+    return c
+
+
+def trl_args(cfg: dict, output_dir: Path):
+    """TRL's PPOConfig for the run settings ``cfg`` (see ``make_run_cfg``)."""
+    try:
+        from trl.experimental.ppo import PPOConfig
+    except ImportError:  # older TRL
+        from trl import PPOConfig
+
+    return PPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=cfg["batch_size"],
+        gradient_accumulation_steps=1,
+        num_mini_batches=cfg["num_mini_batches"],
+        num_ppo_epochs=cfg["ppo_epochs"],
+        response_length=cfg["response_length"],
+        total_episodes=cfg["episodes"],
+        local_rollout_forward_batch_size=cfg["batch_size"],
+        stop_token=cfg["stop_token"],
+        missing_eos_penalty=cfg["missing_eos_penalty"],
+        temperature=cfg["temperature"],
+        kl_coef=cfg["kl_coef"],
+        cliprange=cfg["cliprange"],
+        cliprange_value=cfg["cliprange_value"],
+        vf_coef=cfg["vf_coef"],
+        gamma=cfg["gamma"],
+        lam=cfg["lam"],
+        learning_rate=cfg["learning_rate"],
+        lr_scheduler_type=cfg["lr_schedule"],
+        num_sample_generations=0,
+        report_to="none",
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,   # TRL's PPOTrainer never enables it anyway (it bypasses Trainer.__init__)
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        seed=cfg["seed"],
+        per_device_eval_batch_size=cfg["batch_size"],
+        dataloader_num_workers=0,
+    )
 
 
 def _time_saves(trainer) -> list:
@@ -278,7 +325,6 @@ def run_lmppo(cfg: dict) -> dict:
     import accelerate
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmppo.config import Config, RewardSourceConfig
     from lmppo.trainer import PPOTrainer
 
     cache, out = Path(cfg["cache"]), Path(cfg["out_dir"])
@@ -287,35 +333,7 @@ def run_lmppo(cfg: dict) -> dict:
     policy = AutoModelForCausalLM.from_pretrained(cache / "policy", dtype=getattr(torch, cfg["dtype"]))
     prompts = common.load_prompts(cache)
 
-    c = Config()
-    c.output_dir = str(out / "lmppo_run")
-    c.overwrite = True
-    c.seed = cfg["seed"]
-    c.device = "cpu"
-    c.total_episodes = cfg["episodes"]
-    c.precision = cfg.get("precision", "fp32")
-    c.data.max_prompt_length = 64
-    c.data.shuffle = True
-    c.rollout.batch_size = cfg["batch_size"]
-    c.rollout.max_new_tokens = cfg["response_length"]
-    c.rollout.temperature = cfg["temperature"]
-    c.rollout.stop_token = cfg["stop_token"] or "none"
-    # the reward model shares the policy's tokenizer and reads the sampled ids, as TRL's does (not decoded text:
-    # re-encoding a decoded sample often gives other ids, and this reward model scores particular tokens)
-    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm", input="tokens")]
-    c.reward.truncation = "none" if cfg["missing_eos_penalty"] is None else "penalty"
-    if cfg["missing_eos_penalty"] is not None:
-        c.reward.penalty, c.reward.penalty_mode = -float(cfg["missing_eos_penalty"]), "add"
-    c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = cfg["kl_coef"], "fixed", "k1", "reward"
-    c.value.mode = "shared" if cfg.get("shared_value_head") else "critic"
-    c.value.init_from = str(cache / "critic")
-    p = c.ppo
-    p.num_epochs, p.num_minibatches = cfg["ppo_epochs"], cfg["num_mini_batches"]
-    p.micro_batch_size = cfg["batch_size"] // cfg["num_mini_batches"]
-    p.learning_rate, p.lr_schedule = cfg["learning_rate"], cfg["lr_schedule"]
-    p.clip_range, p.value_clip_range, p.vf_coef = cfg["cliprange"], cfg["cliprange_value"], cfg["vf_coef"]
-    p.gamma, p.lam, p.adam_eps, p.max_grad_norm = cfg["gamma"], cfg["lam"], 1e-8, 0.0
-    c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False
+    c = lmppo_config(cfg, out / "lmppo_run")
     trainer = PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompts["train"])
     setup_s = time.perf_counter() - t_start
     limits = _matmul_limits(cfg["threads"])

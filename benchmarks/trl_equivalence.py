@@ -14,7 +14,7 @@ alone gives about 1e-6; an algorithmic difference gives 1e-2 or more.
 Needs an interpreter with TRL 1.12 and lmppo importable (``PYTHONPATH=src``), and the tiny benchmark cache
 (``python benchmarks/common.py build``)::
 
-    PYTHONPATH=src .venv-trl/bin/python benchmarks/trl_equivalence.py [--seed 0] [--iterations 1]
+    PYTHONPATH=src .venv-trl/bin/python benchmarks/trl_equivalence.py [--seed 0] [--iterations 1] [--plain-first-epoch]
 """
 
 from __future__ import annotations
@@ -28,16 +28,17 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import common  # noqa: E402
+import compare_trl  # noqa: E402
 
 METRICS = ["objective/scores", "objective/kl", "objective/non_score_reward", "objective/rlhf_reward",
            "objective/entropy", "loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
            "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens"]
 
 
-def _settings(seed: int, iterations: int) -> dict:
-    s = dict(common.BASE_SETTINGS)
-    s.update(seed=seed, episodes=s["batch_size"] * iterations)
-    return s
+def _settings(cache: Path, out: Path, seed: int, iterations: int) -> dict:
+    """The benchmark's base configuration (``compare_trl.make_run_cfg``), for ``iterations`` batches."""
+    episodes = common.BASE_SETTINGS["batch_size"] * iterations
+    return compare_trl.make_run_cfg("base", "both", seed, episodes, cache, out)
 
 
 def run_trl(cache: Path, s: dict, out: Path):
@@ -47,7 +48,7 @@ def run_trl(cache: Path, s: dict, out: Path):
     import transformers
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
-    from trl.experimental.ppo import PPOConfig, PPOTrainer
+    from trl.experimental.ppo import PPOTrainer
     from trl.experimental.ppo import ppo_trainer as trl_ppo
 
     transformers.set_seed(s["seed"])
@@ -58,15 +59,7 @@ def run_trl(cache: Path, s: dict, out: Path):
     critic = AutoModelForSequenceClassification.from_pretrained(cache / "critic")
     reward = AutoModelForSequenceClassification.from_pretrained(cache / "reward")
     prompts = common.load_prompts(cache)
-    args = PPOConfig(
-        output_dir=str(out / "trl"), per_device_train_batch_size=s["batch_size"], gradient_accumulation_steps=1,
-        num_mini_batches=s["num_mini_batches"], num_ppo_epochs=s["ppo_epochs"], response_length=s["response_length"],
-        total_episodes=s["episodes"], local_rollout_forward_batch_size=s["batch_size"], stop_token=s["stop_token"],
-        missing_eos_penalty=s["missing_eos_penalty"], temperature=s["temperature"], kl_coef=s["kl_coef"],
-        cliprange=s["cliprange"], cliprange_value=s["cliprange_value"], vf_coef=s["vf_coef"], gamma=s["gamma"],
-        lam=s["lam"], learning_rate=s["learning_rate"], lr_scheduler_type="constant", num_sample_generations=0,
-        report_to="none", bf16=False, fp16=False, use_cpu=True, save_strategy="no", logging_steps=1,
-        disable_tqdm=True, seed=s["seed"], dataloader_num_workers=0)
+    args = compare_trl.trl_args(s, out / "trl")
 
     rollouts: list[tuple] = []
     original = trl_ppo.batch_generation
@@ -103,7 +96,6 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
     from transformers import AutoModelForCausalLM
 
     import lmppo.trainer as lt
-    from lmppo.config import Config, RewardSourceConfig
     from lmppo.core.masking import stop_token_mask
 
     pad = tok.pad_token_id
@@ -119,22 +111,9 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
         responses = torch.where(mask, responses, torch.full_like(responses, pad_id))
         return responses, mask, terminated, ~terminated & (mask.sum(1) >= max_new_tokens)
 
-    c = Config()
-    c.output_dir, c.overwrite, c.seed, c.device = str(out / "lmppo"), True, s["seed"], "cpu"
-    c.total_episodes = s["episodes"]
-    c.data.max_prompt_length, c.data.shuffle = 64, False
-    c.rollout.batch_size, c.rollout.max_new_tokens = s["batch_size"], s["response_length"]
-    c.rollout.temperature, c.rollout.stop_token = s["temperature"], s["stop_token"]
-    c.reward.sources = [RewardSourceConfig(kind="model", path=str(cache / "reward"), name="rm", input="tokens")]
-    c.reward.truncation = "none"
-    c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = s["kl_coef"], "fixed", "k1", "reward"
-    c.value.mode, c.value.init_from = "critic", str(cache / "critic")
-    p = c.ppo
-    p.num_epochs, p.num_minibatches, p.micro_batch_size = s["ppo_epochs"], s["num_mini_batches"], s["batch_size"]
-    p.learning_rate, p.lr_schedule, p.adam_eps, p.max_grad_norm = s["learning_rate"], "constant", 1e-8, 0.0
-    p.clip_range, p.value_clip_range, p.vf_coef = s["cliprange"], s["cliprange_value"], s["vf_coef"]
-    p.gamma, p.lam = s["gamma"], s["lam"]
-    c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False
+    c = compare_trl.lmppo_config(s, out / "lmppo")
+    c.data.shuffle = False  # the prompts are TRL's, in TRL's order
+    c.ppo.reuse_rollout_forward = not s.get("plain_first_epoch", False)
     policy = AutoModelForCausalLM.from_pretrained(cache / "policy")
     trainer = lt.PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompt_lists)
     original, lt.sample_native = lt.sample_native, replayed_sampler
@@ -162,15 +141,17 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iterations", type=int, default=1)
+    ap.add_argument("--plain-first-epoch", action="store_true",
+                    help="lmppo runs the first epoch's forward pass again (ppo.reuse_rollout_forward false)")
     ap.add_argument("--cache", type=Path, default=common.DEFAULT_CACHE_ROOT / "tiny")
     a = ap.parse_args(argv)
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.set_num_threads(1)
-    s = _settings(a.seed, a.iterations)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
+        s = dict(_settings(a.cache, out, a.seed, a.iterations), plain_first_epoch=a.plain_first_epoch)
         rollouts, trl_logs, trl_policy, trl_critic, tok = run_trl(a.cache, s, out)
         history, lm_policy, lm_critic = run_lmppo(a.cache, s, out, rollouts, tok)
     start_policy = AutoModelForCausalLM.from_pretrained(a.cache / "policy")

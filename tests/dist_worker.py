@@ -32,7 +32,7 @@ def main(out_path: str) -> None:
     cfg.rollout.max_new_tokens = 6
     cfg.rollout.temperature = 1.0
     cfg.ppo.num_minibatches = int(os.environ.get("NUM_MINIBATCHES", "1"))
-    cfg.ppo.micro_batch_size = 2
+    cfg.ppo.micro_batch_size = int(os.environ.get("MICRO_BATCH", "2"))
     cfg.ppo.num_epochs = 2
     cfg.ppo.learning_rate = 1e-3
     cfg.data.shuffle = True

@@ -259,6 +259,10 @@ class PPOConfig:
     """Normalise advantages to mean 0, std 1 over the valid tokens of the batch."""
     max_nonfinite_updates: int = 3
     """Skip an update whose loss or gradients are not finite; stop the run after this many in a row."""
+    reuse_rollout_forward: bool = True
+    """With one minibatch that is one micro-batch, keep the rollout's policy/value pass (and its graph) as the
+    first epoch's forward instead of running it again: the same update, one forward pass per model fewer per
+    iteration, at the cost of holding that graph while the rewards are computed."""
 
 
 @dataclass

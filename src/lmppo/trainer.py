@@ -38,7 +38,7 @@ from lmppo.distributed import ZeroSupport, accelerator_kwargs, refuse_resume
 from lmppo.distributed import prepare as prepare_models
 from lmppo.errors import ConfigError, LmppoError, TrainingError
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
-from lmppo.models import (Actor, Critic, ValueHead, build_critic, hidden_size, hf_model, load_policy,
+from lmppo.models import (Actor, Critic, PolicyOutput, ValueHead, build_critic, hidden_size, hf_model, load_policy,
                           load_tokenizer, prepare_policy, resolve_model_path)
 from lmppo.reference import ReferencePolicy
 from lmppo.rollout import (check_generation_kwargs, left_pad, pure_sampling_config, sample_responses,
@@ -157,6 +157,7 @@ class PPOTrainer:
         self.kl_controller = KL_CONTROLLERS[cfg.kl.controller](cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
         self.gen_config = None  # built on first use by the `hf` backend
+        self.first_epoch_forward: Optional[PolicyOutput] = None  # see `_reuses_rollout_forward`
         warn_distorting_once(self.distorting)
         self.iteration = 0  # completed iterations
         self.episode = 0  # episodes trained on
@@ -230,18 +231,18 @@ class PPOTrainer:
         input_ids = torch.cat([prompt_ids, response_ids], 1)
         attention_mask = torch.cat([prompt_mask, response_mask], 1)
         chunk = cfg.forward_batch_size or input_ids.shape[0]
-        actor = self.accelerator.unwrap_model(self.actor)  # no-grad passes need no DDP wrapper
-        critic = self.accelerator.unwrap_model(self.critic) if self.critic is not None else None
+        reuse = self._reuses_rollout_forward(input_ids.shape[0], chunk)
         logprobs, ref_logprobs, values, entropies = [], [], [], []
-        with torch.inference_mode(), self._autocast():
+        with self._autocast():
             for s in range(0, input_ids.shape[0], chunk):
                 ids, att, resp = input_ids[s:s + chunk], attention_mask[s:s + chunk], response_ids[s:s + chunk]
-                out = actor(ids, att, P, cfg.temperature)
-                logprobs.append(selective_log_softmax(out.logits, resp))
-                if self.config.log.token_stats:
-                    entropies.append(entropy_from_logits(out.logits))
-                values.append(out.values if critic is None else critic(ids, att, P))
-                ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
+                out = self._old_policy_and_values(ids, att, P, keep_graph=reuse)
+                with torch.inference_mode():
+                    logprobs.append(selective_log_softmax(out.logits, resp))
+                    if self.config.log.token_stats:
+                        entropies.append(entropy_from_logits(out.logits))
+                    values.append(out.values)
+                    ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
         # clone out of inference mode: these tensors enter the loss as constants
         logprobs, ref_logprobs, all_values = (torch.cat(x).clone() for x in (logprobs, ref_logprobs, values))
         lengths = response_mask.sum(1)
@@ -256,6 +257,34 @@ class PPOTrainer:
             terminated=terminated, truncated=truncated, group_ids=group_ids,
             prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text,
             entropy=torch.cat(entropies).clone() if entropies else None)
+
+    def _reuses_rollout_forward(self, batch_size: int, forward_chunk: int) -> bool:
+        """Whether the rollout's policy/value pass doubles as the first epoch's training forward.
+
+        Before the first optimizer step the weights are those that made the rollout, so with one minibatch that is
+        one micro-batch (and one rollout chunk) the first epoch would recompute exactly the old logprobs and values.
+        Then the rollout pass runs with its autograd graph kept and the first backward uses it: one policy and one
+        critic forward fewer per iteration, the same update (`ppo.reuse_rollout_forward`)."""
+        p = self.config.ppo
+        return (p.reuse_rollout_forward and self.zero is None and forward_chunk >= batch_size
+                and self.config.minibatch_size // self.accelerator.num_processes == batch_size
+                and p.micro_batch_size >= batch_size)
+
+    def _old_policy_and_values(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+                               keep_graph: bool) -> PolicyOutput:
+        """Response logits and values under the rollout's weights: without a graph (inference mode), or with it,
+        kept in `self.first_epoch_forward` for the first epoch's backward (see `_reuses_rollout_forward`)."""
+        temperature = self.config.rollout.temperature
+        if keep_graph:  # through the DDP wrappers: the backward of this pass must reduce gradients
+            out = self.actor(input_ids, attention_mask, prompt_len, temperature)
+            values = out.values if self.critic is None else self.critic(input_ids, attention_mask, prompt_len)
+            self.first_epoch_forward = PolicyOutput(logits=out.logits, values=values)
+            return PolicyOutput(logits=out.logits.detach(), values=values.detach())
+        with torch.inference_mode():  # no-grad passes need no DDP wrapper
+            out = self.accelerator.unwrap_model(self.actor)(input_ids, attention_mask, prompt_len, temperature)
+            if self.critic is not None:
+                out.values = self.accelerator.unwrap_model(self.critic)(input_ids, attention_mask, prompt_len)
+            return out
 
     # ------------------------------------------------------------------ 2. score
     def score(self, rollout: Rollout) -> ScoredRollout:
@@ -327,7 +356,7 @@ class PPOTrainer:
         cfg = self.config
         W = self.accelerator.num_processes
         B, mb, micro = rollout.batch_size, cfg.minibatch_size // W, cfg.ppo.micro_batch_size
-        for _epoch in range(cfg.ppo.num_epochs):
+        for epoch in range(cfg.ppo.num_epochs):
             order = torch.randperm(B, generator=self.update_generator).to(self.device)
             for start in range(0, B, mb):
                 minibatch = order[start:start + mb]
@@ -337,9 +366,13 @@ class PPOTrainer:
                 losses = []
                 for m in range(0, mb, micro):
                     idx = minibatch[m:m + micro]
+                    forward = None
+                    if epoch == 0 and self.first_epoch_forward is not None:  # the rollout's pass, graph kept
+                        forward, self.first_epoch_forward = self.first_epoch_forward, None
+                        forward = PolicyOutput(logits=forward.logits[idx], values=forward.values[idx])
                     with self._sync_gradients(last=m + micro >= mb):
                         loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
-                                                     train_mask[idx], num_tokens, stats)
+                                                     train_mask[idx], num_tokens, stats, forward)
                         self.accelerator.backward(loss, **(self.zero.backward_kwargs if self.zero else {}))
                     losses.append(loss.detach())
                 self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
@@ -347,14 +380,19 @@ class PPOTrainer:
         self.scheduler.step()
 
     def micro_batch_loss(self, batch: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
-                         mask: torch.Tensor, num_tokens: torch.Tensor, stats: MetricsAccumulator) -> torch.Tensor:
+                         mask: torch.Tensor, num_tokens: torch.Tensor, stats: MetricsAccumulator,
+                         forward: Optional[PolicyOutput] = None) -> torch.Tensor:
+        """The micro-batch's share of the minibatch loss; `forward`: its policy/value pass if already run."""
         cfg = self.config
         batch, keep = _trim(batch)
         advantages, returns, mask = advantages[:, :keep], returns[:, :keep], mask[:, :keep]
         P = batch.prompt_ids.shape[1]
-        with self._autocast():
-            out = self.actor(batch.input_ids, batch.attention_mask, P, cfg.rollout.temperature)
-            values = out.values if self.critic is None else self.critic(batch.input_ids, batch.attention_mask, P)
+        if forward is not None:
+            out, values = PolicyOutput(logits=forward.logits[:, :keep], values=None), forward.values[:, :keep + 1]
+        else:
+            with self._autocast():
+                out = self.actor(batch.input_ids, batch.attention_mask, P, cfg.rollout.temperature)
+                values = out.values if self.critic is None else self.critic(batch.input_ids, batch.attention_mask, P)
         values = values[:, :-1]
         logprobs = selective_log_softmax(out.logits, batch.response_ids)
         pg_loss, pg_stats = clipped_policy_loss(logprobs, batch.logprobs, advantages, cfg.ppo.clip_range)
