@@ -532,7 +532,7 @@ def flop_utilisation(run: dict, name: str, shape: dict, prompt_len: float, respo
     lmppo_side = run["side"] == "lmppo"
     separate_critic = not (lmppo_side and settings.get("shared_value_head"))
     per_iteration = flops.iteration_flops(shape, settings["batch_size"], prompt_len, response_len,
-                                          settings["ppo_epochs"], separate_critic)["total"]
+                                          settings["ppo_epochs"], separate_critic, settings["num_mini_batches"])["total"]
     bf16 = lmppo_side and settings.get("precision") == "bf16"
     limit = run.get("matmul_gflops_bfloat16" if bf16 else "matmul_gflops_float32")
     busy = run["train_cpu_seconds"] / run.get("torch_threads", 1)

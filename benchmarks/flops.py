@@ -2,8 +2,9 @@
 
 "Needed" means the passes the algorithm cannot do without, over non-padding tokens, for a Llama-shaped decoder
 (both benchmark models are Llama): sampling (which also yields the old log-probabilities), one reference pass,
-one value pass, one reward pass, and per PPO epoch a forward and backward pass (backward = 2 x forward) of the
-policy and, when separate, of the critic. A trainer that pads, computes logits it throws away, or runs a pass
+one value pass (not needed with one minibatch: the first epoch's forward, before any step, gives the old values),
+one reward pass, and per PPO epoch a forward and backward pass (backward = 2 x forward) of the policy and, when
+separate, of the critic. A trainer that pads, computes logits it throws away, or runs a pass
 twice does more work than this; its utilisation figure counts only the needed part, so waste shows as a lower
 figure. The limit is the matmul throughput measured on the same machine, in the same process, at the same thread
 count (`matmul_gflops`); a figure near 100% means only fewer FLOPs or a faster number format can make it faster.
@@ -39,7 +40,7 @@ def forward_flops(shape: dict, seq_len: float, logit_positions: float) -> float:
 
 
 def iteration_flops(shape: dict, batch: int, prompt_len: float, response_len: float, epochs: int,
-                    separate_critic: bool) -> dict:
+                    separate_critic: bool, minibatches: int = 1) -> dict:
     """FLOPs per PPO iteration, by phase (see the module docstring for what counts)."""
     S, T = prompt_len + response_len, response_len
     policy = forward_flops(shape, S, T)  # logits where response tokens are predicted
@@ -47,7 +48,7 @@ def iteration_flops(shape: dict, batch: int, prompt_len: float, response_len: fl
     parts = {
         "sampling": batch * policy,  # KV cache: every token goes through the network once
         "reference": batch * policy,
-        "value": batch * trunk_only,
+        "value": batch * trunk_only if minibatches > 1 else 0.0,  # one minibatch: the first epoch's forward
         "reward": batch * trunk_only,
         "update": epochs * batch * 3 * (policy + (trunk_only if separate_critic else 0.0)),
     }
