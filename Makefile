@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test bench bench-equivalence clean
 
 setup: $(STAMP)
 
@@ -33,6 +33,10 @@ $(TRL_VENV)/bin/python:
 
 bench: $(STAMP) $(TRL_VENV)/bin/python
 	$(PY) benchmarks/compare_trl.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
+
+# TRL and lmppo on one identical rollout (lmppo from the source tree, inside TRL's venv)
+bench-equivalence: $(STAMP) $(TRL_VENV)/bin/python
+	PYTHONPATH=src $(TRL_VENV)/bin/python benchmarks/trl_equivalence.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRL_VENV) runs
