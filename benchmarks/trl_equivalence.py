@@ -11,8 +11,8 @@ It prints both trainers' logged metrics side by side and the relative size of th
 two weight updates, for the policy and the critic: ``|dW_lmppo - dW_trl| / |dW_trl|``. Float rounding
 alone gives about 1e-6; an algorithmic difference gives 1e-2 or more.
 
-Needs an interpreter with TRL 1.12 and lmppo importable (``PYTHONPATH=src``), and the tiny benchmark cache
-(``python benchmarks/common.py build``)::
+Needs an interpreter with TRL 1.12 and lmppo importable (``PYTHONPATH=src``); builds the speed benchmark's tiny
+models and prompts first if they are not cached yet::
 
     PYTHONPATH=src .venv-trl/bin/python benchmarks/trl_equivalence.py [--seed 0] [--iterations 1] [--plain-first-epoch]
 """
@@ -149,6 +149,7 @@ def main(argv=None) -> None:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.set_num_threads(1)
+    compare_trl.build_cache(sys.executable, "tiny", a.cache, None, 3600)  # reused when already built
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         s = dict(_settings(a.cache, out, a.seed, a.iterations), plain_first_epoch=a.plain_first_epoch)
