@@ -5,7 +5,7 @@ Two lmppo trainers on the speed benchmark's tiny models and settings (``compare_
 take turns doing one iteration each (which goes first alternates). Time is the process's CPU time (one torch
 thread), so other load on the machine barely moves it. The first iteration of each is warm-up and not counted.
 
-    python benchmarks/rollout_forward_reuse.py [--configs base,shared,bf16] [--iterations 8]
+    python benchmarks/rollout_forward_reuse.py [--configs base,shared,bf16] [--iterations 10]
 
 Builds the speed benchmark's tiny models and prompts first if they are not cached yet.
 """
@@ -55,15 +55,17 @@ def one_iteration(trainer) -> float:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--configs", default="base,shared,bf16")
-    ap.add_argument("--iterations", type=int, default=8)
+    ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--cache", type=Path, default=common.DEFAULT_CACHE_ROOT / "tiny")
     a = ap.parse_args(argv)
     import torch
 
     torch.set_num_threads(1)
     compare_trl.build_cache(sys.executable, "tiny", a.cache, None, 3600)  # reused when already built
-    print(f"CPU seconds per iteration (median of {a.iterations - 1}, first iteration left out), one thread")
-    print(f"{'config':12} {'rerun':>8} {'reuse':>8} {'rerun/reuse':>12}")
+    print(f"CPU seconds per iteration (median of {a.iterations - 1}, first iteration left out), one thread; "
+          "rollout and update: wall seconds of those phases (median)")
+    print(f"{'config':12} {'rerun':>8} {'reuse':>8} {'rerun/reuse':>12}   {'rollout rerun/reuse':>20} "
+          f"{'update rerun/reuse':>19}")
     for name in a.configs.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             trainers = {reuse: make_trainer(name, reuse, a.iterations, a.cache, Path(tmp)) for reuse in (False, True)}
@@ -71,8 +73,12 @@ def main(argv=None) -> None:
             for i in range(a.iterations):
                 for reuse in ((False, True) if i % 2 else (True, False)):
                     seconds[reuse].append(one_iteration(trainers[reuse]))
+            phases = {reuse: {phase: statistics.median(m[f"time/{phase}"] for m in trainer.history[1:])
+                              for phase in ("rollout", "update")} for reuse, trainer in trainers.items()}
         rerun, reuse = (statistics.median(seconds[k][1:]) for k in (False, True))
-        print(f"{name:12} {rerun:8.3f} {reuse:8.3f} {rerun / reuse:11.3f}x", flush=True)
+        print(f"{name:12} {rerun:8.3f} {reuse:8.3f} {rerun / reuse:11.3f}x   "
+              f"{phases[False]['rollout']:9.3f} / {phases[True]['rollout']:<8.3f} "
+              f"{phases[False]['update']:8.3f} / {phases[True]['update']:<8.3f}", flush=True)
 
 
 if __name__ == "__main__":
