@@ -401,6 +401,7 @@ def build_real_cache(model_dir: Path, cache: Path, force: bool = False) -> dict:
             else:
                 m.score.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(seed))
         m.save_pretrained(cache / name)
+        tokenizer.save_pretrained(cache / name)  # a reward model folder holds its tokenizer (lmppo reads it)
     del policy
     (cache / "prompts.json").write_text(json.dumps(
         {"train": ids[:N_TRAIN_PROMPTS], "eval": ids[N_TRAIN_PROMPTS:],
