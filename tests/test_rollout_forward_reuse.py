@@ -91,3 +91,21 @@ def test_reused_forward_is_used_once_then_dropped(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, True)
     trainer.train()
     assert trainer.first_epoch_forward is None  # no graph held between iterations (nor in a checkpoint)
+
+
+@pytest.mark.parametrize("reference_mode", ["sync", "frozen"])
+def test_reuse_with_lora_and_a_reference_adapter(tmp_path, tokenizer, reference_mode):
+    """With LoRA the reference is an adapter swapped into the policy in place (`sync`) or the policy with its
+    adapters off (`frozen`); neither may touch what the kept graph saved, and the update stays the plain one."""
+    from lmppo.config import LoraConfig
+
+    finals = {}
+    for reuse in (False, True):
+        trainer = make_trainer(tmp_path / reference_mode, tokenizer, reuse, model__lora=LoraConfig(enabled=True, r=4),
+                               reference__mode=reference_mode, reference__every=1)
+        start = [p.detach().clone() for p in trainer.trainable_params]
+        history = trainer.train()
+        if reference_mode == "frozen":  # the adapters moved the policy away from its base
+            assert history[-1]["objective/kl"] != 0.0
+        finals[reuse] = (start, [p.detach().clone() for p in trainer.trainable_params])
+    assert relative_difference(finals[True][1], finals[False][1], finals[False][0]) < 1e-3

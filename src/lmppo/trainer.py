@@ -238,13 +238,15 @@ class PPOTrainer:
         with self._autocast():
             for s in range(0, input_ids.shape[0], chunk):
                 ids, att, resp = input_ids[s:s + chunk], attention_mask[s:s + chunk], response_ids[s:s + chunk]
+                with torch.inference_mode():  # first: a LoRA reference adapter is swapped in place, which would
+                    # invalidate a graph kept from the policy pass (`_reuses_rollout_forward`)
+                    ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
                 out = self._old_policy_and_values(ids, att, P, keep_graph=reuse)
                 with torch.inference_mode():
                     logprobs.append(selective_log_softmax(out.logits, resp))
                     if self.config.log.token_stats:
                         entropies.append(entropy_from_logits(out.logits))
                     values.append(out.values)
-                    ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
         # clone out of inference mode: these tensors enter the loss as constants
         logprobs, ref_logprobs, all_values = (torch.cat(x).clone() for x in (logprobs, ref_logprobs, values))
         lengths = response_mask.sum(1)
