@@ -109,3 +109,23 @@ def test_reuse_with_lora_and_a_reference_adapter(tmp_path, tokenizer, reference_
             assert history[-1]["objective/kl"] != 0.0
         finals[reuse] = (start, [p.detach().clone() for p in trainer.trainable_params])
     assert relative_difference(finals[True][1], finals[False][1], finals[False][0]) < 1e-3
+
+
+def test_reuse_with_hf_generate_entropy_bonus_and_kl_in_the_loss(tmp_path, tokenizer):
+    """The kept pass feeds every term of the loss: the entropy bonus and the KL term read its logits. With HF
+    generate the responses can carry padding columns past the longest response, which the kept pass must trim
+    as the plain pass does."""
+    fields = dict(rollout__backend="hf", ppo__entropy_coef=0.5, kl__placement="loss", kl__coef=2.0,
+                  kl__controller="fixed")
+    finals = {}
+    for reuse in (False, True):
+        torch.manual_seed(0)  # HF generate draws from the global generator
+        trainer = make_trainer(tmp_path / "hf", tokenizer, reuse, **fields)
+        start = [p.detach().clone() for p in trainer.trainable_params]
+        history = trainer.train()
+        assert "loss/kl_avg" in history[-1]
+        finals[reuse] = (start, [p.detach().clone() for p in trainer.trainable_params], history)
+    assert relative_difference(finals[True][1], finals[False][1], finals[False][0]) < 1e-3
+    for a, b in zip(finals[False][2], finals[True][2]):
+        assert a["loss/kl_avg"] == pytest.approx(b["loss/kl_avg"], rel=1e-3, abs=1e-6)
+        assert a["policy/entropy_avg"] == pytest.approx(b["policy/entropy_avg"], rel=1e-4)
