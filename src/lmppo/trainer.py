@@ -391,23 +391,23 @@ class PPOTrainer:
         batch, keep = _trim(batch)
         advantages, returns, mask = advantages[:, :keep], returns[:, :keep], mask[:, :keep]
         P = batch.prompt_ids.shape[1]
-        if forward is not None:
-            out, values = PolicyOutput(logits=forward.logits[:, :keep], values=None), forward.values[:, :keep + 1]
-        else:
+        if forward is None:
             with self._autocast():
                 out = self.actor(batch.input_ids, batch.attention_mask, P, cfg.rollout.temperature)
                 values = out.values if self.critic is None else self.critic(batch.input_ids, batch.attention_mask, P)
-        values = values[:, :-1]
-        logprobs = selective_log_softmax(out.logits, batch.response_ids)
+            forward = PolicyOutput(logits=out.logits, values=values)
+        # (a reused pass covers the untrimmed response width: cut it to this micro-batch's)
+        logits, values = forward.logits[:, :keep], forward.values[:, :keep]  # V(s_0) .. V(s_{keep-1})
+        logprobs = selective_log_softmax(logits, batch.response_ids)
         pg_loss, pg_stats = clipped_policy_loss(logprobs, batch.logprobs, advantages, cfg.ppo.clip_range)
         vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
         per_token = pg_loss + cfg.ppo.vf_coef * vf_loss
         if cfg.ppo.entropy_coef > 0:
-            entropy = entropy_from_logits(out.logits)
+            entropy = entropy_from_logits(logits)
             per_token = per_token - cfg.ppo.entropy_coef * entropy
         else:
             with torch.no_grad():
-                entropy = entropy_from_logits(out.logits.detach())
+                entropy = entropy_from_logits(logits.detach())
         if cfg.kl.placement in ("loss", "both"):
             kl_term = KL_ESTIMATORS["k3"](logprobs, batch.ref_logprobs)
             per_token = per_token + self.kl_controller.value * kl_term
