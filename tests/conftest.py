@@ -98,6 +98,7 @@ def small_config(output_dir: str, iterations: int = 2, batch: int = 8, **fields)
     from lmppo.config import Config
 
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = str(output_dir)
     cfg.total_episodes = iterations * batch
     cfg.rollout.batch_size = batch

@@ -25,6 +25,7 @@ def length_reward(prompts, completions):
 def main(out_path: str) -> None:
     tok = make_bpe_tokenizer()
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = os.path.join(os.path.dirname(out_path), "run")
     cfg.device = "cpu"
     cfg.total_episodes = 3 * 8

@@ -211,6 +211,7 @@ def test_redaction_masks_credentials_and_keeps_config_fields():
     assert redact_text("Authorization: Bearer abcdefghijklmnop") == "Authorization: Bearer ***"
     assert redact_text("/data/prompts.jsonl") == "/data/prompts.jsonl"
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.reward.sources = [RewardSourceConfig(kind="http", path="https://bob:hunter2@rm.example/score?api_key=K9")]
     cfg.rollout.generation_kwargs = {"api_key": "zzz", "use_cache": True}
     cfg.rollout.stop_token = "<|end|>"

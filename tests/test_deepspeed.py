@@ -58,6 +58,7 @@ def assert_same_run(one: list[dict], two: list[dict]) -> None:
 
 def test_config_names_a_deepspeed_setting(tmp_path):
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     for ok in ("", "zero2", "zero3"):
         cfg.deepspeed = ok
         cfg.validate()
@@ -76,6 +77,7 @@ def test_deepspeed_without_package_or_launcher_is_a_clear_error(monkeypatch):
 
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.deepspeed = "zero3"
     with pytest.raises(ConfigError, match="pip install deepspeed" if DEEPSPEED_ERROR else "torchrun"):
         accelerator_kwargs(cfg)

@@ -89,6 +89,7 @@ def _write_prompts(tmp_path):
 
 def _config(tmp_path, policy_dir, lora=False, holdout=4) -> Config:
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = str(tmp_path / ("run_lora" if lora else "run"))
     cfg.model.policy = policy_dir
     cfg.model.lora.enabled, cfg.model.lora.r = lora, 4

@@ -166,6 +166,7 @@ def test_check_generation_kwargs():
 # ----------------------------------------------------------------------------- the KL estimate
 def trainer_for(tokenizer, policy, tmp_path, **overrides) -> PPOTrainer:
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir, cfg.overwrite = str(tmp_path / "run"), True
     cfg.log.trackers, cfg.log.sample_every = [], 0
     cfg.rollout.batch_size, cfg.total_episodes, cfg.rollout.max_new_tokens = 16, 16, 8

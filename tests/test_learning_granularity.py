@@ -51,6 +51,7 @@ def run_target_task(form: str, seed: int, output_dir: str, iterations: int = ITE
     tokenizer = make_bpe_tokenizer()
     target = set(range(len(tokenizer) // 4))
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = output_dir
     cfg.overwrite = True
     cfg.seed = seed

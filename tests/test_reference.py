@@ -210,6 +210,7 @@ def run(tokenizer, tmp_path, iterations: int, **overrides) -> tuple[PPOTrainer, 
     frac_target = frac_target_reward(tokenizer)
 
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir, cfg.overwrite, cfg.log.trackers, cfg.log.sample_every = str(tmp_path), True, [], 0
     cfg.total_episodes, cfg.rollout.batch_size, cfg.rollout.max_new_tokens = 8 * iterations, 8, 6
     cfg.rollout.temperature, cfg.rollout.stop_token = 1.0, "none"

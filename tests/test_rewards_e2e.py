@@ -47,6 +47,7 @@ def base_config(tmp_path, iterations: int = 1, batch: int = 4, **kw) -> Config:
     """A small config with a fixed KL coefficient; `a__b=v` keyword arguments set `cfg.a.b = v`. Unless given,
     total_episodes is `iterations` batches and a micro-batch is the whole minibatch."""
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = str(tmp_path / "run")
     cfg.rollout.batch_size = batch
     cfg.rollout.max_new_tokens = 4

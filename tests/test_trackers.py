@@ -26,6 +26,7 @@ def reward(prompts, completions):
 
 def train_with(tracker: str, tmp_path, tokenizer) -> PPOTrainer:
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = str(tmp_path / "run")
     cfg.total_episodes, cfg.rollout.batch_size, cfg.rollout.max_new_tokens = 16, 8, 5
     cfg.ppo.micro_batch_size, cfg.ppo.num_epochs = 4, 1
@@ -147,6 +148,7 @@ def test_every_logged_metric_is_in_the_metric_guide(tmp_path, tokenizer, options
     from lmppo.config import apply_override
 
     cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
     cfg.output_dir = str(tmp_path / "run")
     cfg.total_episodes, cfg.rollout.batch_size, cfg.rollout.max_new_tokens = 8, 8, 5
     cfg.ppo.micro_batch_size, cfg.ppo.num_epochs, cfg.log.trackers = 4, 1, []

@@ -56,7 +56,7 @@ import shutil
 import uuid
 import warnings
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
 
 from lmppo.errors import CheckpointError, ConfigError
 
@@ -225,14 +225,16 @@ def _masked_fields(data: Any, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def write_run_config(cfg: "Config", path: str) -> None:
-    """`config.yaml` of a run (secrets masked), written atomically."""
+def write_run_config(cfg: "Config", path: str, comments: Sequence[str] = ()) -> None:
+    """`config.yaml` of a run (secrets masked), written atomically; `comments`: lines after the header (how a
+    value was chosen, e.g. `precision: auto`)."""
     import yaml
 
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(CONFIG_HEADER)
+            fh.writelines(f"# {' '.join(line.split())}\n" for line in comments)
             yaml.safe_dump(redacted_config_dict(cfg), fh, sort_keys=False, allow_unicode=True)
         os.replace(tmp, path)
     finally:
@@ -260,7 +262,8 @@ def existing_run_files(output_dir: str) -> list[str]:
     return found
 
 
-def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bool = False) -> None:
+def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bool = False,
+                       comments: Sequence[str] = ()) -> None:
     """Create `cfg.output_dir` and write its config.yaml (secrets masked).
 
     A folder that already holds a run is refused unless `overwrite: true`, which removes that run's files first
@@ -285,7 +288,7 @@ def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bo
     if is_main_process:
         try:
             os.makedirs(out, exist_ok=True)
-            write_run_config(cfg, os.path.join(out, "config.yaml"))
+            write_run_config(cfg, os.path.join(out, "config.yaml"), comments)
         except OSError as err:
             raise ConfigError("output_dir", out, f"cannot be written: {_os_reason(err)}") from None
 

@@ -295,10 +295,13 @@ class Config:
     """Seed for every random number generator (data order, sampling, dropout)."""
     total_episodes: int = 640
     """Episodes (prompt + response) to train on; iterations = total_episodes // rollout.batch_size."""
-    precision: str = "fp32"
-    """`fp32`, or `bf16`: bf16 autocast of every forward/backward pass (sampling, policy, critic, reference and
-    reward-model passes); master weights, optimizer state, logprobs, ratios, values and losses stay fp32. On CPU,
-    short bf16 passes use eager attention (faster there than the fused kernel; see `lmppo.attention`)."""
+    precision: str = "auto"
+    """`auto` (default): bf16 autocast where this machine runs it faster (a CUDA GPU with bf16, a CPU with native
+    bf16: AVX-512 BF16 or AMX), fp32 elsewhere (a CPU with only AVX2, where bf16 is many times slower); the choice
+    and its reason are printed at start and stored in the run's config.yaml (see `lmppo.precision`). `fp32`, or
+    `bf16`: bf16 autocast of every forward/backward pass (sampling, policy, critic, reference and reward-model
+    passes); master weights, optimizer state, logprobs, ratios, values and losses stay fp32. On CPU, short bf16
+    passes use eager attention (faster there than the fused kernel; see `lmppo.attention`)."""
     device: str = "auto"
     """`auto` (what accelerate picks), `cpu` or `cuda`."""
     deepspeed: str = ""
@@ -348,7 +351,7 @@ class Config:
         c = self
         _positive(c.total_episodes, "total_episodes")
         _in_range(c.seed, "seed", 0, 2 ** 32 - 1)
-        _one_of(c.precision, "precision", ("fp32", "bf16"))
+        _one_of(c.precision, "precision", ("auto", "fp32", "bf16"))
         _one_of(c.device, "device", ("auto", "cpu", "cuda"))
         if c.deepspeed not in ("", "zero2", "zero3") and not os.path.isfile(c.deepspeed):
             raise ConfigError("deepspeed", c.deepspeed, "must be `zero2`, `zero3`, a DeepSpeed JSON config file, or "

@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from lmppo.errors import LmppoError
+from lmppo.precision import choose_precision
 
 EVAL_STREAM = 1 << 40
 """The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
@@ -429,8 +430,9 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
                       stacklevel=2)
     stop = stop_token_ids(tokenizer, cfg.rollout.stop_token)
     r = cfg.rollout
+    precision = choose_precision(cfg.precision, device.type).precision  # `auto`: as a new run here would choose
     autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) \
-        if cfg.precision == "bf16" else nullcontext
+        if precision == "bf16" else nullcontext
     common = dict(tokenizer=tokenizer, sources=sources, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                   stop_ids=stop, seed=seed, backend="hf" if r.backend == "hf" else "native",
                   batch_size=r.forward_batch_size or r.batch_size, autocast=autocast)
@@ -454,7 +456,7 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
         "model": models.model_path, "start": models.start_name, "run_dir": models.run_dir,
         "prompts": num, "samples_per_prompt": samples_per_prompt, "held_out": held_out,
         "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
-        "seed": seed, "precision": cfg.precision, "judge": judge, "weights": weights,
+        "seed": seed, "precision": precision, "judge": judge, "weights": weights,
         "trained": trained.means(), "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0},
         "win_rate": wins[judge], "win_rate_by_source": wins,
         "samples": [{"prompt": texts[i], "start": start.responses[i], "trained": trained.responses[i],

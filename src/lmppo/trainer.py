@@ -40,6 +40,7 @@ from lmppo.distributed import ZeroSupport, accelerator_kwargs, refuse_resume
 from lmppo.distributed import prepare as prepare_models
 from lmppo.errors import ConfigError, LmppoError, TrainingError
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
+from lmppo.precision import choose_precision
 from lmppo.models import (Actor, Critic, PolicyOutput, ValueHead, build_critic, hidden_size, hf_model, load_policy,
                           load_tokenizer, prepare_policy, resolve_model_path)
 from lmppo.reference import ReferencePolicy
@@ -102,6 +103,12 @@ class PPOTrainer:
         self.zero = ZeroSupport.maybe(self.accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else None
         set_seed(cfg.seed)
         self.console = console
+        # `auto` becomes what this machine runs faster; the run's config.yaml keeps the resolved value (and a resume
+        # computes in the precision the run started with)
+        self.precision = choose_precision(cfg.precision, self.device.type)
+        cfg.precision = self.precision.precision
+        if console is not None and self.accelerator.is_main_process:
+            console.print(f"precision {self.precision.precision}: {self.precision.reason}", highlight=False)
         self._prepare_output_dir()
 
         # --- models
@@ -664,7 +671,8 @@ class PPOTrainer:
         unless `overwrite: true` (see `lmppo.checkpoint.prepare_output_dir`)."""
         from lmppo.checkpoint import prepare_output_dir
 
-        prepare_output_dir(self.config, self.accelerator.is_main_process, getattr(self, "_resuming", False))
+        prepare_output_dir(self.config, self.accelerator.is_main_process, getattr(self, "_resuming", False),
+                           comments=[f"precision: {self.precision.reason}"])
 
     def _open_logger(self) -> None:
         if self.logger is None and self.accelerator.is_main_process:
