@@ -104,9 +104,10 @@ def choose_precision(requested: str, device_type: str, *, cuda_bf16: Optional[bo
             return PrecisionChoice("bf16", f"precision bf16 as configured ({where}, native bf16)")
         slowdown = probe()
         if slowdown > BF16_MUST_BE_FASTER:
-            warnings.warn(f"precision bf16 on a CPU without native bf16 ({where}): a bf16 layer ran "
-                          f"{slowdown:.1f}x as long as in fp32 on this machine, so training will be slower, not "
-                          "faster; `precision: auto` (or fp32) picks the faster one", UserWarning, stacklevel=2)
+            warnings.warn(f"precision bf16 on a CPU without native bf16 ({where}): a bf16-autocast layer ran "
+                          f"{slowdown:.1f}x as long as in fp32 on this machine, and whole training iterations lose "
+                          "more (the default job ran 16x slower on such a CPU, docs/performance.md); `precision: "
+                          "auto` (or fp32) picks the faster one", UserWarning, stacklevel=2)
         return PrecisionChoice("bf16", f"precision bf16 as configured ({where})", slowdown)
     if native is True:
         return PrecisionChoice("bf16", f"auto: bf16 autocast, this CPU has native bf16 ({where})")

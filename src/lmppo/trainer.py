@@ -108,7 +108,8 @@ class PPOTrainer:
         self.precision = choose_precision(cfg.precision, self.device.type)
         cfg.precision = self.precision.precision
         if console is not None and self.accelerator.is_main_process:
-            console.print(f"precision {self.precision.precision}: {self.precision.reason}", highlight=False)
+            console.print(f"precision {self.precision.precision}: {self.precision.reason}", highlight=False,
+                          soft_wrap=True)
         self._prepare_output_dir()
 
         # --- models
