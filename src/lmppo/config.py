@@ -196,12 +196,23 @@ class KLConfig:
     placement: str = "reward"
     """Where the KL acts: `reward` (per-token penalty in the rewards, as in Ziegler et al. 2019), `loss` (a
     loss term on the current policy), or `both`."""
-    controller: str = "adaptive"
-    """`fixed` coefficient, or `adaptive` (Ziegler et al. 2019): beta moves so the KL approaches `target`."""
+    controller: str = "pi"
+    """How beta moves so the KL per response holds `target`: `pi` (proportional-integral control of log beta,
+    reacts within a few iterations: see `kp`, `ki`), `adaptive` (Ziegler et al. 2019: at most
+    0.2 * batch / horizon per iteration, built for runs of millions of episodes), or `fixed` (beta stays `coef`)."""
     target: float = 4.0
-    """Adaptive controller: target KL per response (nats, summed over tokens)."""
+    """`pi` and `adaptive` controllers: target KL per response (nats, summed over its tokens, as objective/kl)."""
+    kp: float = 1.0
+    """`pi` controller, proportional gain: a KL x times the target moves beta by x**kp at once."""
+    ki: float = 0.5
+    """`pi` controller, integral gain: while the KL stays x times the target, beta moves by x**ki more each
+    iteration (0.5: a factor 2 every 2 iterations at twice the target)."""
+    coef_min: float = 1e-4
+    """`pi` controller: beta never goes below this."""
+    coef_max: float = 10.0
+    """`pi` controller: beta never goes above this."""
     horizon: int = 10000
-    """Adaptive controller: horizon in episodes (bigger is slower adaptation)."""
+    """`adaptive` controller: horizon in episodes (bigger is slower adaptation)."""
     warn_below: float = -0.5
     """Warn (with the samples where it happens) when the mean KL per response falls below this: negative KL
     means the sampled distribution is not the one being measured."""
@@ -247,6 +258,11 @@ class PPOConfig:
     """Weight of the value loss."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss); 0 is the usual RLHF choice."""
+    target_kl: float = 0.0
+    """PPO's brake (as Stable-Baselines3): stop the rest of an iteration's epochs, before the optimizer step, once
+    a minibatch's approximate KL between the rollout policy and the updated one (`policy/approxkl_avg`'s
+    estimator, 0.5 * (log ratio)^2, per token) passes 1.5 x this. 0 turns it off. It bounds how far one update
+    moves, not the KL to the reference (that is `kl.target`'s job)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (really applied); 0 disables clipping."""
     gamma: float = 1.0
@@ -417,10 +433,18 @@ class Config:
         _non_negative(k.coef, "kl.coef")
         _one_of(k.estimator, "kl.estimator", ("k1", "k2", "k3"))
         _one_of(k.placement, "kl.placement", ("reward", "loss", "both"))
-        _one_of(k.controller, "kl.controller", ("fixed", "adaptive"))
-        if k.controller == "adaptive":
+        _one_of(k.controller, "kl.controller", ("fixed", "adaptive", "pi"))
+        if k.controller in ("adaptive", "pi"):
             _positive(k.target, "kl.target")
+        if k.controller == "adaptive":
             _positive(k.horizon, "kl.horizon")
+        if k.controller == "pi":
+            _positive(k.coef, "kl.coef")
+            _non_negative(k.kp, "kl.kp")
+            _non_negative(k.ki, "kl.ki")
+            _positive(k.coef_min, "kl.coef_min")
+            if not (k.coef_max >= k.coef_min):
+                raise ConfigError("kl.coef_max", k.coef_max, f"must be >= kl.coef_min ({k.coef_min})")
         ref = c.reference
         _one_of(ref.mode, "reference.mode", ("frozen", "sync", "ema"))
         _positive(ref.every, "reference.every")
@@ -429,6 +453,7 @@ class Config:
         _positive(p.num_epochs, "ppo.num_epochs")
         _positive(p.num_minibatches, "ppo.num_minibatches")
         _positive(p.micro_batch_size, "ppo.micro_batch_size")
+        _non_negative(p.target_kl, "ppo.target_kl")
         if r.batch_size % p.num_minibatches:
             raise ConfigError("ppo.num_minibatches", p.num_minibatches,
                               f"must divide rollout.batch_size ({r.batch_size})")

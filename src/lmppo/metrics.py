@@ -30,6 +30,10 @@ class MetricsAccumulator:
     def mean(self, name: str) -> float:
         return torch.stack(self._values[name]).mean().item()
 
+    def recent_mean(self, name: str, n: int) -> float:
+        """Mean of the last `n` values added under `name`."""
+        return torch.stack(self._values[name][-n:]).mean().item()
+
     def var(self, name: str) -> float:
         """Unbiased variance (n - 1 in the denominator), as TRL's `val/ratio_var` (`torch.var`); 0 for one value."""
         vals = torch.stack(self._values[name])

@@ -20,7 +20,7 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from lmppo.batch import Rollout
 from lmppo.config import Config, save_config
 from lmppo.cpu_memory import keep_freed_memory
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
-from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from lmppo.core.kl import KL_ESTIMATORS, make_kl_controller
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
 from lmppo.core.masking import masked_mean, masked_sum, whiten_with
@@ -164,7 +164,7 @@ class PPOTrainer:
         self.actor, self.critic, self.optimizer = prepare_models(self.accelerator, self.actor, critic,
                                                                  self.optimizer, self.zero)
         self.trainable_params = params
-        self.kl_controller = KL_CONTROLLERS[cfg.kl.controller](cfg.kl.coef, cfg.kl.target, cfg.kl.horizon)
+        self.kl_controller = make_kl_controller(cfg.kl)
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
         self.gen_config = None  # built on first use by the `hf` backend
         self.first_epoch_forward: Optional[PolicyOutput] = None  # see `_reuses_rollout_forward`
@@ -368,28 +368,46 @@ class PPOTrainer:
         cfg = self.config
         W = self.accelerator.num_processes
         B, mb, micro = rollout.batch_size, cfg.minibatch_size // W, cfg.ppo.micro_batch_size
-        for epoch in range(cfg.ppo.num_epochs):
-            order = torch.randperm(B, generator=self.update_generator).to(self.device)
-            for start in range(0, B, mb):
-                minibatch = order[start:start + mb]
-                # DDP averages gradients over processes, so each divides by (global token count / W):
-                # the result is the token mean over the whole global minibatch
-                num_tokens = self.accelerator.reduce(train_mask[minibatch].sum().float(), "sum").clamp(min=1) / W
-                losses = []
-                for m in range(0, mb, micro):
-                    idx = minibatch[m:m + micro]
-                    forward = None
-                    if epoch == 0 and self.first_epoch_forward is not None:  # the rollout's pass, graph kept
-                        forward, self.first_epoch_forward = self.first_epoch_forward, None
-                        forward = PolicyOutput(logits=forward.logits[idx], values=forward.values[idx])
-                    with self._sync_gradients(last=m + micro >= mb):
-                        loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
-                                                     train_mask[idx], num_tokens, stats, forward)
-                        self.accelerator.backward(loss, **(self.zero.backward_kwargs if self.zero else {}))
-                    losses.append(loss.detach())
-                self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
+        for epoch, minibatch in self._minibatches(B, mb):
+            # DDP averages gradients over processes, so each divides by (global token count / W):
+            # the result is the token mean over the whole global minibatch
+            num_tokens = self.accelerator.reduce(train_mask[minibatch].sum().float(), "sum").clamp(min=1) / W
+            losses = []
+            for m in range(0, mb, micro):
+                idx = minibatch[m:m + micro]
+                forward = None
+                if epoch == 0 and self.first_epoch_forward is not None:  # the rollout's pass, graph kept
+                    forward, self.first_epoch_forward = self.first_epoch_forward, None
+                    forward = PolicyOutput(logits=forward.logits[idx], values=forward.values[idx])
+                with self._sync_gradients(last=m + micro >= mb):
+                    loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
+                                                 train_mask[idx], num_tokens, stats, forward)
+                    self.accelerator.backward(loss, **(self.zero.backward_kwargs if self.zero else {}))
+                losses.append(loss.detach())
+            self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
+            if self._update_went_too_far(stats, len(losses)):
+                break  # ppo.target_kl: the rest of this iteration's epochs are skipped
         self.update_lr = self.scheduler.get_last_lr()[0]  # the rate this iteration's updates used
         self.scheduler.step()
+
+    def _minibatches(self, batch_size: int, minibatch_size: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """(epoch, this process's minibatch indices): a fresh random order of the batch every epoch."""
+        for epoch in range(self.config.ppo.num_epochs):
+            order = torch.randperm(batch_size, generator=self.update_generator).to(self.device)
+            for start in range(0, batch_size, minibatch_size):
+                yield epoch, order[start:start + minibatch_size]
+
+    def _update_went_too_far(self, stats: MetricsAccumulator, micro_batches: int) -> bool:
+        """`ppo.target_kl`: after a minibatch's step, whether the approximate KL its forward measured (the policy
+        after the steps before it, against the rollout policy) passed 1.5 x target_kl; every process decides alike."""
+        target = self.config.ppo.target_kl
+        if not target:
+            return False
+        stats.add("ppo/updates", 1.0)
+        approx_kl = self._process_mean(stats.recent_mean("policy/approxkl_avg", micro_batches))
+        stopped = approx_kl > 1.5 * target
+        stats.add("ppo/early_stop", float(stopped))
+        return stopped
 
     def micro_batch_loss(self, batch: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
                          mask: torch.Tensor, num_tokens: torch.Tensor, stats: MetricsAccumulator,
@@ -516,6 +534,9 @@ class PPOTrainer:
                      "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "policy/grad_norm", "loss/kl_avg"):
             if name in stats:
                 m[name] = self._process_mean(stats.mean(name))
+        if "ppo/updates" in stats:  # ppo.target_kl: optimizer steps taken, and whether the brake stopped them
+            m["ppo/updates"] = float(len(stats._values["ppo/updates"]))
+            m["ppo/early_stop"] = max(v.item() for v in stats._values["ppo/early_stop"])
         if "val/ratio" in stats:
             m["val/ratio_var"] = self._process_mean(stats.var("val/ratio"))
         if "update/skipped_nonfinite" in stats:

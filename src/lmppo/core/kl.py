@@ -9,6 +9,7 @@ Per-token estimators of KL(pi || pi_ref) from the log-probabilities of the *samp
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -82,7 +83,77 @@ class AdaptiveKLController:
         self.value = state["value"]
 
 
+class PIKLController:
+    """Proportional-integral control of log beta toward a target KL per response (lmppo's default).
+
+    After each iteration with mean per-response KL `kl_t` (nats, summed over the response's tokens):
+      e_t = clip(log(kl_t / target), -1, 1)          the error in log units: 2x and 0.5x the target weigh alike
+      I_t = I_{t-1} + e_t                            unless the KL is already moving toward the target by itself
+                                                     (e_t < 0 and kl_t > kl_{t-1}, or e_t > 0 and kl_t < kl_{t-1}),
+                                                     or this is the first reading (its motion is unknown), or beta
+                                                     sits at a bound and e_t pushes it further out
+      log beta_t = log beta_0 + kp * e_t + ki * I_t,  beta_t clamped to [coef_min, coef_max]
+
+    Response time, in iterations: with the KL a factor x off target and staying there (e = log x, |e| <= 1),
+    beta moves at once by x**kp (x**(kp + ki) once the error integrates) and then by a further x**ki every
+    iteration. With the defaults (kp 1, ki 0.5) a KL stuck at twice the target multiplies beta by 2.8 within an
+    iteration and by 2 more every 2 iterations; a KL of e times the target or more multiplies it by 4.5 and then
+    e-fold every 2 iterations.
+    Ziegler's controller moves beta by at most 0.2 * batch / horizon per iteration, whatever the error.
+    Why not a pure integral (Ziegler, Lagrangian): the KL itself integrates the policy's updates, and
+    integral-on-integral control overshoots; the proportional term damps it. Why the conditional integration:
+    while the KL climbs from 0 at the start of a run, every iteration is "below target", and a plain integral
+    would wind beta down to its floor just before the KL arrives, so the KL would shoot past the target.
+    """
+
+    def __init__(self, init_coef: float, target: float, kp: float = 1.0, ki: float = 0.5,
+                 coef_min: float = 1e-4, coef_max: float = 10.0):
+        if not (init_coef > 0 and target > 0 and 0 < coef_min <= coef_max and kp >= 0 and ki >= 0):
+            raise ValueError("PIKLController needs init_coef > 0, target > 0, kp >= 0, ki >= 0 and "
+                             f"0 < coef_min <= coef_max; got {init_coef}, {target}, {kp}, {ki}, {coef_min}, {coef_max}")
+        self.init_coef, self.target, self.kp, self.ki = init_coef, target, kp, ki
+        self.coef_min, self.coef_max = coef_min, coef_max
+        self.integral = 0.0
+        self.last_kl: float | None = None
+        self.value = min(max(init_coef, coef_min), coef_max)
+
+    def error(self, current_kl: float) -> float:
+        """clip(log(kl / target), -1, 1); a KL at or below 0 (or NaN) counts as far below target: -1."""
+        if not current_kl > 0:
+            return -1.0
+        return min(max(math.log(current_kl / self.target), -1.0), 1.0)
+
+    def update(self, current_kl: float, n_steps: int = 0) -> None:
+        """`n_steps` (episodes) is accepted for the controllers' common interface and not used."""
+        e = self.error(current_kl)
+        last, self.last_kl = self.last_kl, current_kl
+        moving_toward = last is None or (e < 0 and current_kl > last) or (e > 0 and current_kl < last)
+        lo, hi = math.log(self.coef_min), math.log(self.coef_max)
+        integral = self.integral if moving_toward else self.integral + e
+        log_beta = math.log(self.init_coef) + self.kp * e + self.ki * integral
+        if (log_beta > hi and e > 0) or (log_beta < lo and e < 0):  # anti-windup at the bounds
+            integral = self.integral
+            log_beta = math.log(self.init_coef) + self.kp * e + self.ki * integral
+        self.integral = integral
+        self.value = math.exp(min(max(log_beta, lo), hi))
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "integral": self.integral, "last_kl": self.last_kl}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+        self.integral = state.get("integral", 0.0)
+        self.last_kl = state.get("last_kl")
+
+
+def make_kl_controller(settings) -> "FixedKLController | AdaptiveKLController | PIKLController":
+    """The controller named by `settings.controller`; `settings` has KLConfig's fields (duck-typed, so the
+    math layer needs no config import)."""
+    return KL_CONTROLLERS[settings.controller](settings)
+
+
 KL_CONTROLLERS = {
-    "fixed": lambda coef, target, horizon: FixedKLController(coef),
-    "adaptive": lambda coef, target, horizon: AdaptiveKLController(coef, target, horizon),
+    "fixed": lambda k: FixedKLController(k.coef),
+    "adaptive": lambda k: AdaptiveKLController(k.coef, k.target, k.horizon),
+    "pi": lambda k: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max),
 }

@@ -1,0 +1,168 @@
+"""KL control: the PI controller against hand-worked values, and `kl.target` / `ppo.target_kl` reaching the run."""
+
+from __future__ import annotations
+
+import math
+import types
+
+import pytest
+import torch
+
+from conftest import PROMPTS, small_config, tiny_llama
+from lmppo.config import Config, ConfigError
+from lmppo.core.kl import AdaptiveKLController, FixedKLController, PIKLController, make_kl_controller
+from lmppo.metrics import MetricsAccumulator
+from lmppo.trainer import PPOTrainer
+
+
+def test_pi_controller_hand_worked_sequence():
+    # beta_0 0.05, target 4, kp 1, ki 0.5.  e = clip(ln(kl/4), -1, 1);  ln beta = ln 0.05 + e + 0.5 * I
+    c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5)
+    steps = [
+        # kl 8: e = ln 2; the first reading does not integrate (its motion is unknown): beta = 0.05 * 2
+        (8.0, 0.05 * 2, 0.0),
+        # kl 9 after 8: above target and rising: I = ln(9/4); beta = 0.05 * (9/4) * (9/4)^0.5
+        (9.0, 0.05 * 2.25 ** 1.5, math.log(2.25)),
+        # kl 6 after 9: above target but falling toward it, so no integration: beta = 0.05 * 1.5 * 1.5
+        (6.0, 0.05 * 1.5 * 1.5, math.log(2.25)),
+        # kl 40 after 6: e = ln 10 clipped to 1, rising: I = 1 + ln 2.25; beta = 0.05 * e * e^0.5 * 1.5
+        (40.0, 0.05 * math.e * math.exp(0.5) * 1.5, 1 + math.log(2.25)),
+        # kl 0: e = -1 (no information below 0), falling: I = ln 2.25; beta = 0.05 * e^-1 * 1.5
+        (0.0, 0.05 * math.exp(-1) * 1.5, math.log(2.25)),
+        # kl -3 (negative estimate): e = -1, falling further: I = ln 2.25 - 1
+        (-3.0, 0.05 * math.exp(-1) * 1.5 * math.exp(-0.5), math.log(2.25) - 1),
+        # kl 2 after -3: e = ln 0.5, below target but rising: no integration
+        (2.0, 0.05 * 0.5 * 1.5 * math.exp(-0.5), math.log(2.25) - 1),
+    ]
+    for kl, beta, integral in steps:
+        c.update(kl, 32)
+        assert c.value == pytest.approx(beta, rel=1e-12)
+        assert c.integral == pytest.approx(integral, rel=1e-12)
+    assert [round(b, 6) for _, b, _ in steps] == [0.1, 0.16875, 0.1125, 0.336127, 0.027591, 0.016735, 0.022745]
+
+
+def test_pi_controller_holds_its_bounds_without_winding_up():
+    c = PIKLController(0.05, 4.0, coef_max=0.1)
+    c.update(40.0)  # e = 1: ln beta = ln 0.05 + 1 -> above the bound: beta clamped
+    assert c.value == pytest.approx(0.1) and c.integral == 0.0
+    c.update(40.0)  # integrating would push further past the bound: no windup
+    assert c.value == pytest.approx(0.1) and c.integral == 0.0
+    c.update(4.0)  # on target: e = 0 -> beta back to beta_0 at once (no stored windup to unwind)
+    assert c.value == pytest.approx(0.05)
+    low = PIKLController(0.05, 4.0, coef_min=0.04)
+    low.update(0.0)
+    low.update(0.0)
+    assert low.value == pytest.approx(0.04) and low.integral == 0.0
+
+
+def test_pi_controller_state_round_trip_and_gains():
+    a = PIKLController(0.05, 4.0)
+    for kl in (1.0, 3.0, 9.0):
+        a.update(kl)
+    b = PIKLController(0.05, 4.0)
+    b.load_state_dict(a.state_dict())
+    a.update(5.0)
+    b.update(5.0)
+    assert a.value == b.value and a.integral == b.integral
+    # kp 0 and ki 0: beta never moves
+    still = PIKLController(0.05, 4.0, kp=0.0, ki=0.0)
+    for kl in (0.0, 100.0, 3.0):
+        still.update(kl)
+    assert still.value == pytest.approx(0.05)
+    # a KL stuck at twice the target: x**(kp+ki) at once, then x**ki per iteration
+    twice = PIKLController(0.05, 4.0, kp=1.0, ki=0.5)
+    twice.update(8.0)
+    assert twice.value == pytest.approx(0.05 * 2)
+    twice.update(8.0)  # not moving toward the target: integrates
+    assert twice.value == pytest.approx(0.05 * 2 ** 1.5)
+    twice.update(8.0)
+    assert twice.value == pytest.approx(0.05 * 2 ** 2)
+    with pytest.raises(ValueError):
+        PIKLController(0.0, 4.0)
+
+
+def test_make_kl_controller_reads_every_setting():
+    k = types.SimpleNamespace(controller="pi", coef=0.2, target=3.0, kp=2.0, ki=0.25, coef_min=0.01,
+                              coef_max=5.0, horizon=77)
+    c = make_kl_controller(k)
+    assert isinstance(c, PIKLController)
+    assert (c.value, c.target, c.kp, c.ki, c.coef_min, c.coef_max) == (0.2, 3.0, 2.0, 0.25, 0.01, 5.0)
+    k.controller = "adaptive"
+    z = make_kl_controller(k)
+    assert isinstance(z, AdaptiveKLController) and (z.value, z.target, z.horizon) == (0.2, 3.0, 77)
+    k.controller = "fixed"
+    assert isinstance(make_kl_controller(k), FixedKLController)
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("kl.controller", "pid", "fixed"), ("kl.kp", -1.0, ">= 0"), ("kl.ki", -0.1, ">= 0"),
+    ("kl.coef_min", 0.0, "> 0"), ("kl.coef_max", 1e-5, ">= kl.coef_min"), ("ppo.target_kl", -0.01, ">= 0"),
+    ("kl.coef", 0.0, "> 0"),
+])
+def test_bad_kl_settings_name_the_field(field, value, allowed):
+    cfg = Config()
+    section, name = field.split(".")
+    setattr(getattr(cfg, section), name, value)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    assert field in str(err.value) and allowed in str(err.value)
+
+
+def _tiny_run(tmp_path, tokenizer, name, iterations=3, **fields):
+    """Iterations of 8 episodes, 4 epochs x 2 minibatches, on the tiny Llama with a length reward."""
+    cfg = small_config(tmp_path / name, iterations=iterations, batch=8, ppo__num_epochs=4, ppo__learning_rate=3e-3,
+                       **fields)
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS,
+                         reward_functions=[_length_reward])
+    return trainer.train()
+
+
+def _length_reward(prompts, completions):
+    return [len(c) / 20.0 for c in completions]
+
+
+def test_kl_target_changes_the_run(tmp_path, tokenizer):
+    low = _tiny_run(tmp_path, tokenizer, "low", iterations=4, kl__target=1e-4)
+    high = _tiny_run(tmp_path, tokenizer, "high", iterations=4, kl__target=100.0)
+    assert low[0]["objective/kl_coef"] == high[0]["objective/kl_coef"] == 0.05  # the first rollout: beta_0
+    assert low[0]["objective/kl"] == 0.0  # policy == reference: the first reading is below any target
+    # once the policy has moved, beta follows each run's own target: up for a KL above it, not for one below
+    assert low[1]["objective/kl"] == high[1]["objective/kl"] > 1e-4
+    assert low[2]["objective/kl_coef"] > 4 * high[2]["objective/kl_coef"]
+    # and the training that follows differs
+    assert low[3]["objective/kl"] != high[3]["objective/kl"]
+
+
+def test_kl_gains_change_the_run(tmp_path, tokenizer):
+    a = _tiny_run(tmp_path, tokenizer, "a", kl__target=1e-4)
+    b = _tiny_run(tmp_path, tokenizer, "b", kl__target=1e-4, kl__kp=3.0)
+    assert b[1]["objective/kl_coef"] == pytest.approx(0.05 * math.exp(-3))
+    assert a[1]["objective/kl_coef"] == pytest.approx(0.05 * math.exp(-1))
+    c = _tiny_run(tmp_path, tokenizer, "c", kl__target=1e-4, kl__ki=2.0)  # integrates from the 2nd reading
+    assert a[1]["objective/kl_coef"] == c[1]["objective/kl_coef"] and a[2]["objective/kl_coef"] < c[2]["objective/kl_coef"]
+    d = _tiny_run(tmp_path, tokenizer, "d", kl__target=1e-4, kl__coef_max=0.06)
+    assert d[2]["objective/kl_coef"] == pytest.approx(0.06) and a[2]["objective/kl_coef"] > 0.06
+    e = _tiny_run(tmp_path, tokenizer, "e", kl__target=1e-4, kl__coef_min=0.04)
+    assert e[1]["objective/kl_coef"] == pytest.approx(0.04) and a[1]["objective/kl_coef"] < 0.04
+
+
+def test_ppo_target_kl_stops_the_epochs(tmp_path, tokenizer):
+    free = _tiny_run(tmp_path, tokenizer, "free")
+    braked = _tiny_run(tmp_path, tokenizer, "braked", ppo__target_kl=1e-6)
+    assert "ppo/updates" not in free[0]  # the brake's metrics appear only when it is on
+    planned = 4 * 2  # epochs x minibatches
+    for m in braked:
+        # the first step sees the rollout policy itself (approx KL 0), the second sees a moved one and stops
+        assert m["ppo/early_stop"] == 1.0 and 2 <= m["ppo/updates"] < planned
+    assert braked[1]["objective/kl"] != free[1]["objective/kl"]
+    loose = _tiny_run(tmp_path, tokenizer, "loose", ppo__target_kl=1e6)
+    assert all(m["ppo/updates"] == planned and m["ppo/early_stop"] == 0.0 for m in loose)
+    assert loose[-1]["objective/kl"] == free[-1]["objective/kl"]  # a brake never reached changes nothing
+
+
+def test_recent_mean_reads_only_the_last_values():
+    acc = MetricsAccumulator()
+    for v in (10.0, 1.0, 2.0, 3.0):
+        acc.add("x", torch.tensor(v))
+    assert acc.recent_mean("x", 3) == pytest.approx(2.0)
+    assert acc.mean("x") == pytest.approx(4.0)
