@@ -124,10 +124,23 @@ def run_trl(cfg: dict) -> dict:
             if logs:
                 self.logs.append({k: v for k, v in logs.items() if isinstance(v, (int, float))})
 
-    rec = Recorder()
+    class SavePolicy(TrainerCallback):
+        """cfg["save_policy_every"]: the policy every N updates, as out/policy-iter-N (a KL/reward trajectory)."""
+
+        trainer = None
+
+        def on_step_end(self, args, state, control, **kw):
+            every = cfg.get("save_policy_every")
+            if every and state.global_step % every == 0 and self.trainer is not None:
+                folder = out / f"policy-iter-{state.global_step:03d}"
+                self.trainer.accelerator.unwrap_model(self.trainer.model).policy.save_pretrained(folder)
+                tok.save_pretrained(folder)
+
+    rec, saver = Recorder(), SavePolicy()
     limits = _matmul_limits(cfg["threads"])
     trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
-                         train_dataset=train_ds, value_model=critic, eval_dataset=eval_ds, callbacks=[rec])
+                         train_dataset=train_ds, value_model=critic, eval_dataset=eval_ds, callbacks=[rec, saver])
+    saver.trainer = trainer
     setup_s = time.perf_counter() - t_start
 
     prof = None

@@ -1,0 +1,349 @@
+"""A learned, hackable reward: does the KL stay where the user sets it, and how much held-out reward per nat?
+
+The task (issue 13), built deterministically from packaged data:
+  * reward model: SmolLM2-135M-Instruct with a one-label score head, fine-tuned (full weights, BCE on the
+    label) on 160 of the 200 labelled sentences of gensim's `pang_lee_polarity.cor`; the other 40 measure it
+    (accuracy and AUC are printed and stored). Unlike VADER it is a learned model, so it can be over-optimised.
+  * prompts: lmppo's `builtin:reviews` (review openings), 32 of them held out by the run's seed.
+  * judges the policy never trains on, on the held-out samples: VADER, the MiniLM sentiment judge, and two
+    MiniLM checks of reward hacking: the prompt-relevance gap (cosine of a completion with its own prompt minus
+    its mean cosine with the other prompts) and the completions' self-similarity (mean pairwise cosine).
+
+Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the TRL 1.12 venv):
+    python benchmarks/learned_reward.py build                       # reward model + TRL-format cache, once
+    python benchmarks/learned_reward.py lmppo --target 5 --seed 0   # train (640 episodes), eval, judge
+    .venv-trl/bin/python benchmarks/learned_reward.py trl --kl-coef 0.05 --seed 0
+    python benchmarks/learned_reward.py judge RUN_DIR               # eval + judge a TRL run (lmppo venv)
+    python benchmarks/learned_reward.py report                      # the table (and a plot) of every run
+
+Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CACHE = HERE / ".cache" / "learned_reward"
+RUNS = CACHE / "runs"
+RM_SPLIT_SEED = 13
+RM_TRAIN = 160
+HOLDOUT = 32
+EPISODES = 640
+RECIPE_REWARD = [
+    {"kind": "model", "path": None, "name": "rm", "weight": 1.0},
+    {"kind": "function", "path": "lmppo.rewards.builtin:vader_sentiment", "name": "vader", "weight": 0.0},
+    {"kind": "function", "path": "lmppo.rewards.builtin:minilm_sentiment", "name": "minilm_judge", "weight": 0.0},
+]
+
+
+# ----------------------------------------------------------------------------- build (lmppo venv)
+def build(force: bool = False) -> dict:
+    """The reward model (trained here) and the TRL-format cache (tokenizer, policy, critic, reward)."""
+    manifest_path = CACHE / "manifest.json"
+    if manifest_path.exists() and not force:
+        return json.loads(manifest_path.read_text())
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from lmppo.assets import ensure_smollm2, polarity_sentences
+
+    t0 = time.time()
+    model_dir = ensure_smollm2()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None or tokenizer.pad_token_id == tokenizer.eos_token_id:
+        # TRL finds where a response ends by its first pad token: pad must differ from the stop token
+        spare = [t for t in tokenizer.all_special_tokens if t not in (tokenizer.eos_token, tokenizer.bos_token)]
+        tokenizer.pad_token = spare[0] if spare else tokenizer.unk_token
+    tokenizer.padding_side = "left"
+    texts, labels = polarity_sentences()
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(RM_SPLIT_SEED)).tolist()
+    train_idx, test_idx = order[:RM_TRAIN], order[RM_TRAIN:]
+
+    torch.manual_seed(RM_SPLIT_SEED)
+    rm = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    rm.config.pad_token_id = tokenizer.pad_token_id
+    opt = torch.optim.AdamW(rm.parameters(), lr=3e-5, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(RM_SPLIT_SEED + 1)
+    rm.train()
+    for epoch in range(3):
+        perm = torch.randperm(len(train_idx), generator=gen).tolist()
+        for start in range(0, len(perm), 16):
+            batch = [train_idx[i] for i in perm[start:start + 16]]
+            enc = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True)
+            y = torch.tensor([float(labels[i]) for i in batch])
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(rm(**enc).logits[:, 0], y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    rm.eval()
+    with torch.no_grad():
+        enc = tokenizer([texts[i] for i in test_idx], return_tensors="pt", padding=True)
+        s = rm(**enc).logits[:, 0]
+    y = torch.tensor([labels[i] for i in test_idx])
+    accuracy = float(((s > 0).long() == y).float().mean())
+    pos, neg = s[y == 1], s[y == 0]
+    auc = float((pos[:, None] > neg[None, :]).float().mean())
+    for name in ("reward", "critic"):  # TRL's value model starts from the reward model, as in TRL's examples
+        rm.save_pretrained(CACHE / name)
+        tokenizer.save_pretrained(CACHE / name)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy.generation_config.pad_token_id = tokenizer.pad_token_id
+    policy.save_pretrained(CACHE / "policy")
+    tokenizer.save_pretrained(CACHE / "policy")
+    tokenizer.save_pretrained(CACHE / "tokenizer")
+    manifest = {"reward_model": {"heldout_accuracy": accuracy, "heldout_auc": auc, "train": RM_TRAIN,
+                                 "test": len(test_idx), "epochs": 3, "lr": 3e-5},
+                "pad_token": tokenizer.pad_token, "seconds": round(time.time() - t0, 1)}
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    print(f"reward model: held-out accuracy {accuracy:.2f}, AUC {auc:.2f} ({manifest['seconds']} s)")
+    return manifest
+
+
+def recipe(output_dir: Path, seed: int, **kl) -> dict:
+    """The built-in recipe with the learned reward model, 640 episodes, and `kl` settings."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "src/lmppo/recipes/sentiment.yaml").read_text())
+    cfg.update(output_dir=str(output_dir), seed=seed, total_episodes=EPISODES, overwrite=True)
+    cfg["model"]["policy"] = str(CACHE / "policy")
+    sources = [dict(s) for s in RECIPE_REWARD]
+    sources[0]["path"] = str(CACHE / "reward")
+    cfg["reward"]["sources"] = sources
+    cfg["data"]["holdout"] = HOLDOUT
+    cfg["kl"] = {**cfg.get("kl", {}), **kl}
+    cfg["log"] = {"trackers": [], "sample_every": 0, "progress": False}
+    cfg["checkpoint"] = {"every": 0}
+    return cfg
+
+
+def train_lmppo(args) -> Path:
+    import yaml
+
+    kl = {"controller": args.controller, "target": args.target}
+    if args.kl_coef is not None:
+        kl["coef"] = args.kl_coef
+    name = args.name or f"lmppo-{args.controller}-t{args.target:g}" + (
+        f"-c{args.kl_coef:g}" if args.kl_coef is not None else "") + f"-s{args.seed}"
+    out = RUNS / name
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = recipe(out / "run", args.seed, **kl)
+    for dotted, value in (args.set or []):
+        section, field = dotted.split(".")
+        cfg.setdefault(section, {})[field] = yaml.safe_load(value)
+    (out / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    t0 = time.time()
+    subprocess.run([sys.executable, "-m", "lmppo.cli", "train", str(out / "recipe.yaml")], check=True,
+                   cwd=ROOT, stdout=open(out / "train.log", "w"), stderr=subprocess.STDOUT)
+    judge(out, out / "run", reference=None, train_seconds=time.time() - t0, side="lmppo", settings=kl)
+    return out
+
+
+# ----------------------------------------------------------------------------- TRL (TRL venv)
+def train_trl(args) -> Path:
+    sys.path.insert(0, str(HERE))
+    import compare_trl  # noqa: E402  (the TRL worker of the speed benchmark, reused)
+    from transformers import AutoTokenizer
+
+    name = args.name or f"trl-c{args.kl_coef:g}-s{args.seed}"
+    out = RUNS / name
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = trl_prompts(args.seed)
+    (out / "prompts.json").write_text(json.dumps(prompts))
+    cache = out / "cache"  # the shared cache's models, with this seed's prompt split
+    cache.mkdir(exist_ok=True)
+    for sub in ("tokenizer", "policy", "critic", "reward"):
+        link = cache / sub
+        if not link.exists():
+            link.symlink_to(CACHE / sub)
+    (cache / "prompts.json").write_text(json.dumps(prompts))
+    AutoTokenizer.from_pretrained(CACHE / "tokenizer")
+    cfg = dict(batch_size=32, num_mini_batches=2, ppo_epochs=2, response_length=24, learning_rate=args.lr,
+               kl_coef=args.kl_coef, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1.0, lam=0.95,
+               temperature=0.7, stop_token="eos", missing_eos_penalty=None, threads=int(args.threads),
+               dtype="float32", seed=args.seed, episodes=EPISODES, cache=str(cache), out_dir=str(out),
+               lr_schedule="linear", save_policy_every=args.save_every)
+    t0 = time.time()
+    res = compare_trl.run_trl(cfg)
+    res["wall_seconds"] = time.time() - t0
+    (out / "trl_result.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"TRL done in {res['wall_seconds']:.0f} s; now run: python benchmarks/learned_reward.py judge {out}")
+    return out
+
+
+def trl_prompts(seed: int) -> dict:
+    """The training and held-out prompt ids of an lmppo run with this seed (written by `prompt-split`)."""
+    path = CACHE / f"prompts-seed{seed}.json"
+    if not path.exists():
+        raise SystemExit(f"error: {path} is missing: run `python benchmarks/learned_reward.py prompt-split "
+                         f"--seed {seed}` in lmppo's venv first")
+    return json.loads(path.read_text())
+
+
+def prompt_split(seed: int) -> None:
+    """lmppo's own tokenisation and held-out split for `seed`, saved for the TRL side."""
+    from transformers import AutoTokenizer
+
+    from lmppo.data import load_prompt_records, tokenize_prompts
+    from lmppo.trainer import split_holdout
+
+    data_cfg = _data_config()
+    tokenizer = AutoTokenizer.from_pretrained(CACHE / "tokenizer")
+    prompts = tokenize_prompts(load_prompt_records(data_cfg), tokenizer, data_cfg)
+    train, held = split_holdout(prompts, HOLDOUT, seed)
+    (CACHE / f"prompts-seed{seed}.json").write_text(json.dumps(
+        {"train": [list(x) for x in train.ids], "eval": [list(x) for x in held.ids]}))
+
+
+def _data_config():
+    from lmppo.config import DataConfig
+
+    import yaml
+    d = DataConfig()
+    for k, v in yaml.safe_load((ROOT / "src/lmppo/recipes/sentiment.yaml").read_text())["data"].items():
+        setattr(d, k, v)
+    d.holdout = HOLDOUT
+    return d
+
+
+# ----------------------------------------------------------------------------- eval + judges (lmppo venv)
+def judge(out: Path, model: Path, reference: Path | None, train_seconds: float | None, side: str,
+          settings: dict, config: Path | None = None) -> dict:
+    """`lmppo eval` on the held-out prompts (4 samples each), then the MiniLM hacking checks on its samples."""
+    cmd = [sys.executable, "-m", "lmppo.cli", "eval", str(model), "--samples-per-prompt", "4",
+           "--output", str(out / "eval.json"), "--show", "0"]
+    if reference is not None:
+        cmd += ["--reference", str(reference)]
+    if config is not None:
+        cmd += ["--config", str(config)]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=open(out / "eval.log", "w"), stderr=subprocess.STDOUT)
+    ev = json.loads((out / "eval.json").read_text())
+    samples = ev["samples"]
+    prompts = [s["prompt"] for s in samples]
+    result = {"side": side, "settings": settings, "train_seconds": train_seconds,
+              "heldout": {"start": ev["start_point"], "trained": ev["trained"]},
+              "judge": {"start": hacking_checks(prompts, [s["start"] for s in samples]),
+                        "trained": hacking_checks(prompts, [s["trained"] for s in samples])}}
+    metrics = out / "run" / "metrics.jsonl"
+    if metrics.exists():
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        kls = [r["objective/kl"] for r in rows]
+        late = kls[len(kls) // 2:]
+        result["train"] = {"kl": kls, "kl_coef": [r["objective/kl_coef"] for r in rows],
+                           "scores": [r["objective/scores"] for r in rows],
+                           "kl_late_min": min(late), "kl_late_max": max(late), "kl_late_mean": sum(late) / len(late)}
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    print(summary_line(out.name, result))
+    return result
+
+
+def hacking_checks(prompts: list[str], completions: list[str]) -> dict:
+    """MiniLM: prompt-relevance gap and mean pairwise self-similarity of the completions."""
+    import torch
+
+    from lmppo.rewards.builtin import embed
+
+    unique = sorted(set(prompts))
+    p = torch.as_tensor(embed(unique))
+    c = torch.as_tensor(embed(completions))
+    p = torch.nn.functional.normalize(p.float(), dim=-1)
+    c = torch.nn.functional.normalize(c.float(), dim=-1)
+    own = torch.tensor([unique.index(x) for x in prompts])
+    sim = c @ p.T  # (N completions, P prompts)
+    mine = sim[torch.arange(len(completions)), own]
+    others = (sim.sum(1) - mine) / max(len(unique) - 1, 1)
+    pair = c @ c.T
+    n = len(completions)
+    self_sim = (pair.sum() - pair.diagonal().sum()) / (n * (n - 1))
+    return {"relevance_gap": float((mine - others).mean()), "self_similarity": float(self_sim)}
+
+
+def judge_trl(args) -> None:
+    out = Path(args.run)
+    res = json.loads((out / "trl_result.json").read_text())
+    lm_cfg = out / "lmppo_view.yaml"
+    import yaml
+
+    seed = int(res.get("seed", args.seed))
+    lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", seed), sort_keys=False))
+    judge(out, out / "policy", reference=CACHE / "policy", train_seconds=res.get("train_seconds"), side="trl",
+          settings={"kl_coef": args.kl_coef}, config=lm_cfg)
+
+
+# ----------------------------------------------------------------------------- report
+def summary_line(name: str, r: dict) -> str:
+    t, s = r["heldout"]["trained"], r["heldout"]["start"]
+    jt, js = r["judge"]["trained"], r["judge"]["start"]
+    late = (f" train KL last half {r['train']['kl_late_min']:.1f}-{r['train']['kl_late_max']:.1f}"
+            f" (mean {r['train']['kl_late_mean']:.1f})") if "train" in r else ""
+    return (f"{name:32s} held-out rm {s['reward/rm']:.2f}->{t['reward/rm']:.2f} at KL {t['kl']:.2f}"
+            f" | vader {s['reward/vader']:.2f}->{t['reward/vader']:.2f}"
+            f" | relevance gap {js['relevance_gap']:.3f}->{jt['relevance_gap']:.3f}"
+            f" | self-sim {js['self_similarity']:.2f}->{jt['self_similarity']:.2f}{late}")
+
+
+def report(_args) -> None:
+    rows = []
+    for path in sorted(RUNS.glob("*/result.json")):
+        r = json.loads(path.read_text())
+        rows.append((path.parent.name, r))
+        print(summary_line(path.parent.name, r))
+    (CACHE / "report.json").write_text(json.dumps({n: r for n, r in rows}, indent=1))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--force", action="store_true")
+    ps = sub.add_parser("prompt-split")
+    ps.add_argument("--seed", type=int, default=0)
+    lm = sub.add_parser("lmppo")
+    lm.add_argument("--controller", default="pi", choices=["pi", "adaptive", "fixed"])
+    lm.add_argument("--target", type=float, default=5.0)
+    lm.add_argument("--kl-coef", type=float, default=None)
+    lm.add_argument("--seed", type=int, default=0)
+    lm.add_argument("--name", default=None)
+    lm.add_argument("--set", nargs=2, action="append", metavar=("SECTION.FIELD", "VALUE"))
+    tr = sub.add_parser("trl")
+    tr.add_argument("--kl-coef", type=float, default=0.05)
+    tr.add_argument("--lr", type=float, default=1e-5)
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--threads", type=int, default=2)
+    tr.add_argument("--save-every", type=int, default=4, help="save the policy every N updates (the trajectory)")
+    tr.add_argument("--name", default=None)
+    j = sub.add_parser("judge")
+    j.add_argument("run")
+    j.add_argument("--seed", type=int, default=0)
+    j.add_argument("--kl-coef", type=float, default=None)
+    sub.add_parser("report")
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.cmd == "build":
+        build(args.force)
+    elif args.cmd == "prompt-split":
+        build()
+        prompt_split(args.seed)
+    elif args.cmd == "lmppo":
+        build()
+        train_lmppo(args)
+    elif args.cmd == "trl":
+        train_trl(args)
+    elif args.cmd == "judge":
+        judge_trl(args)
+    else:
+        report(args)
+
+
+if __name__ == "__main__":
+    main()
