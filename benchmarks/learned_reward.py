@@ -268,15 +268,20 @@ def hacking_checks(prompts: list[str], completions: list[str]) -> dict:
 
 
 def judge_trl(args) -> None:
-    out = Path(args.run)
-    res = json.loads((out / "trl_result.json").read_text())
-    lm_cfg = out / "lmppo_view.yaml"
+    """Every saved TRL policy of a run (`policy-iter-NNN`: the trajectory), evaluated as lmppo's runs are."""
     import yaml
 
-    seed = int(res.get("seed", args.seed))
-    lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", seed), sort_keys=False))
-    judge(out, out / "policy", reference=CACHE / "policy", train_seconds=res.get("train_seconds"), side="trl",
-          settings={"kl_coef": args.kl_coef}, config=lm_cfg)
+    out = Path(args.run)
+    res = json.loads((out / "trl_result.json").read_text()) if (out / "trl_result.json").exists() else {}
+    lm_cfg = out / "lmppo_view.yaml"
+    lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", args.seed), sort_keys=False))
+    for policy in sorted(out.glob("policy-iter-*")):
+        sub = out / f"eval-{policy.name[len('policy-'):]}"
+        if (sub / "result.json").exists():
+            continue
+        sub.mkdir(exist_ok=True)
+        judge(sub, policy, reference=CACHE / "policy", train_seconds=res.get("train_seconds"), side="trl",
+              settings={"kl_coef": args.kl_coef, "iteration": int(policy.name.split("-")[-1])}, config=lm_cfg)
 
 
 # ----------------------------------------------------------------------------- report
@@ -291,13 +296,87 @@ def summary_line(name: str, r: dict) -> str:
             f" | self-sim {js['self_similarity']:.2f}->{jt['self_similarity']:.2f}{late}")
 
 
-def report(_args) -> None:
-    rows = []
-    for path in sorted(RUNS.glob("*/result.json")):
+def _per_prompt(result_dir: Path) -> tuple[list[float], list[float]]:
+    """Per held-out prompt: mean reward-model score of the trained policy's samples, and of the start policy's."""
+    ev = json.loads((result_dir / "eval.json").read_text())
+    by: dict[str, list] = {}
+    for s in ev["samples"]:
+        by.setdefault(s["prompt"], []).append((s["trained_scores"]["rm"], s["start_scores"]["rm"]))
+    groups = list(by.values())
+    return [sum(t for t, _ in g) / len(g) for g in groups], [sum(b for _, b in g) / len(g) for g in groups]
+
+
+def _bootstrap_se(values: list[float], rounds: int = 2000, seed: int = 0) -> float:
+    import random
+
+    rng = random.Random(seed)
+    n = len(values)
+    means = [sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(rounds)]
+    mu = sum(means) / rounds
+    return (sum((m - mu) ** 2 for m in means) / (rounds - 1)) ** 0.5
+
+
+def collect() -> list[dict]:
+    points = []
+    for path in sorted(RUNS.glob("*/result.json")) + sorted(RUNS.glob("*/eval-iter-*/result.json")):
         r = json.loads(path.read_text())
-        rows.append((path.parent.name, r))
-        print(summary_line(path.parent.name, r))
-    (CACHE / "report.json").write_text(json.dumps({n: r for n, r in rows}, indent=1))
+        trained, _ = _per_prompt(path.parent)
+        name = path.parent.name if path.parent.parent == RUNS else f"{path.parent.parent.name}/{path.parent.name}"
+        points.append({"name": name, "side": r["side"], "settings": r["settings"], "result": r,
+                       "kl": r["heldout"]["trained"]["kl"], "rm": r["heldout"]["trained"]["reward/rm"],
+                       "rm_se": _bootstrap_se(trained)})
+    return points
+
+
+def _interpolate(points: list[dict], kl: float) -> tuple[float, float] | None:
+    """TRL's held-out score at `kl`, linear between the two trajectory points around it (with its SE)."""
+    pts = sorted(points, key=lambda p: p["kl"])
+    for a, b in zip(pts, pts[1:]):
+        if a["kl"] <= kl <= b["kl"]:
+            w = (kl - a["kl"]) / max(b["kl"] - a["kl"], 1e-9)
+            return (1 - w) * a["rm"] + w * b["rm"], ((1 - w) * a["rm_se"] ** 2 + w * b["rm_se"] ** 2) ** 0.5
+    return None
+
+
+def report(_args) -> None:
+    points = collect()
+    for p in points:
+        print(summary_line(p["name"], p["result"]) + f" | rm SE {p['rm_se']:.2f}")
+    trl = [p for p in points if p["side"] == "trl"]
+    lines = ["", "frontier: lmppo's held-out reward-model score against TRL's at the same held-out KL",
+             "| lmppo run | KL | lmppo score (SE) | TRL at that KL (SE) | difference (SE) |", "|---|---|---|---|---|"]
+    for p in (p for p in points if p["side"] == "lmppo"):
+        at = _interpolate(trl, p["kl"]) if trl else None
+        if at is None:
+            lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | outside TRL's range | - |")
+            continue
+        diff, se = p["rm"] - at[0], (p["rm_se"] ** 2 + at[1] ** 2) ** 0.5
+        lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | {at[0]:.2f} ({at[1]:.2f}) "
+                     f"| {diff:+.2f} ({se:.2f}) |")
+    print("\n".join(lines))
+    (CACHE / "report.json").write_text(json.dumps(
+        [{k: v for k, v in p.items() if k != "result"} | {"judge": p["result"]["judge"]} for p in points], indent=1))
+    _plot(points, CACHE / "frontier.png")
+    print(f"wrote {CACHE / 'report.json'} and {CACHE / 'frontier.png'}")
+
+
+def _plot(points: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for side, marker in (("lmppo", "o"), ("trl", "s")):
+        pts = sorted((p for p in points if p["side"] == side), key=lambda p: p["kl"])
+        if pts:
+            ax.errorbar([p["kl"] for p in pts], [p["rm"] for p in pts], yerr=[p["rm_se"] for p in pts],
+                        marker=marker, linestyle="-" if side == "trl" else "none", label=side, capsize=3)
+    ax.set_xlabel("held-out KL to the start policy (nats per response)")
+    ax.set_ylabel("held-out reward-model score")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main(argv=None) -> None:
@@ -324,7 +403,7 @@ def main(argv=None) -> None:
     j = sub.add_parser("judge")
     j.add_argument("run")
     j.add_argument("--seed", type=int, default=0)
-    j.add_argument("--kl-coef", type=float, default=None)
+    j.add_argument("--kl-coef", type=float, default=0.05)
     sub.add_parser("report")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
