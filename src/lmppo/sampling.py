@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lmppo.core.masking import stop_token_mask
-from lmppo.models import position_ids_from_mask
+from lmppo.models import hf_model, position_ids_from_mask
 
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
@@ -43,6 +43,15 @@ def _accepts_logits_to_keep(model: nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
+def _cache_argument(model: nn.Module) -> str:
+    """The KV cache's keyword: `cache` from transformers 5.2x on, `past_key_values` before (and in PEFT wrappers)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(output) -> object:
+    return output.cache if "cache" in output else output.past_key_values
+
+
 @torch.no_grad()
 def sample_native(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, temperature: float,
                   max_new_tokens: int, stop_ids: torch.Tensor, pad_id: int, seeds: Sequence[int]):
@@ -53,13 +62,15 @@ def sample_native(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     terminated (B,) bool, truncated (B,) bool; T <= max_new_tokens (trailing all-padding columns dropped).
     """
     device = prompt_ids.device
+    model = hf_model(model)  # LoRA layers sit inside it; PEFT's wrapper would hide `logits_to_keep` and `cache`
     generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
     keep_kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    cache_argument = _cache_argument(model)
     attention = prompt_mask.long()
     positions = position_ids_from_mask(prompt_mask)
     out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                 **keep_kwargs)
-    past, logits = out.past_key_values, out.logits[:, -1]
+    past, logits = _cache_of(out), out.logits[:, -1]
     next_position = positions[:, -1] + 1  # (B,)
     finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=device)
     stop = stop_ids.to(device)
@@ -73,8 +84,8 @@ def sample_native(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
             break
         attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
         out = model(input_ids=token[:, None], attention_mask=attention, position_ids=next_position[:, None],
-                    past_key_values=past, use_cache=True, **keep_kwargs)
-        past, logits = out.past_key_values, out.logits[:, -1]
+                    use_cache=True, **{cache_argument: past}, **keep_kwargs)
+        past, logits = _cache_of(out), out.logits[:, -1]
         next_position = next_position + 1
     response_ids = torch.stack(tokens, dim=1)
     response_mask, terminated = stop_token_mask(response_ids, stop)
