@@ -14,6 +14,7 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     python benchmarks/learned_reward.py lmppo --target 5 --seed 0   # train (640 episodes), eval, judge
     .venv-trl/bin/python benchmarks/learned_reward.py trl --kl-coef 0.05 --seed 0
     python benchmarks/learned_reward.py judge RUN_DIR               # eval + judge a TRL run (lmppo venv)
+    python benchmarks/learned_reward.py interpolate RUN_DIR         # a LoRA run interpolated toward its start
     python benchmarks/learned_reward.py report                      # the table (and a plot) of every run
 
 Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/.
@@ -284,6 +285,31 @@ def judge_trl(args) -> None:
               settings={"kl_coef": args.kl_coef, "iteration": int(policy.name.split("-")[-1])}, config=lm_cfg)
 
 
+# ----------------------------------------------------------------------------- interpolation toward the start
+def interpolate(args) -> None:
+    """WARP's interpolation step on a LoRA run: W0 + lam * B A for each `lam`, i.e. lora_B scaled by lam (exactly
+    the linear interpolation between the start and the trained weights), evaluated like any run."""
+    from safetensors.torch import load_file, save_file
+
+    out = Path(args.run)
+    adapter = out / "run" / "final" / "policy"
+    weights = load_file(adapter / "adapter_model.safetensors")
+    for lam in args.lambdas:
+        sub = out / f"interp-{lam:g}"
+        if (sub / "result.json").exists():
+            continue
+        folder = sub / "policy"
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in adapter.iterdir():
+            if f.name != "adapter_model.safetensors" and f.is_file():
+                shutil.copy(f, folder / f.name)
+        save_file({k: v * lam if "lora_B" in k else v for k, v in weights.items()},
+                  str(folder / "adapter_model.safetensors"))
+        settings = json.loads((out / "result.json").read_text())["settings"] | {"interpolation": lam}
+        judge(sub, folder, reference=None, train_seconds=None, side="lmppo-interp", settings=settings,
+              config=out / "run" / "config.yaml")
+
+
 # ----------------------------------------------------------------------------- report
 def summary_line(name: str, r: dict) -> str:
     t, s = r["heldout"]["trained"], r["heldout"]["start"]
@@ -318,7 +344,8 @@ def _bootstrap_se(values: list[float], rounds: int = 2000, seed: int = 0) -> flo
 
 def collect() -> list[dict]:
     points = []
-    for path in sorted(RUNS.glob("*/result.json")) + sorted(RUNS.glob("*/eval-iter-*/result.json")):
+    for path in (sorted(RUNS.glob("*/result.json")) + sorted(RUNS.glob("*/eval-iter-*/result.json"))
+                 + sorted(RUNS.glob("*/interp-*/result.json"))):
         r = json.loads(path.read_text())
         trained, _ = _per_prompt(path.parent)
         name = path.parent.name if path.parent.parent == RUNS else f"{path.parent.parent.name}/{path.parent.name}"
@@ -345,7 +372,7 @@ def report(_args) -> None:
     trl = [p for p in points if p["side"] == "trl"]
     lines = ["", "frontier: lmppo's held-out reward-model score against TRL's at the same held-out KL",
              "| lmppo run | KL | lmppo score (SE) | TRL at that KL (SE) | difference (SE) |", "|---|---|---|---|---|"]
-    for p in (p for p in points if p["side"] == "lmppo"):
+    for p in (p for p in points if p["side"].startswith("lmppo")):
         at = _interpolate(trl, p["kl"]) if trl else None
         if at is None:
             lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | outside TRL's range | - |")
@@ -367,7 +394,7 @@ def _plot(points: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for side, marker in (("lmppo", "o"), ("trl", "s")):
+    for side, marker in (("lmppo", "o"), ("lmppo-interp", "^"), ("trl", "s")):
         pts = sorted((p for p in points if p["side"] == side), key=lambda p: p["kl"])
         if pts:
             ax.errorbar([p["kl"] for p in pts], [p["rm"] for p in pts], yerr=[p["rm_se"] for p in pts],
@@ -404,6 +431,9 @@ def main(argv=None) -> None:
     j.add_argument("run")
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--kl-coef", type=float, default=0.05)
+    ip = sub.add_parser("interpolate")
+    ip.add_argument("run")
+    ip.add_argument("--lambdas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
     sub.add_parser("report")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -420,6 +450,8 @@ def main(argv=None) -> None:
         train_trl(args)
     elif args.cmd == "judge":
         judge_trl(args)
+    elif args.cmd == "interpolate":
+        interpolate(args)
     else:
         report(args)
 
