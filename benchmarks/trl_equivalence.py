@@ -44,7 +44,6 @@ def _settings(cache: Path, out: Path, seed: int, iterations: int) -> dict:
 def run_trl(cache: Path, s: dict, out: Path):
     """Train TRL for the given episodes; return (rollouts [(queries, responses) per iteration], metrics, models)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import torch
     import transformers
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
@@ -126,7 +125,6 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
 
 def relative_update_difference(start, a, b) -> float:
     """|(a - start) - (b - start)| / |b - start| over all parameters (b is the reference)."""
-    import torch
 
     diff = sq_ref = 0.0
     sa, sb = dict(a.named_parameters()), dict(b.named_parameters())

@@ -10,9 +10,11 @@ import json
 import math
 import os
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
+
+from lmppo.errors import LmppoError
 
 
 class MetricsAccumulator:
@@ -147,8 +149,6 @@ def _cell(v: Any) -> Any:
 def make_trackers(names: list[str], output_dir: str, config: dict, run_name: str) -> list[Tracker]:
     """The trackers named in `log.trackers`; LmppoError (one line) when a package is missing or a tracker cannot
     start, after closing those already started."""
-    from lmppo.errors import LmppoError
-
     out: list[Tracker] = []
     for name in names:
         try:
