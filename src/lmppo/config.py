@@ -23,6 +23,7 @@ from importlib import resources
 from typing import Any, Sequence
 
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
+from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from lmppo.errors import ConfigError
 from lmppo.sampling_settings import check_generation_kwargs
 
@@ -432,9 +433,9 @@ class Config:
         _check_reward(c.reward)
         k = c.kl
         _non_negative(k.coef, "kl.coef")
-        _one_of(k.estimator, "kl.estimator", ("k1", "k2", "k3"))
+        _one_of(k.estimator, "kl.estimator", tuple(KL_ESTIMATORS))
         _one_of(k.placement, "kl.placement", ("reward", "loss", "both"))
-        _one_of(k.controller, "kl.controller", ("fixed", "adaptive", "pi"))
+        _one_of(k.controller, "kl.controller", tuple(KL_CONTROLLERS))
         if k.controller in ("adaptive", "pi"):
             _positive(k.target, "kl.target")
         if k.controller == "adaptive":
