@@ -13,7 +13,6 @@ After "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024). How 
 
 from __future__ import annotations
 
-import atexit
 import os
 import time
 import warnings
@@ -22,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from safetensors.torch import save_file
 from torch import nn
 
@@ -43,6 +41,7 @@ from lmppo.errors import TrainingError
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
 from lmppo.models import PolicyOutput
 from lmppo.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
+from lmppo.progress import ProgressDisplay
 from lmppo.rewards import decode_completion, score_rollout
 from lmppo.rollout import left_pad
 from lmppo.sampling import response_seed
@@ -111,6 +110,7 @@ class PPOTrainer:
         self.train_seconds = 0.0
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
+        self.progress = ProgressDisplay()
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, float]]:
@@ -559,42 +559,9 @@ class PPOTrainer:
             self.logger = MetricsLogger(cfg.output_dir, trackers, self.console, append=self.iteration > 0)
 
     def _print_progress(self, m: Optional[dict[str, float]]) -> None:
-        """Progress after iteration `self.iteration` (metrics `m`; None: before the first one of this session).
-
-        On a terminal (and with `log.progress`): one live rich bar, iteration/total with the latest score, KL,
-        beta, episodes per second and the time left, redrawn in place below the sample tables. Elsewhere (CI,
-        output piped to a file, `log.progress: false`): one plain line per iteration."""
-        console = self.console
-        if console is None:
-            return
-        total = self.config.num_iterations
-        if m is not None:
-            left = self.train_seconds / max(self.iteration, 1) * max(total - self.iteration, 0)
-            stats = (f"score {m['objective/scores']:+.3f}  kl {m['objective/kl']:.2f}  "
-                     f"beta {m['objective/kl_coef']:.4f}  len {m['response/length_mean']:.1f}  "
-                     f"{m['eps']:.2f} eps  ~{int(left) // 60}:{int(left) % 60:02d} left")
-        if not (self.config.log.progress and console.is_terminal and not console.is_dumb_terminal):
-            if m is not None:
-                console.print(f"[bold]iter {self.iteration}/{total}[/] episode {self.episode}  {stats}  "
-                              f"rlhf {m['objective/rlhf_reward']:+.3f}  ratio {m.get('val/ratio', 1.0):.3f}",
-                              highlight=False, soft_wrap=True)  # one line per iteration in a log file
-            return
-        bar = getattr(self, "_progress_bar", None)
-        if bar is None:
-            bar = Progress(TextColumn("[bold]PPO iter[/]"), BarColumn(bar_width=30), MofNCompleteColumn(),
-                           TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=console,
-                           refresh_per_second=1)
-            done = self.iteration - (m is not None)
-            self._progress_task = bar.add_task("ppo", total=total, completed=done,
-                                               stats="(first iteration: sampling, scoring, updating)")
-            bar.start()
-            atexit.register(bar.stop)  # the cursor comes back even if training stops with an error
-            self._progress_bar = bar
-        if m is not None:
-            bar.update(self._progress_task, completed=self.iteration, stats=stats)
-        if self.iteration >= total:
-            bar.stop()
-            self._progress_bar = None
+        """Progress after iteration `self.iteration` (metrics `m`; None: before the first one of this session)."""
+        self.progress.show(self.console, self.config.log.progress, self.iteration, self.config.num_iterations,
+                           self.episode, self.train_seconds, m)
 
     def _guard_negative_kl(self, mean_kl: float, rollout: Rollout, rewards: TokenRewards) -> None:
         threshold = self.config.kl.warn_below
