@@ -788,3 +788,22 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
                       f"episode {trainer.episode}" + (" (already complete: raise total_episodes to go on)"
                                                        if done else ""), highlight=False)
     return trainer
+
+
+# ----------------------------------------------------------------------------- the trained model (final/)
+
+def export_model(directory: str, policy: Any, tokenizer: Any, value_model: Any = None, value_head: Any = None) -> None:
+    """`directory/policy` (the policy in Hugging Face format, safetensors, with its tokenizer) and `directory/value`
+    (the critic's model, or the shared value head's tensors), written atomically (`atomic_dir`)."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(directory) as tmp:
+        policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
+        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+        if value_model is not None:
+            value_model.save_pretrained(os.path.join(tmp, "value"), safe_serialization=True)
+        else:
+            head = value_head
+            os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
+            save_file({k: v.contiguous() for k, v in head.state_dict().items()},
+                      os.path.join(tmp, "value", "value_head.safetensors"))

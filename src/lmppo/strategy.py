@@ -8,6 +8,8 @@ assembly step call the hooks and never ask which strategy runs:
   `models_built` (whatever loads afterwards loads whole), `prepare` (wrap actor, critic and optimizer);
 - the loop: `generation(actor)` (the policy's weights for sampling), `sync_gradients(last, ...)` (gradient
   all-reduce only after the last micro-batch of a minibatch), `backward_kwargs`, `reuses_rollout_forward`;
+- numbers over all processes: `process_mean` / `process_sum` / `process_max`, `gather_mean` (over every sample),
+  `whiten` (advantages whitened with the statistics of every process);
 - saving: `saving(actor)` (the full weights while the model is written), `save_checkpoint(save)` and
   `check_resume()` (checkpoints are written and resumed, or refused), `full_weights(actor)` (every process can
   sample on its own: the end-of-run summary).
@@ -20,9 +22,11 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Optional
 
+import torch
 from torch import nn
 
 from lmppo.config import Config, ModelConfig
+from lmppo.core.masking import whiten_with
 from lmppo.distributed import ZeroSupport, accelerator_kwargs, prepare, refuse_resume
 from lmppo.models import build_critic
 
@@ -66,6 +70,31 @@ class Strategy:
             if critic is not None:
                 stack.enter_context(self.accelerator.no_sync(critic))
         return stack
+
+    # ---- numbers over all processes (accelerate's collectives: the same under every strategy)
+    def process_mean(self, value: float) -> float:
+        return self.accelerator.reduce(torch.tensor(float(value), device=self.accelerator.device), "mean").item()
+
+    def process_sum(self, value: torch.Tensor) -> float:
+        return self.accelerator.reduce(value.float().to(self.accelerator.device), "sum").item()
+
+    def process_max(self, value: torch.Tensor) -> float:
+        return self.accelerator.gather(value.float().reshape(1).to(self.accelerator.device)).max().item()
+
+    def gather_mean(self, per_sample: torch.Tensor) -> float:
+        """Mean over every sample of every process (TRL 1.12 averages per-process means)."""
+        values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
+        return values.mean().item()
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process."""
+        m = mask.to(values.dtype)
+        sums = torch.stack([(values * m).sum(), m.sum()])
+        sums = self.accelerator.reduce(sums, "sum")
+        mean = sums[0] / sums[1].clamp(min=1)
+        sq = self.accelerator.reduce(((values - mean) ** 2 * m).sum(), "sum")
+        var = sq / (sums[1] - 1).clamp(min=1)
+        return whiten_with(values, mask, mean, var)
 
     # ---- saving
     def saving(self, actor: nn.Module) -> contextlib.AbstractContextManager:

@@ -15,30 +15,28 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional, Sequence
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from lmppo.assembly import Components, build_components, prompts_per_iteration
 from lmppo.batch import Rollout
-from lmppo.checkpoint import atomic_dir, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
+from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
 from lmppo.config import Config
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
-from lmppo.core.masking import masked_mean, masked_sum, whiten_with
+from lmppo.core.masking import masked_mean, masked_sum
 from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalized_rewards, normalize_scores,
                                 penalize_truncated, unfinished_scores)
 from lmppo.data import split_holdout  # noqa: F401  (re-exported: its home was here)
 from lmppo.engines import PromptBatch, SamplingEngine, build_sampling_engine
 from lmppo.errors import TrainingError
-from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
+from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers, warn_negative_kl
 from lmppo.models import PolicyOutput
 from lmppo.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
 from lmppo.progress import ProgressDisplay
@@ -280,18 +278,8 @@ class PPOTrainer:
             rewards.rewards, rollout.values, rollout.response_mask, gamma=p.gamma, lam=p.lam,
             group_ids=rollout.group_ids)
         if p.whiten_advantages:
-            adv = self._whiten_over_processes(adv, rewards.train_mask)
+            adv = self.strategy.whiten(adv, rewards.train_mask)
         return adv, returns
-
-    def _whiten_over_processes(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process."""
-        m = mask.to(values.dtype)
-        sums = torch.stack([(values * m).sum(), m.sum()])
-        sums = self.accelerator.reduce(sums, "sum")
-        mean = sums[0] / sums[1].clamp(min=1)
-        sq = self.accelerator.reduce(((values - mean) ** 2 * m).sum(), "sum")
-        var = sq / (sums[1] - 1).clamp(min=1)
-        return whiten_with(values, mask, mean, var)
 
     # ------------------------------------------------------------------ 5. PPO update
     def ppo_update(self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
@@ -335,7 +323,7 @@ class PPOTrainer:
         if not target:
             return False
         stats.add("ppo/updates", 1.0)
-        approx_kl = self._process_mean(stats.recent_mean("policy/approxkl_avg", micro_batches))
+        approx_kl = self.strategy.process_mean(stats.recent_mean("policy/approxkl_avg", micro_batches))
         stopped = approx_kl > 1.5 * target
         stats.add("ppo/early_stop", float(stopped))
         return stopped
@@ -409,7 +397,8 @@ class PPOTrainer:
         self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
-        self._guard_negative_kl(metrics["objective/kl"], rollout, rewards)
+        warn_negative_kl(metrics["objective/kl"], cfg.kl.warn_below, rewards.kl, rollout.response_mask,
+                         rollout.responses_text)
         self.history.append(metrics)
         if self.logger is not None:  # the main process writes metrics, samples and the console
             self.logger.log(metrics, self.episode)
@@ -424,7 +413,8 @@ class PPOTrainer:
     def iteration_metrics(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards,
                           stats: MetricsAccumulator, timer: PhaseTimer) -> dict[str, float]:
         """TRL's metric names with TRL's meaning, averaged over all processes, plus lmppo's own."""
-        gather = self._gather_mean
+        procs = self.strategy  # means, sums and maxima over all processes
+        gather = procs.gather_mean
         mask = rollout.response_mask
         valid = scored.valid.float()
         kl_per_response = masked_sum(rewards.kl, mask, dim=1)
@@ -446,21 +436,21 @@ class PPOTrainer:
             "val/num_eos_tokens": gather(rollout.terminated.float()) * rollout.batch_size * self.accelerator.num_processes,
             "response/length_mean": gather(mask.sum(1).float()),
             "response/truncated_frac": gather(rollout.truncated.float()),
-            "reward/num_invalid": self._process_sum((1 - valid).sum()),
-            f"truncation/{self.config.reward.truncation}_count": self._process_sum(rollout.truncated.sum()),
-            "objective/kl_token_min": -self._process_max(-rewards.kl[mask].min() if mask.any() else torch.zeros(())),
+            "reward/num_invalid": procs.process_sum((1 - valid).sum()),
+            f"truncation/{self.config.reward.truncation}_count": procs.process_sum(rollout.truncated.sum()),
+            "objective/kl_token_min": -procs.process_max(-rewards.kl[mask].min() if mask.any() else torch.zeros(())),
         }
         for name, per_response in scored.per_source.items():
             m[f"reward/{name}"] = gather(per_response)
         for name in ("loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
                      "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "policy/grad_norm", "loss/kl_avg"):
             if name in stats:
-                m[name] = self._process_mean(stats.mean(name))
+                m[name] = procs.process_mean(stats.mean(name))
         if "ppo/updates" in stats:  # ppo.target_kl: optimizer steps taken, and whether the brake stopped them
             m["ppo/updates"] = float(len(stats._values["ppo/updates"]))
             m["ppo/early_stop"] = max(v.item() for v in stats._values["ppo/early_stop"])
         if "val/ratio" in stats:
-            m["val/ratio_var"] = self._process_mean(stats.var("val/ratio"))
+            m["val/ratio_var"] = procs.process_mean(stats.var("val/ratio"))
         if "update/skipped_nonfinite" in stats:
             m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * len(stats._values["update/skipped_nonfinite"])
         total = sum(timer.seconds.values())
@@ -495,22 +485,10 @@ class PPOTrainer:
     def save_model(self, directory: str) -> None:
         """The trained policy (and value model) in Hugging Face format with safetensors, written atomically."""
         with self.strategy.saving(self.actor):  # ZeRO-3: every process gathers the full weights for the save
-            return self._save_model(directory)
-
-    def _save_model(self, directory: str) -> None:
-        if not self.accelerator.is_main_process:
-            return
-        with atomic_dir(directory) as tmp:
-            self.policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
-            self.tokenizer.save_pretrained(os.path.join(tmp, "policy"))
-            if self.critic is not None:
-                self.accelerator.unwrap_model(self.critic).model.save_pretrained(os.path.join(tmp, "value"),
-                                                                                safe_serialization=True)
-            else:
-                head = self.accelerator.unwrap_model(self.actor).value_head
-                os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
-                save_file({k: v.contiguous() for k, v in head.state_dict().items()},
-                          os.path.join(tmp, "value", "value_head.safetensors"))
+            if self.accelerator.is_main_process:
+                unwrap = self.accelerator.unwrap_model
+                export_model(directory, self.policy, self.tokenizer, value_head=unwrap(self.actor).value_head,
+                             value_model=unwrap(self.critic).model if self.critic is not None else None)
 
     def save_checkpoint(self) -> Optional[str]:
         return self.strategy.save_checkpoint(lambda: save_checkpoint(self))  # (not under DeepSpeed)
@@ -528,15 +506,6 @@ class PPOTrainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
-    def _process_mean(self, value: float) -> float:
-        return self.accelerator.reduce(torch.tensor(float(value), device=self.device), "mean").item()
-
-    def _process_sum(self, value: torch.Tensor) -> float:
-        return self.accelerator.reduce(value.float().to(self.device), "sum").item()
-
-    def _process_max(self, value: torch.Tensor) -> float:
-        return self.accelerator.gather(value.float().reshape(1).to(self.device)).max().item()
-
     @property
     def prompts_per_iteration(self) -> int:
         return prompts_per_iteration(self.config)
@@ -545,11 +514,6 @@ class PPOTrainer:
     def zero(self):
         """The DeepSpeed side of the strategy (`lmppo.distributed.ZeroSupport`), None without DeepSpeed."""
         return self.strategy.zero
-
-    def _gather_mean(self, per_sample: torch.Tensor) -> float:
-        """Mean over every sample of every process (TRL 1.12 averages per-process means)."""
-        values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
-        return values.mean().item()
 
     def _open_logger(self) -> None:
         if self.logger is None and self.accelerator.is_main_process:
@@ -562,22 +526,6 @@ class PPOTrainer:
         """Progress after iteration `self.iteration` (metrics `m`; None: before the first one of this session)."""
         self.progress.show(self.console, self.config.log.progress, self.iteration, self.config.num_iterations,
                            self.episode, self.train_seconds, m)
-
-    def _guard_negative_kl(self, mean_kl: float, rollout: Rollout, rewards: TokenRewards) -> None:
-        threshold = self.config.kl.warn_below
-        if mean_kl >= threshold:
-            return
-        per_response = masked_sum(rewards.kl, rollout.response_mask, dim=1)
-        worst = torch.argsort(per_response)[:3].tolist()
-        token_min = rewards.kl[rollout.response_mask].min().item()
-        examples = "; ".join(f"#{i}: {rollout.responses_text[i][:60]!r} (kl {per_response[i].item():.2f})"
-                             for i in worst)
-        warnings.warn(
-            f"mean KL per response is {mean_kl:.3f} (< kl.warn_below {threshold}); lowest per-token KL "
-            f"{token_min:.3f}. Negative KL means tokens are sampled from a distribution other than the one "
-            f"measured: usually generation settings (top_k, top_p, min_new_tokens, repetition penalties) or a "
-            f"temperature mismatch. Lowest samples: {examples}", stacklevel=2)
-
 
     # ---- checkpoint state (see lmppo.checkpoint for the layout and what exact resume restores)
     @classmethod
