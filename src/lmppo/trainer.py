@@ -80,6 +80,10 @@ class PPOTrainer:
     policy / tokenizer: an HF causal LM and its tokenizer; prompts: a list of strings, chat message lists or
     token-id lists; reward_functions: callables `fn(prompts, completions) -> list` (or a name -> callable dict),
     used in addition to the config's reward sources (the config's default source is dropped when any are given).
+
+    Construction from the config is the assembly step (`lmppo.assembly.build_components`); `components=` takes
+    ready ones instead (then `config` is `components.config` and the other objects are not used). `resuming`:
+    the output folder already holds this run (`PPOTrainer.resume`).
     """
 
     def __init__(self, config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
