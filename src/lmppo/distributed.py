@@ -2,7 +2,7 @@
 
 A run uses DeepSpeed when `config.deepspeed` names a configuration (`zero2`, `zero3` or a DeepSpeed JSON file) or
 when the launcher turned it on (`accelerate launch --config_file examples/deepspeed/zero3.yaml` sets
-`ACCELERATE_USE_DEEPSPEED`). `ZeroSupport` holds everything that differs; the trainer calls it at a few points.
+`ACCELERATE_USE_DEEPSPEED`). `ZeroSupport` holds everything that differs; `lmppo.strategy.ZeroStrategy` calls it.
 
 What is handled, and how:
 - **Batch sizes are lmppo's.** DeepSpeed's `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` and

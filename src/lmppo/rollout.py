@@ -1,4 +1,4 @@
-"""Phase 1: sample responses and record what PPO needs about them (a `Rollout`).
+"""The `hf` sampling engine's parts (`lmppo.engines.HFEngine`): honest sampling with transformers' `generate`.
 
 Honest sampling: the logprobs used for the PPO ratio and the KL describe the distribution that was sampled.
 Generation is pure sampling at `temperature`:
