@@ -1,12 +1,13 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   installs everything into .venv, then runs the main job (`lmppo train`, built-in default recipe)
-#   make test    installs everything into .venv, then runs the test suite
+#   make test    installs everything into .venv, then runs `make lint` and the test suite
+#   make lint    ruff check, and lint-imports (the layer and no-cycle contracts in pyproject.toml)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train test bench bench-equivalence clean
+.PHONY: setup train lint test bench bench-equivalence clean
 
 setup: $(STAMP)
 
@@ -22,7 +23,12 @@ $(STAMP): pyproject.toml Makefile
 train: $(STAMP)
 	$(VENV)/bin/lmppo train $(ARGS)
 
-test: $(STAMP)
+# lint-imports reads the package from src/ (PYTHONPATH), whatever the venv's install points at
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	PYTHONPATH=src $(VENV)/bin/lint-imports
+
+test: $(STAMP) lint
 	$(PY) -m pytest $(ARGS)
 
 # TRL 1.12 lives in its own venv: it is a benchmark opponent, never a dependency of lmppo

@@ -57,8 +57,8 @@ def main(argv=None) -> None:
 
     print(f"\nTarget-token fraction after training ({len(seeds)} seeds; {RESPONSE_TOKENS} tokens per response, "
           f"{BATCH} episodes per iteration; chance 0.25)")
-    print(f"| episodes | per-token rewards | scalar (sum on last token) | per-token - scalar | per-token wins | "
-          f"KL tokens / scalar |")
+    print("| episodes | per-token rewards | scalar (sum on last token) | per-token - scalar | per-token wins | "
+          "KL tokens / scalar |")
     print("|---:|---:|---:|---:|---:|---:|")
     for iterations, finals, kls in rows:
         diff = [a - b for a, b in zip(finals["tokens"], finals["scalar"])]

@@ -44,7 +44,6 @@ def _settings(cache: Path, out: Path, seed: int, iterations: int) -> dict:
 def run_trl(cache: Path, s: dict, out: Path):
     """Train TRL for the given episodes; return (rollouts [(queries, responses) per iteration], metrics, models)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import torch
     import transformers
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
@@ -95,8 +94,10 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
     import torch
     from transformers import AutoModelForCausalLM
 
-    import lmppo.trainer as lt
+    from lmppo.assembly import build_components
     from lmppo.core.masking import stop_token_mask
+    from lmppo.engines import SamplingEngine
+    from lmppo.trainer import PPOTrainer
 
     pad = tok.pad_token_id
     prompt_lists = []
@@ -104,30 +105,30 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
         prompt_lists += [q[q != pad].tolist() for q in queries]
     replay = iter(rollouts)
 
-    def replayed_sampler(model, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds):
-        queries, responses = next(replay)
-        assert torch.equal(prompt_ids, queries), "lmppo's prompts differ from TRL's"
-        mask, terminated = stop_token_mask(responses, stop_ids)
-        responses = torch.where(mask, responses, torch.full_like(responses, pad_id))
-        return responses, mask, terminated, ~terminated & (mask.sum(1) >= max_new_tokens)
+    class ReplayEngine(SamplingEngine):
+        """A sampling engine that returns TRL's responses, iteration by iteration."""
+
+        def sample(self, model, prompts):
+            queries, responses = next(replay)
+            assert torch.equal(prompts.ids, queries), "lmppo's prompts differ from TRL's"
+            mask, terminated = stop_token_mask(responses, self.stop_ids)
+            responses = torch.where(mask, responses, torch.full_like(responses, self.pad_id))
+            return responses, mask, terminated, ~terminated & (mask.sum(1) >= self.config.rollout.max_new_tokens)
 
     c = compare_trl.lmppo_config(s, out / "lmppo")
     c.data.shuffle = False  # the prompts are TRL's, in TRL's order
     c.ppo.reuse_rollout_forward = not s.get("plain_first_epoch", False)
     policy = AutoModelForCausalLM.from_pretrained(cache / "policy")
-    trainer = lt.PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompt_lists)
-    original, lt.sample_native = lt.sample_native, replayed_sampler
-    try:
-        history = trainer.train()
-    finally:
-        lt.sample_native = original
+    parts = build_components(c, policy=policy, tokenizer=tok, prompts=prompt_lists)
+    parts.sampling_engines[c.rollout.backend] = ReplayEngine(c, parts.stop_ids, parts.tokenizer.pad_token_id,
+                                                             parts.accelerator)
+    trainer = PPOTrainer(c, components=parts)
+    history = trainer.train()
     return history, trainer.policy, trainer.accelerator.unwrap_model(trainer.critic).model
 
 
 def relative_update_difference(start, a, b) -> float:
     """|(a - start) - (b - start)| / |b - start| over all parameters (b is the reference)."""
-    import torch
-
     diff = sq_ref = 0.0
     sa, sb = dict(a.named_parameters()), dict(b.named_parameters())
     for name, p0 in start.named_parameters():

@@ -7,7 +7,6 @@ statistic on a deliberately wrong sampler (wrong temperature, top-k) must fail i
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 
@@ -259,14 +258,15 @@ def test_k1_test_detects_a_sampler_that_is_not_the_measured_one(drifted_trainer,
     to about +11. (top_k biases k1 *upwards* here: it keeps the policy's own top tokens, where pi > pi_ref.)"""
     trainer = drifted_trainer
     trainer.config.rollout.backend = "hf"
-    saved = trainer.gen_config
-    trainer.gen_config = pure_sampling_config(trainer.policy, temperature, 2, [tokenizer.eos_token_id],
-                                              tokenizer.pad_token_id, setting)
+    engine = trainer.sampling_engine("hf")
+    saved = engine.gen_config
+    engine.gen_config = pure_sampling_config(trainer.policy, temperature, 2, [tokenizer.eos_token_id],
+                                             tokenizer.pad_token_id, setting)
     try:
         torch.manual_seed(0)
         _, _, diff, se = k1_vs_exact(trainer)
     finally:
-        trainer.gen_config = saved
+        engine.gen_config = saved
     assert abs(diff) > 6 * se and diff / se > z_min, (diff, se)
 
 

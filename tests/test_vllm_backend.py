@@ -152,6 +152,7 @@ def vllm_config(tmp_path, policy_dir) -> Config:
 
 def test_no_gpu_is_a_config_error_naming_the_field_before_any_model_loads(tmp_path, tiny_model_dir, tokenizer,
                                                                           monkeypatch):
+    import lmppo.assembly as assembly_module
     import lmppo.trainer as trainer_module
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -159,7 +160,7 @@ def test_no_gpu_is_a_config_error_naming_the_field_before_any_model_loads(tmp_pa
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded before the backend was checked")
 
-    monkeypatch.setattr(trainer_module, "load_policy", no_loading)
+    monkeypatch.setattr(assembly_module, "load_policy", no_loading)
     cfg = vllm_config(tmp_path, tiny_model_dir)
     with pytest.raises(ConfigError) as err:
         trainer_module.PPOTrainer(cfg, tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[lambda p, c: [0.0] * len(c)])

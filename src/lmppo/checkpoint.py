@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import errno
 import hashlib
 import json
@@ -56,13 +57,18 @@ import shutil
 import uuid
 import warnings
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
+import lmppo.config as config_module
+from lmppo.config import Config, apply_override, from_dict, load_config
 from lmppo.errors import CheckpointError, ConfigError
+from lmppo.optim import lr_factor
+from lmppo.redact import MASK, _SECRET_KEY, redact_text  # noqa: F401  (redact_text: re-exported)
 
-if TYPE_CHECKING:  # pragma: no cover
-    from lmppo.config import Config
-    from lmppo.trainer import PPOTrainer
+Trainer = Any
+"""What saving and loading read and restore: an object with `config`, `accelerator`, `actor`, `critic`,
+`optimizer`, `scheduler`, `reference`, `kl_controller`, `score_moments`, `stream`, `update_generator`, the counters
+and `state_for_checkpoint()` (a `PPOTrainer`; this module does not import the trainer, which sits above it)."""
 
 FORMAT = 1
 """Version of the checkpoint layout; bumped when it changes incompatibly."""
@@ -154,34 +160,7 @@ def _sha256(path: str) -> str:
 
 # ----------------------------------------------------------------------------- secrets
 
-MASK = "***"
-_SECRET_NAME = r"(?:token|secret|passw(?:or)?d|passwd|pwd|api[_-]?key|apikey|access[_-]?key|private[_-]?key|auth\w*|credentials?|cookie|session[_-]?id|sig|signature)"
-_URL_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s?#]*@")
-_QUERY_SECRET = re.compile(r"(?i)([?&;][\w.-]*" + _SECRET_NAME + r"[\w.-]*=)[^&#\s]*")
-_ENV_ASSIGN = re.compile(r"\b([A-Z][A-Z0-9_]*(?:TOKEN|SECRET|PASSWORD|PASSWD|PWD|API_KEY|APIKEY|ACCESS_KEY|"
-                         r"PRIVATE_KEY|CREDENTIALS?|AUTH)[A-Z0-9_]*)=(\S+)")
-_TOKEN_SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{20,}|"
-                           r"github_pat_[A-Za-z0-9_]{20,}|xox[abposr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16}|"
-                           r"glpat-[A-Za-z0-9_-]{20,})")
-_AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}")
-_SECRET_KEY = re.compile(r"(?i)" + _SECRET_NAME)
-
-
-def redact_text(text: str) -> str:
-    """`text` with credentials masked: `user:pass@` in URLs, secret query parameters (`?token=...`),
-    env-style assignments (`HF_TOKEN=...`), `Bearer ...` values and well-known token shapes (hf_, sk-, ghp_, ...)."""
-    text = _URL_USERINFO.sub(lambda m: m.group(1) + MASK + "@", text)
-    text = _QUERY_SECRET.sub(lambda m: m.group(1) + MASK, text)
-    text = _ENV_ASSIGN.sub(lambda m: m.group(1) + "=" + MASK, text)
-    text = _AUTH_HEADER.sub(lambda m: m.group(1) + " " + MASK, text)
-    return _TOKEN_SHAPES.sub(MASK, text)
-
-
 def _config_field_names() -> frozenset[str]:
-    import dataclasses
-
-    from lmppo import config as config_module
-
     names: set[str] = set()
     for obj in vars(config_module).values():
         if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__:
@@ -203,7 +182,7 @@ def _redact(value: Any, known: frozenset[str]) -> Any:
     return value
 
 
-def redacted_config_dict(cfg: "Config | dict") -> dict:
+def redacted_config_dict(cfg: Config | dict) -> dict:
     """The config as a plain dict, safe to write to files and trackers: credentials in URLs and strings masked
     (see `redact_text`), and values under secret-looking keys of free-form mappings (e.g. a `token` in
     rollout.generation_kwargs) replaced by `***`. Config fields themselves (`stop_token`, ...) are kept."""
@@ -225,7 +204,7 @@ def _masked_fields(data: Any, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def write_run_config(cfg: "Config", path: str, comments: Sequence[str] = ()) -> None:
+def write_run_config(cfg: Config, path: str, comments: Sequence[str] = ()) -> None:
     """`config.yaml` of a run (secrets masked), written atomically; `comments`: lines after the header (how a
     value was chosen, e.g. `precision: auto`)."""
     import yaml
@@ -262,7 +241,7 @@ def existing_run_files(output_dir: str) -> list[str]:
     return found
 
 
-def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bool = False,
+def prepare_output_dir(cfg: Config, is_main_process: bool = True, resuming: bool = False,
                        comments: Sequence[str] = ()) -> None:
     """Create `cfg.output_dir` and write its config.yaml (secrets masked).
 
@@ -295,11 +274,11 @@ def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bo
 
 # ----------------------------------------------------------------------------- what is saved
 
-def _unwrap(trainer: "PPOTrainer", module):
+def _unwrap(trainer: "Trainer", module):
     return trainer.accelerator.unwrap_model(module)
 
 
-def trained_parameters(trainer: "PPOTrainer") -> dict:
+def trained_parameters(trainer: "Trainer") -> dict:
     """`actor.*` / `critic.*` name -> parameter, for every parameter training changes (requires_grad).
     Tied weights appear once (named_parameters removes duplicates)."""
     out = {}
@@ -312,7 +291,7 @@ def trained_parameters(trainer: "PPOTrainer") -> dict:
     return out
 
 
-def frozen_fingerprint(trainer: "PPOTrainer") -> str:
+def frozen_fingerprint(trainer: "Trainer") -> str:
     """sha256 over the parameters of the policy / critic that training does not change (LoRA base weights,
     frozen layers): they are not stored, but loaded again from the config on resume."""
     cached = getattr(trainer, "_frozen_fingerprint", None)
@@ -359,7 +338,7 @@ def _join_tensors(obj: Any, tensors: dict) -> Any:
     return obj
 
 
-def _rng_state(trainer: "PPOTrainer") -> tuple[dict, dict]:
+def _rng_state(trainer: "Trainer") -> tuple[dict, dict]:
     """(tensors, json) of every RNG of this process."""
     import torch
 
@@ -379,7 +358,7 @@ def _rng_state(trainer: "PPOTrainer") -> tuple[dict, dict]:
     return tensors, info
 
 
-def _set_rng_state(trainer: "PPOTrainer", tensors: dict, info: dict) -> None:
+def _set_rng_state(trainer: "Trainer", tensors: dict, info: dict) -> None:
     import torch
 
     torch.set_rng_state(tensors["torch_cpu"])
@@ -518,7 +497,7 @@ def _os_reason(err: OSError) -> str:
     return f"{err.strerror or err}{where}"
 
 
-def save_checkpoint(trainer: "PPOTrainer") -> str:
+def save_checkpoint(trainer: "Trainer") -> str:
     """Write the trainer's complete state to `output_dir/checkpoints/iter-N` atomically; returns the folder.
 
     Raises CheckpointError (and writes nothing) when a weight or optimizer moment is not finite, and when the
@@ -588,7 +567,7 @@ def _get(data: Any, dotted: str) -> Any:
     return data
 
 
-def check_compatible(cfg: "Config", saved: dict, where: str) -> None:
+def check_compatible(cfg: Config, saved: dict, where: str) -> None:
     """ConfigError naming the first field of `INCOMPATIBLE_FIELDS` whose value in `cfg` differs from the
     checkpointed config `saved` (a redacted dict)."""
     new = redacted_config_dict(cfg)
@@ -603,7 +582,7 @@ def check_compatible(cfg: "Config", saved: dict, where: str) -> None:
                               "output_dir")
 
 
-def _check_length(cfg: "Config", state: dict, where: str) -> None:
+def _check_length(cfg: Config, state: dict, where: str) -> None:
     if state["iteration"] > cfg.num_iterations:
         raise ConfigError("total_episodes", cfg.total_episodes, f"is less than the {state['episode']} episodes the "
                           f"checkpoint {where} has already trained; give at least that many (more to go on)")
@@ -637,7 +616,7 @@ def resolve_checkpoint(path: str) -> str:
     return found
 
 
-def load_checkpoint(trainer: "PPOTrainer", path: Optional[str] = None, *, verified: bool = False) -> str:
+def load_checkpoint(trainer: "Trainer", path: Optional[str] = None, *, verified: bool = False) -> str:
     """Restore the trainer from checkpoint folder `path` (default: the latest one in its output_dir); returns
     the folder. The trainer's config must be compatible (`check_compatible`). metrics.jsonl and samples.jsonl
     of the trainer's output_dir are cut back to the checkpoint's iteration, so the continued run adds no
@@ -706,7 +685,7 @@ def load_checkpoint(trainer: "PPOTrainer", path: Optional[str] = None, *, verifi
     return path
 
 
-def _apply_changed_optimisation(trainer: "PPOTrainer", saved: dict) -> None:
+def _apply_changed_optimisation(trainer: "Trainer", saved: dict) -> None:
     """Optimizer settings come back from the checkpoint; apply the ones the resumed config changed."""
     p = trainer.config.ppo
     for group in trainer.optimizer.param_groups:
@@ -716,7 +695,7 @@ def _apply_changed_optimisation(trainer: "PPOTrainer", saved: dict) -> None:
     if all(_get(saved, k) == v for k, v in schedule.items()):
         return
     sched = trainer.scheduler
-    factor = trainer._lr_factor(sched.last_epoch)
+    factor = lr_factor(sched.last_epoch, p, trainer.config.num_iterations)
     sched.base_lrs = [p.learning_rate for _ in sched.base_lrs]
     for group in trainer.optimizer.param_groups:
         group["initial_lr"] = p.learning_rate
@@ -761,19 +740,17 @@ def truncate_logs(output_dir: str, iteration: int, episode: int) -> None:
 # ----------------------------------------------------------------------------- resuming a run
 
 def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_path: Optional[str] = None,
-                   console: Any = None, *, config: "Optional[Config]" = None, trainer_cls: Any = None,
-                   **trainer_kwargs: Any) -> "PPOTrainer":
+                   console: Any = None, *, config: Optional[Config] = None, trainer_cls: Any,
+                   **trainer_kwargs: Any) -> "Trainer":
     """A trainer that continues the run in `output_dir` from its latest complete checkpoint.
 
     The config is `config` (a Config), else the file `config_path`, else the run's own `output_dir/config.yaml`
     (falling back to the one stored in the checkpoint), with `overrides` (dotted name -> value) applied and
     `output_dir` set to the run's folder. A change that makes the checkpoint unusable is refused with a
     ConfigError naming the field and both values, before any model is loaded. `trainer_kwargs` (policy,
-    tokenizer, prompts, reward_functions) are passed to the trainer as for a new run: give the same initial
-    policy and prompts the run started with.
+    tokenizer, prompts, reward_functions) are passed to `trainer_cls` (`PPOTrainer`; `PPOTrainer.resume` calls
+    this) as for a new run, with `resuming=True`: give the same initial policy and prompts the run started with.
     """
-    from lmppo.config import Config, apply_override, from_dict, load_config
-
     if not os.path.isdir(output_dir):
         raise CheckpointError(f"cannot resume from {output_dir}: no such folder")
     path = resolve_checkpoint(output_dir)
@@ -799,11 +776,7 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
     cfg.output_dir = output_dir
     check_compatible(cfg, state.get("config", {}), path)
     _check_length(cfg, state, path)
-    if trainer_cls is None:
-        from lmppo.trainer import PPOTrainer as trainer_cls
-    trainer = trainer_cls.__new__(trainer_cls)
-    trainer._resuming = True
-    trainer.__init__(cfg, console=console, **trainer_kwargs)
+    trainer = trainer_cls(cfg, console=console, resuming=True, **trainer_kwargs)
     stale = [p for i, p in list_checkpoints(output_dir) if i > state["iteration"]]
     for p in stale:  # newer checkpoints that failed verification: set aside so they are neither used nor pruned
         with contextlib.suppress(OSError):
@@ -815,3 +788,22 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
                       f"episode {trainer.episode}" + (" (already complete: raise total_episodes to go on)"
                                                        if done else ""), highlight=False)
     return trainer
+
+
+# ----------------------------------------------------------------------------- the trained model (final/)
+
+def export_model(directory: str, policy: Any, tokenizer: Any, value_model: Any = None, value_head: Any = None) -> None:
+    """`directory/policy` (the policy in Hugging Face format, safetensors, with its tokenizer) and `directory/value`
+    (the critic's model, or the shared value head's tensors), written atomically (`atomic_dir`)."""
+    from safetensors.torch import save_file
+
+    with atomic_dir(directory) as tmp:
+        policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
+        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+        if value_model is not None:
+            value_model.save_pretrained(os.path.join(tmp, "value"), safe_serialization=True)
+        else:
+            head = value_head
+            os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
+            save_file({k: v.contiguous() for k, v in head.state_dict().items()},
+                      os.path.join(tmp, "value", "value_head.safetensors"))

@@ -11,14 +11,18 @@ exit code 2; `--debug` shows the traceback instead.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import difflib
 import os
 import sys
 import textwrap
 from typing import Any, Optional, Sequence
 
+from lmppo.config import all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.evaluate import main as eval_main
+from lmppo.plot import plot_runs
+from lmppo.summary import summarize
+from lmppo.trainer import PPOTrainer
 
 EXIT_USER_ERROR = 2
 
@@ -28,8 +32,6 @@ def _type_name(tp: Any) -> str:
 
 
 def train_help() -> str:
-    from lmppo.config import all_fields
-
     lines = [
         "usage: lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]",
         "",
@@ -55,43 +57,7 @@ def train_help() -> str:
     return "\n".join(lines)
 
 
-def parse_overrides(args: Sequence[str]) -> dict[str, str]:
-    """`--a.b value` / `--a.b=value` pairs -> {"a.b": "value"}; unknown options get a did-you-mean."""
-    from lmppo.config import all_fields
-
-    known = [n for n, *_ in all_fields()] + [n.rsplit(".", 1)[0] for n, *_ in all_fields() if "." in n]
-    out: dict[str, str] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if not arg.startswith("--"):
-            raise ConfigError("command line", arg, "unexpected argument; options look like --section.field VALUE")
-        key, eq, value = arg[2:].partition("=")
-        key = key.replace("-", "_")
-        if key not in known:
-            hint = difflib.get_close_matches(key, known, n=1)
-            raise ConfigError(f"--{key}", value or None, "is not a known option"
-                              + (f" (did you mean `--{hint[0]}`?)" if hint else "") + "; see `lmppo train --help`")
-        if not eq:
-            if i + 1 >= len(args):
-                raise ConfigError(f"--{key}", None, "needs a value")
-            value = args[i + 1]
-            i += 1
-        out[key] = value
-        i += 1
-    return out
-
-
-def recipe_path(name: str) -> str:
-    """A recipe shipped inside the package (`lmppo/recipes/NAME.yaml`)."""
-    from importlib import resources
-
-    return str(resources.files("lmppo") / "recipes" / f"{name}.yaml")
-
-
 def cmd_train(argv: Sequence[str], console) -> int:
-    from lmppo.config import load_config
-
     if "-h" in argv or "--help" in argv:
         print(train_help())
         return 0
@@ -108,12 +74,8 @@ def cmd_train(argv: Sequence[str], console) -> int:
     if config_path is None and resume_dir is None:
         config_path = recipe_path("sentiment")
     if resume_dir is not None:
-        from lmppo.checkpoint import resume_trainer
-
-        trainer = resume_trainer(resume_dir, overrides=overrides, config_path=config_path, console=console)
+        trainer = PPOTrainer.resume(resume_dir, overrides=overrides, config_path=config_path, console=console)
     else:
-        from lmppo.trainer import PPOTrainer
-
         cfg = load_config(config_path, overrides)
         trainer = PPOTrainer(cfg, console=console)
     trainer.train()
@@ -124,14 +86,11 @@ def cmd_train(argv: Sequence[str], console) -> int:
 def _print_summary(trainer, console) -> None:
     """The end-of-training summary (lmppo.summary): training score and KL at the first and last iteration, and on
     the held-out prompts (`data.holdout`) score, judge, KL and samples before and after; also OUTPUT_DIR/summary.json."""
-    from lmppo.summary import summarize
-
     held = getattr(trainer, "holdout_set", None)
     if console is not None and held is not None and len(held.ids):
         console.print(f"[bold]done[/]; sampling the initial and the trained policy on the {len(held.ids)} held-out "
                       "prompts ...", highlight=False)
-    zero = getattr(trainer, "zero", None)  # ZeRO-3: each process samples with the full weights gathered
-    with zero.full_weights(trainer.actor) if zero is not None else contextlib.nullcontext():
+    with trainer.strategy.full_weights(trainer.actor):  # ZeRO-3: each process samples with the full weights
         summarize(trainer, console)
 
 
@@ -141,16 +100,12 @@ def cmd_plot(argv: Sequence[str], console) -> int:
     parser.add_argument("run_dirs", nargs="+", help="output_dir of one or more runs")
     parser.add_argument("-o", "--output", default=None, help="PNG path (default: FIRST_RUN/curves.png)")
     args = parser.parse_args(argv)
-    from lmppo.plot import plot_runs
-
     out = args.output or os.path.join(args.run_dirs[0], "curves.png")
     console.print(f"wrote {plot_runs(args.run_dirs, out)}")
     return 0
 
 
 def cmd_eval(argv: Sequence[str], console) -> int:
-    from lmppo.evaluate import main as eval_main
-
     return eval_main(argv, console)
 
 

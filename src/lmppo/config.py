@@ -19,9 +19,13 @@ import textwrap
 import typing
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from importlib import resources
+from typing import Any, Sequence
 
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
+from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from lmppo.errors import ConfigError
+from lmppo.sampling_settings import check_generation_kwargs
 
 BUILTIN_MODELS = ("smollm2",)
 """Model names resolved by lmppo itself (see ``lmppo.assets``) rather than as a folder."""
@@ -402,8 +406,6 @@ class Config:
         if r.batch_size % r.num_samples_per_prompt:
             raise ConfigError("rollout.num_samples_per_prompt", r.num_samples_per_prompt,
                               f"must divide rollout.batch_size ({r.batch_size})")
-        from lmppo.rollout import check_generation_kwargs
-
         check_generation_kwargs(r.generation_kwargs, r.allow_distorting_sampling)  # the honest-KL refusal first
         if r.generation_kwargs and r.backend != "hf":
             raise ConfigError("rollout.generation_kwargs", r.generation_kwargs,
@@ -431,9 +433,9 @@ class Config:
         _check_reward(c.reward)
         k = c.kl
         _non_negative(k.coef, "kl.coef")
-        _one_of(k.estimator, "kl.estimator", ("k1", "k2", "k3"))
+        _one_of(k.estimator, "kl.estimator", tuple(KL_ESTIMATORS))
         _one_of(k.placement, "kl.placement", ("reward", "loss", "both"))
-        _one_of(k.controller, "kl.controller", ("fixed", "adaptive", "pi"))
+        _one_of(k.controller, "kl.controller", tuple(KL_CONTROLLERS))
         if k.controller in ("adaptive", "pi"):
             _positive(k.target, "kl.target")
         if k.controller == "adaptive":
@@ -474,7 +476,6 @@ class Config:
         _non_negative(p.max_grad_norm, "ppo.max_grad_norm")
         _in_range(p.gamma, "ppo.gamma", 0.0, 1.0)
         _in_range(p.lam, "ppo.lam", 0.0, 1.0)
-        from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
         _one_of(p.advantage_estimator, "ppo.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS))
         _positive(p.max_nonfinite_updates, "ppo.max_nonfinite_updates")
         if p.advantage_estimator in ("rloo", "grpo") and r.num_samples_per_prompt < 2:
@@ -750,3 +751,33 @@ def save_config(cfg: Config, path: str) -> None:
 
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(cfg.to_dict(), fh, sort_keys=False)
+
+
+def parse_overrides(args: Sequence[str]) -> dict[str, str]:
+    """`--a.b value` / `--a.b=value` pairs -> {"a.b": "value"}; unknown options get a did-you-mean."""
+    known = [n for n, *_ in all_fields()] + [n.rsplit(".", 1)[0] for n, *_ in all_fields() if "." in n]
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            raise ConfigError("command line", arg, "unexpected argument; options look like --section.field VALUE")
+        key, eq, value = arg[2:].partition("=")
+        key = key.replace("-", "_")
+        if key not in known:
+            hint = difflib.get_close_matches(key, known, n=1)
+            raise ConfigError(f"--{key}", value or None, "is not a known option"
+                              + (f" (did you mean `--{hint[0]}`?)" if hint else "") + "; see `lmppo train --help`")
+        if not eq:
+            if i + 1 >= len(args):
+                raise ConfigError(f"--{key}", None, "needs a value")
+            value = args[i + 1]
+            i += 1
+        out[key] = value
+        i += 1
+    return out
+
+
+def recipe_path(name: str) -> str:
+    """A recipe shipped inside the package (`lmppo/recipes/NAME.yaml`)."""
+    return str(resources.files("lmppo") / "recipes" / f"{name}.yaml")

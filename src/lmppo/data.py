@@ -30,8 +30,9 @@ from typing import Any, Sequence
 
 import torch
 
+import lmppo.assets
 from lmppo.config import DataConfig
-from lmppo.errors import DataError
+from lmppo.errors import ConfigError, DataError
 
 FORMATS = ("jsonl", "csv", "text")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".txt": "text", ".text": "text"}
@@ -65,10 +66,8 @@ def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = No
         return _records(list(prompts), "prompts passed to the API", [f"item {i}" for i in range(len(prompts))])
     spec = data_cfg.prompts
     if spec.startswith("builtin:"):
-        from lmppo import assets  # lazy: only built-in sets need it
-
         name = spec[len("builtin:"):]
-        items = list(assets.builtin_prompts(name))
+        items = list(lmppo.assets.builtin_prompts(name))
         return _records(items, spec, [f"item {i}" for i in range(len(items))])
     return _load_file(spec, data_cfg)
 
@@ -395,3 +394,18 @@ def _names(row: Any) -> str:
 def _close(name: str, options: Sequence[str]) -> str:
     hint = difflib.get_close_matches(name, [str(o) for o in options], n=1)
     return f" (`{hint[0]}` is close: a typo?)" if hint else ""
+
+
+def split_holdout(prompts, holdout: int, seed: int):
+    """(training prompts, held-out prompts): `holdout` prompts picked by a seeded permutation."""
+    n = len(prompts.ids)
+    if holdout >= n:
+        raise ConfigError("data.holdout", holdout, f"must be smaller than the number of prompts ({n})")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7)).tolist()
+    held = set(order[:holdout])
+
+    def pick(keep):
+        idx = [i for i in range(n) if (i in held) == keep]
+        return PromptSet(ids=[prompts.ids[i] for i in idx], texts=[prompts.texts[i] for i in idx])
+
+    return pick(False), pick(True)

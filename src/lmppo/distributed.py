@@ -2,7 +2,7 @@
 
 A run uses DeepSpeed when `config.deepspeed` names a configuration (`zero2`, `zero3` or a DeepSpeed JSON file) or
 when the launcher turned it on (`accelerate launch --config_file examples/deepspeed/zero3.yaml` sets
-`ACCELERATE_USE_DEEPSPEED`). `ZeroSupport` holds everything that differs; the trainer calls it at a few points.
+`ACCELERATE_USE_DEEPSPEED`). `ZeroSupport` holds everything that differs; `lmppo.strategy.ZeroStrategy` calls it.
 
 What is handled, and how:
 - **Batch sizes are lmppo's.** DeepSpeed's `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` and
@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.models import Actor, Critic, _load_kwargs, build_critic, hf_model, hidden_size, is_peft_model
 
 ZERO_PRESETS = ("zero2", "zero3")
 
@@ -115,12 +116,6 @@ def local_shard(param: torch.Tensor) -> torch.Tensor:
     return param.ds_tensor if hasattr(param, "ds_tensor") else param
 
 
-def _actor_class():
-    from lmppo.models import Actor
-
-    return Actor
-
-
 class ActorWithCritic(nn.Module):
     """Actor and critic as one module, so that one DeepSpeed engine (and one optimizer) trains both. Calling it
     is calling the actor (`lmppo.models.Actor.forward`); the trainer calls `.critic` directly (under ZeRO-3 its
@@ -133,7 +128,7 @@ class ActorWithCritic(nn.Module):
         self.critic = critic
 
     def forward(self, *args, **kwargs):
-        return _actor_class().forward(self, *args, **kwargs)
+        return Actor.forward(self, *args, **kwargs)
 
 
 def prepare(accelerator, actor: nn.Module, critic: Optional[nn.Module], optimizer, zero: Optional["ZeroSupport"]):
@@ -210,8 +205,6 @@ class ZeroSupport:
                 zero[key] = value
 
     def before_prepare(self, module: nn.Module) -> nn.Module:
-        from lmppo.models import hidden_size
-
         self._fill_hidden_size(hidden_size(module.policy))
         return module
 
@@ -239,8 +232,6 @@ class ZeroSupport:
 
     def build_critic(self, policy: nn.Module, policy_path: Optional[str], init_path: Optional[str], mc):
         """`lmppo.models.build_critic`, also when ZeRO-3 has partitioned the policy at load."""
-        from lmppo.models import build_critic
-
         if init_path is not None:
             return build_critic(policy, init_path, mc)  # loads (partitioned or not) like the policy did
         if not is_partitioned(policy):
@@ -253,8 +244,6 @@ class ZeroSupport:
         # build_critic zeroes it (gathered, set on process 0, partitioned again on the way out)
         import deepspeed
         from transformers import AutoModelForSequenceClassification
-
-        from lmppo.models import Critic, _load_kwargs, hf_model
 
         model = AutoModelForSequenceClassification.from_pretrained(policy_path, num_labels=1, dtype=torch.float32,
                                                                    **_load_kwargs(mc))
@@ -272,9 +261,6 @@ class ZeroSupport:
     def reference_model(self, policy: nn.Module, policy_path: Optional[str], mc) -> Optional[nn.Module]:
         """The reference's own weights when ZeRO-3 needs them built here (None: `ReferencePolicy` copies the
         policy, or, with LoRA, needs no copy)."""
-        from lmppo.models import hf_model
-        from lmppo.reference import is_peft_model
-
         if self.stage != 3 or is_peft_model(policy):
             return None
         if is_partitioned(policy):
@@ -282,8 +268,6 @@ class ZeroSupport:
                 raise LmppoError("under ZeRO-3 the policy object passed in is partitioned; the reference must be "
                                  "loaded from model.policy, so pass the policy as a folder (model.policy)")
             from transformers import AutoModelForCausalLM
-
-            from lmppo.models import _load_kwargs
 
             model = AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32, **_load_kwargs(mc))
         else:
@@ -297,8 +281,6 @@ class ZeroSupport:
         """A frozen model partitioned by ZeRO-3 for forward passes only (TRL's `prepare_deepspeed`); returns the
         module (its layers gather their shards), the engine is kept alive here."""
         import deepspeed
-
-        from lmppo.models import hidden_size
 
         config = copy.deepcopy(self.plugin.deepspeed_config)
         for key in ("optimizer", "scheduler"):

@@ -7,6 +7,8 @@ allowed. The CLI prints the message on one line and exits non-zero; a traceback 
 
 from __future__ import annotations
 
+from lmppo.redact import redact_text
+
 
 class LmppoError(Exception):
     """Base class of every error lmppo raises on purpose."""
@@ -22,10 +24,6 @@ class ConfigError(LmppoError, ValueError):
 
 def _redact(text: str) -> str:
     """Mask credentials (user:password@ in URLs, tokens) in a value before it reaches a message."""
-    try:
-        from lmppo.checkpoint import redact_text
-    except ImportError:  # pragma: no cover - checkpoint imports nothing heavy, but never fail an error message
-        return text
     return redact_text(text)
 
 

@@ -21,12 +21,13 @@ comparison is paired:
 
 Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.sample_native` (or `rollout`'s HF
 backend), log-probabilities come from `models.policy_forward`, the KL from `core.kl`, scores from
-`rewards.score_rollout`, prompts and the held-out split from `data` and `trainer.split_holdout`.
+`rewards.score_rollout`, prompts and the held-out split from `data` and `data.split_holdout`.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -38,8 +39,17 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from lmppo.config import BUILTIN_MODELS, load_config, parse_overrides, recipe_path
+from lmppo.core.kl import KL_ESTIMATORS
+from lmppo.core.logprobs import selective_log_softmax
+from lmppo.core.masking import masked_sum
+from lmppo.data import load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import LmppoError
+from lmppo.models import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.precision import choose_precision
+from lmppo.rewards import SourceContext, build_reward_sources, decode_completion, score_rollout
+from lmppo.rollout import left_pad, pure_sampling_config, sample_responses
+from lmppo.sampling import response_seed, sample_native
 
 EVAL_STREAM = 1 << 40
 """The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
@@ -103,12 +113,6 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
     `hf`, transformers' generate runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
     `autocast` is the precision context of the log-probability passes (as in training); sampling runs outside it.
     """
-    from lmppo.core.kl import KL_ESTIMATORS
-    from lmppo.core.logprobs import selective_log_softmax
-    from lmppo.core.masking import masked_sum
-    from lmppo.models import policy_forward
-    from lmppo.rewards import decode_completion, score_rollout
-    from lmppo.rollout import left_pad
 
     if len(prompt_ids) != len(prompt_texts):
         raise ValueError(f"{len(prompt_ids)} prompt id lists but {len(prompt_texts)} prompt texts")
@@ -157,14 +161,12 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
 def _sample(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, backend, seed, chunk,
             positions):
     if backend == "hf":
-        from lmppo.rollout import pure_sampling_config, sample_responses
 
         gen = pure_sampling_config(policy, temperature, max_new_tokens, stop_ids.tolist(), pad_id)
         devices = [prompt_ids.device] if prompt_ids.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
             torch.manual_seed(seed + chunk)
             return sample_responses(policy, prompt_ids, prompt_mask, gen, stop_ids, max_new_tokens)
-    from lmppo.sampling import response_seed, sample_native
 
     seeds = [response_seed(seed, EVAL_STREAM, p) for p in positions]
     return sample_native(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds)
@@ -217,7 +219,6 @@ def _is_adapter(path: str) -> bool:
 
 
 def _check_model_folder(path: str, what: str) -> None:
-    from lmppo.config import BUILTIN_MODELS
 
     if path in BUILTIN_MODELS or path.startswith("hub:"):
         return
@@ -237,7 +238,6 @@ def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Op
 
     The starting point: `reference` if given; for an adapter, its base model with the adapter switched off;
     otherwise `cfg.model.policy` when `cfg` is the run's (in a run folder, or `config_given`)."""
-    from lmppo.models import load_policy, load_tokenizer, resolve_model_path
 
     _check_model_folder(model_path, "model")
     mc = cfg.model
@@ -277,8 +277,6 @@ def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Op
 
 
 def _full_weights(mc: Any) -> Any:
-    import copy
-
     out = copy.deepcopy(mc)
     out.lora.enabled = False
     return out
@@ -308,8 +306,6 @@ def stop_token_ids(tokenizer: Any, stop_token: str) -> torch.Tensor:
 def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[int]], list[str], bool]:
     """(ids, texts, held_out): the run's held-out prompts (`data.holdout`, the same seeded split as in training),
     or, when the run kept none out, `num_prompts` training prompts picked by a seeded permutation."""
-    from lmppo.data import load_prompt_records, tokenize_prompts
-    from lmppo.trainer import split_holdout
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # long prompts were reported at training time
@@ -351,8 +347,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str], console: Any = None) -> int:
     """`lmppo eval`; returns the exit code. User mistakes raise LmppoError (one line from the CLI)."""
-    from lmppo.cli import parse_overrides, recipe_path
-    from lmppo.config import load_config
 
     args, rest = _parser().parse_known_args(list(argv))
     overrides = parse_overrides(rest)
@@ -391,8 +385,6 @@ def main(argv: Sequence[str], console: Any = None) -> int:
 
 def build_sources(cfg: Any, device: torch.device) -> list:
     """The config's reward sources (as the trainer builds them)."""
-    from lmppo.models import resolve_model_path
-    from lmppo.rewards import SourceContext, build_reward_sources
 
     return build_reward_sources(cfg.reward, ctx=SourceContext(
         device=str(device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
@@ -412,8 +404,6 @@ def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
 def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, seed: int,
                     judge: Optional[str] = None, num_prompts: int = 0, samples_per_prompt: int = 4) -> dict[str, Any]:
     """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
-    from lmppo.core.logprobs import selective_log_softmax
-    from lmppo.models import policy_forward
 
     tokenizer = models.tokenizer
     if tokenizer.pad_token_id is None:

@@ -9,10 +9,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
+
+from lmppo.core.masking import masked_sum
+from lmppo.errors import LmppoError
 
 
 class MetricsAccumulator:
@@ -147,8 +151,6 @@ def _cell(v: Any) -> Any:
 def make_trackers(names: list[str], output_dir: str, config: dict, run_name: str) -> list[Tracker]:
     """The trackers named in `log.trackers`; LmppoError (one line) when a package is missing or a tracker cannot
     start, after closing those already started."""
-    from lmppo.errors import LmppoError
-
     out: list[Tracker] = []
     for name in names:
         try:
@@ -219,3 +221,23 @@ def sample_table(rows: list[dict[str, Any]], title: str):
     for r in rows:
         table.add_row(*[f"{v:.3f}" if isinstance(v, float) else str(v) for v in r.values()])
     return table
+
+
+# ----------------------------------------------------------------------------- the negative-KL guard
+
+def warn_negative_kl(mean_kl: float, threshold: float, kl: torch.Tensor, mask: torch.Tensor,
+                     responses_text: list[str]) -> None:
+    """A warning naming the lowest-KL samples when the mean KL per response is below `kl.warn_below`.
+    kl, mask: (B, T) per-token KL estimates and the response mask."""
+    if mean_kl >= threshold:
+        return
+    per_response = masked_sum(kl, mask, dim=1)
+    worst = torch.argsort(per_response)[:3].tolist()
+    token_min = kl[mask].min().item()
+    examples = "; ".join(f"#{i}: {responses_text[i][:60]!r} (kl {per_response[i].item():.2f})"
+                         for i in worst)
+    warnings.warn(
+        f"mean KL per response is {mean_kl:.3f} (< kl.warn_below {threshold}); lowest per-token KL "
+        f"{token_min:.3f}. Negative KL means tokens are sampled from a distribution other than the one "
+        f"measured: usually generation settings (top_k, top_p, min_new_tokens, repetition penalties) or a "
+        f"temperature mismatch. Lowest samples: {examples}", stacklevel=2)

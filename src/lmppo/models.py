@@ -18,19 +18,16 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lmppo.config import Config, ModelConfig
+from lmppo.assets import resolve_model
+from lmppo.config import BUILTIN_MODELS, Config, ModelConfig
 from lmppo.errors import ConfigError, LmppoError
 
 
 def resolve_model_path(name_or_path: str) -> str:
     """A folder (or hub id) that `from_pretrained` accepts; built-in names are converted and cached once."""
-    from lmppo.config import BUILTIN_MODELS
-
     if name_or_path.startswith("hub:"):
         return name_or_path[len("hub:"):]
     if name_or_path in BUILTIN_MODELS:
-        from lmppo.assets import resolve_model
-
         return resolve_model(name_or_path)
     return name_or_path
 
@@ -221,3 +218,7 @@ class Actor(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                 temperature: float) -> PolicyOutput:
         return policy_forward(self.policy, input_ids, attention_mask, prompt_len, temperature, self.value_head)
+
+
+def is_peft_model(policy: nn.Module) -> bool:
+    return hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")

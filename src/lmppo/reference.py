@@ -34,13 +34,9 @@ from torch import nn
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.distributed import gathered_if_partitioned, local_shard
 from lmppo.errors import CheckpointError, ConfigError
-from lmppo.models import hf_model, policy_forward
+from lmppo.models import hf_model, is_peft_model, policy_forward
 
 REFERENCE_MODES = ("frozen", "sync", "ema")
-
-
-def is_peft_model(policy: nn.Module) -> bool:
-    return hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
 
 
 def trained_parameters(policy: nn.Module) -> dict[str, nn.Parameter]:

@@ -13,40 +13,36 @@ After "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024). How 
 
 from __future__ import annotations
 
-import math
 import os
-import sys
 import time
-import warnings
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
-from lmppo.attention import use_cpu_attention
+from lmppo.assembly import Components, build_components, prompts_per_iteration
 from lmppo.batch import Rollout
-from lmppo.config import Config, save_config
-from lmppo.cpu_memory import keep_freed_memory
+from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
+from lmppo.config import Config
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
-from lmppo.core.kl import KL_ESTIMATORS, make_kl_controller
+from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
-from lmppo.core.masking import masked_mean, masked_sum, whiten_with
+from lmppo.core.masking import masked_mean, masked_sum
 from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalized_rewards, normalize_scores,
                                 penalize_truncated, unfinished_scores)
-from lmppo.distributed import ZeroSupport, accelerator_kwargs, refuse_resume
-from lmppo.distributed import prepare as prepare_models
-from lmppo.errors import ConfigError, LmppoError, TrainingError
-from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers
-from lmppo.precision import choose_precision
-from lmppo.models import (Actor, Critic, PolicyOutput, ValueHead, build_critic, hidden_size, hf_model, load_policy,
-                          load_tokenizer, prepare_policy, resolve_model_path)
-from lmppo.reference import ReferencePolicy
-from lmppo.rollout import (check_generation_kwargs, left_pad, pure_sampling_config, sample_responses,
-                           warn_distorting_once)
-from lmppo.sampling import response_seed, sample_native
+from lmppo.data import split_holdout  # noqa: F401  (re-exported: its home was here)
+from lmppo.engines import PromptBatch, SamplingEngine, build_sampling_engine
+from lmppo.errors import TrainingError
+from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers, warn_negative_kl
+from lmppo.models import PolicyOutput
+from lmppo.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
+from lmppo.progress import ProgressDisplay
+from lmppo.rewards import decode_completion, score_rollout
+from lmppo.rollout import left_pad
+from lmppo.sampling import response_seed
 
 
 @dataclass
@@ -84,97 +80,39 @@ class PPOTrainer:
     policy / tokenizer: an HF causal LM and its tokenizer; prompts: a list of strings, chat message lists or
     token-id lists; reward_functions: callables `fn(prompts, completions) -> list` (or a name -> callable dict),
     used in addition to the config's reward sources (the config's default source is dropped when any are given).
+
+    Construction from the config is the assembly step (`lmppo.assembly.build_components`); `components=` takes
+    ready ones instead (then `config` is `components.config` and the other objects are not used). `resuming`:
+    the output folder already holds this run (`PPOTrainer.resume`).
     """
 
     def __init__(self, config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
-                 prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None):
-        from accelerate import Accelerator
-        from accelerate.utils import set_seed
-
-        if reward_functions is not None and not _has_user_sources(config):
-            config.reward.sources = []
-        self.config = cfg = _validate_with_api_objects(config, reward_functions, prompts)
-        self.distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
-        if cfg.rollout.backend == "vllm":  # a GPU and the `vllm` package, checked before any model is loaded
-            from lmppo.vllm_backend import check_vllm_available
-            check_vllm_available(cfg)
-        self.accelerator = Accelerator(**accelerator_kwargs(cfg))
-        self.device = self.accelerator.device
-        self.zero = ZeroSupport.maybe(self.accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else None
-        set_seed(cfg.seed)
+                 prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None,
+                 resuming: bool = False, components: Optional[Components] = None):
+        if components is None:  # the assembly step (lmppo.assembly): models, data, rewards, optimizer from config
+            components = build_components(config, policy=policy, tokenizer=tokenizer, prompts=prompts,
+                                          reward_functions=reward_functions, console=console, resuming=resuming)
+        c = components
+        self.config = cfg = c.config
         self.console = console
-        # `auto` becomes what this machine runs faster; the run's config.yaml keeps the resolved value (and a resume
-        # computes in the precision the run started with)
-        self.precision = choose_precision(cfg.precision, self.device.type)
-        cfg.precision = self.precision.precision
-        if console is not None and self.accelerator.is_main_process:
-            console.print(f"precision {self.precision.precision}: {self.precision.reason}", highlight=False,
-                          soft_wrap=True)
-        self._prepare_output_dir()
-
-        # --- models
-        path = resolve_model_path(cfg.model.policy) if policy is None or tokenizer is None else None
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
-            resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else path, cfg.model)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        self.tokenizer.padding_side = "left"
-        policy = load_policy(cfg.model, path) if policy is None else prepare_policy(policy, cfg.model)
-        _check_context_length(cfg, policy)
-        self.stop_ids = self._stop_ids()
-        value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
-        if cfg.value.mode == "critic":
-            critic = (build_critic(policy, self._critic_init_path(), cfg.model) if self.zero is None else
-                      self.zero.build_critic(policy, path, self._critic_init_path(), cfg.model))
-        else:
-            critic = None
-        self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha,
-                                         model=self.zero and self.zero.reference_model(policy, path, cfg.model))
-        self.reference_model_to_device()
-        if self.device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention); freed memory
-            keep_freed_memory()  # reused, not faulted in again every iteration (lmppo.cpu_memory)
-            for model in (hf_model(policy), critic.model if critic is not None else None, self.reference.model):
-                if model is not None:
-                    use_cpu_attention(model)
-        if self.zero is not None:
-            self.zero.models_built()  # reward models load whole, never partitioned
-
-        # --- data and rewards
-        from lmppo.data import PromptStream, load_prompt_records, tokenize_prompts
-        from lmppo.rewards import SourceContext, build_reward_sources
-
-        all_prompts = tokenize_prompts(load_prompt_records(cfg.data, prompts), self.tokenizer, cfg.data)
-        self.prompt_set, self.holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.seed)
-        self._check_process_split()
-        self.stream = PromptStream(len(self.prompt_set.ids), self.prompts_per_iteration, cfg.seed, cfg.data.shuffle)
-        self.reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
-            device=str(self.device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
-            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
-            autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
-        _check_token_input(self.reward_sources, self.tokenizer)
+        self.accelerator, self.strategy, self.device = c.accelerator, c.strategy, c.accelerator.device
+        self.precision, self.distorting = c.precision, c.distorting
+        self.tokenizer, self.stop_ids = c.tokenizer, c.stop_ids
+        self.actor, self.critic, self.reference = c.actor, c.critic, c.reference
+        self.optimizer, self.scheduler, self.trainable_params = c.optimizer, c.scheduler, c.trainable_params
+        self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
+        self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
+        self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
         self.score_moments = RunningMoments()
-
-        # --- optimisation
-        self.actor = Actor(policy, value_head)
-        params = [p for p in self.actor.parameters() if p.requires_grad]
-        if critic is not None:
-            params += [p for p in critic.parameters() if p.requires_grad]
-        self.optimizer = make_adamw(params, cfg.ppo.learning_rate, cfg.ppo.adam_eps, cfg.ppo.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
-        self.actor, self.critic, self.optimizer = prepare_models(self.accelerator, self.actor, critic,
-                                                                 self.optimizer, self.zero)
-        self.trainable_params = params
-        self.kl_controller = make_kl_controller(cfg.kl)
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
-        self.gen_config = None  # built on first use by the `hf` backend
         self.first_epoch_forward: Optional[PolicyOutput] = None  # see `_reuses_rollout_forward`
-        warn_distorting_once(self.distorting)
         self.iteration = 0  # completed iterations
         self.episode = 0  # episodes trained on
         self.nonfinite_in_a_row = 0
         self.train_seconds = 0.0
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
+        self.progress = ProgressDisplay()
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, float]]:
@@ -219,24 +157,13 @@ class PPOTrainer:
         group_ids = torch.tensor([p // k for p in positions], device=self.device)
         prompt_ids, prompt_mask = left_pad([self.prompt_set.ids[i] for i in index], self.tokenizer.pad_token_id)
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
+        seeds = [response_seed(self.config.seed, self.iteration, p) for p in positions]
+        batch = PromptBatch(ids=prompt_ids, mask=prompt_mask, token_lists=[self.prompt_set.ids[i] for i in index],
+                            seeds=seeds)
         # sampling runs in the same precision as the logprob passes below (bf16 autocast: 2.7x faster
         # generation on SmolLM2 here, benchmarks/sampler_speed.py)
-        with self._autocast(), (self.zero.gathered_for_generation(self.actor) if self.zero else nullcontext()):
-            if cfg.backend == "native":
-                seeds = [response_seed(self.config.seed, self.iteration, p) for p in positions]
-                response_ids, response_mask, terminated, truncated = sample_native(
-                    self.policy, prompt_ids, prompt_mask, cfg.temperature, cfg.max_new_tokens, self.stop_ids,
-                    self.tokenizer.pad_token_id, seeds)
-            elif cfg.backend == "vllm":  # colocated engine, the policy's weights synced in (lmppo.vllm_backend)
-                from lmppo.vllm_backend import sample_with_vllm
-                response_ids, response_mask, terminated, truncated = sample_with_vllm(self, index, positions)
-            else:
-                if self.gen_config is None:
-                    self.gen_config = pure_sampling_config(self.policy, cfg.temperature, cfg.max_new_tokens,
-                                                           self.stop_ids.tolist(), self.tokenizer.pad_token_id,
-                                                           cfg.generation_kwargs)
-                response_ids, response_mask, terminated, truncated = sample_responses(
-                    self.policy, prompt_ids, prompt_mask, self.gen_config, self.stop_ids, cfg.max_new_tokens)
+        with self._autocast(), self.strategy.generation(self.actor):
+            response_ids, response_mask, terminated, truncated = self.sampling_engine().sample(self.policy, batch)
         P = prompt_ids.shape[1]
         input_ids = torch.cat([prompt_ids, response_ids], 1)
         attention_mask = torch.cat([prompt_mask, response_mask], 1)
@@ -270,6 +197,14 @@ class PPOTrainer:
             prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text,
             entropy=torch.cat(entropies).clone() if entropies else None)
 
+    def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
+        """The engine of `rollout.backend` (or `name`), built from the registry (lmppo.engines) on first use."""
+        name = name or self.config.rollout.backend
+        if name not in self.sampling_engines:
+            self.sampling_engines[name] = build_sampling_engine(name, self.config, self.stop_ids,
+                                                                self.tokenizer.pad_token_id, self.accelerator)
+        return self.sampling_engines[name]
+
     def _reuses_rollout_forward(self, batch_size: int, forward_chunk: int) -> bool:
         """Whether the rollout's policy/value pass doubles as the first epoch's training forward.
 
@@ -278,7 +213,7 @@ class PPOTrainer:
         Then the rollout pass runs with its autograd graph kept and the first backward uses it: one policy and one
         critic forward fewer per iteration, the same update (`ppo.reuse_rollout_forward`)."""
         p = self.config.ppo
-        return (p.reuse_rollout_forward and self.zero is None and forward_chunk >= batch_size
+        return (p.reuse_rollout_forward and self.strategy.reuses_rollout_forward and forward_chunk >= batch_size
                 and self.config.minibatch_size // self.accelerator.num_processes == batch_size
                 and p.micro_batch_size >= batch_size)
 
@@ -300,8 +235,6 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 2. score
     def score(self, rollout: Rollout) -> ScoredRollout:
-        from lmppo.rewards import score_rollout
-
         rc = self.config.reward
         prompt_ids = None
         if any(s.wants_token_ids for s in self.reward_sources):
@@ -349,18 +282,8 @@ class PPOTrainer:
             rewards.rewards, rollout.values, rollout.response_mask, gamma=p.gamma, lam=p.lam,
             group_ids=rollout.group_ids)
         if p.whiten_advantages:
-            adv = self._whiten_over_processes(adv, rewards.train_mask)
+            adv = self.strategy.whiten(adv, rewards.train_mask)
         return adv, returns
-
-    def _whiten_over_processes(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process."""
-        m = mask.to(values.dtype)
-        sums = torch.stack([(values * m).sum(), m.sum()])
-        sums = self.accelerator.reduce(sums, "sum")
-        mean = sums[0] / sums[1].clamp(min=1)
-        sq = self.accelerator.reduce(((values - mean) ** 2 * m).sum(), "sum")
-        var = sq / (sums[1] - 1).clamp(min=1)
-        return whiten_with(values, mask, mean, var)
 
     # ------------------------------------------------------------------ 5. PPO update
     def ppo_update(self, rollout: Rollout, advantages: torch.Tensor, returns: torch.Tensor,
@@ -382,7 +305,7 @@ class PPOTrainer:
                 with self._sync_gradients(last=m + micro >= mb):
                     loss = self.micro_batch_loss(rollout.select(idx), advantages[idx], returns[idx],
                                                  train_mask[idx], num_tokens, stats, forward)
-                    self.accelerator.backward(loss, **(self.zero.backward_kwargs if self.zero else {}))
+                    self.accelerator.backward(loss, **self.strategy.backward_kwargs)
                 losses.append(loss.detach())
             self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
             if self._update_went_too_far(stats, len(losses)):
@@ -404,7 +327,7 @@ class PPOTrainer:
         if not target:
             return False
         stats.add("ppo/updates", 1.0)
-        approx_kl = self._process_mean(stats.recent_mean("policy/approxkl_avg", micro_batches))
+        approx_kl = self.strategy.process_mean(stats.recent_mean("policy/approxkl_avg", micro_batches))
         stopped = approx_kl > 1.5 * target
         stats.add("ppo/early_stop", float(stopped))
         return stopped
@@ -446,17 +369,8 @@ class PPOTrainer:
         return token_mean(per_token, mask, num_tokens)
 
     def _sync_gradients(self, last: bool):
-        """Gradient all-reduce only on the last micro-batch of a minibatch (no-op with one process)."""
-        from contextlib import ExitStack
-
-        stack = ExitStack()
-        if self.zero is not None:  # DeepSpeed: the engine steps after the last micro-batch only
-            stack.enter_context(self.zero.micro_batch(last))
-        elif not last and self.accelerator.num_processes > 1:
-            stack.enter_context(self.accelerator.no_sync(self.actor))
-            if self.critic is not None:
-                stack.enter_context(self.accelerator.no_sync(self.critic))
-        return stack
+        """Gradient all-reduce only on the last micro-batch of a minibatch (the strategy decides how)."""
+        return self.strategy.sync_gradients(last, self.actor, self.critic)
 
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator) -> None:
         max_norm = self.config.ppo.max_grad_norm or float("inf")
@@ -487,7 +401,8 @@ class PPOTrainer:
         self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
-        self._guard_negative_kl(metrics["objective/kl"], rollout, rewards)
+        warn_negative_kl(metrics["objective/kl"], cfg.kl.warn_below, rewards.kl, rollout.response_mask,
+                         rollout.responses_text)
         self.history.append(metrics)
         if self.logger is not None:  # the main process writes metrics, samples and the console
             self.logger.log(metrics, self.episode)
@@ -502,7 +417,8 @@ class PPOTrainer:
     def iteration_metrics(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards,
                           stats: MetricsAccumulator, timer: PhaseTimer) -> dict[str, float]:
         """TRL's metric names with TRL's meaning, averaged over all processes, plus lmppo's own."""
-        gather = self._gather_mean
+        procs = self.strategy  # means, sums and maxima over all processes
+        gather = procs.gather_mean
         mask = rollout.response_mask
         valid = scored.valid.float()
         kl_per_response = masked_sum(rewards.kl, mask, dim=1)
@@ -524,21 +440,21 @@ class PPOTrainer:
             "val/num_eos_tokens": gather(rollout.terminated.float()) * rollout.batch_size * self.accelerator.num_processes,
             "response/length_mean": gather(mask.sum(1).float()),
             "response/truncated_frac": gather(rollout.truncated.float()),
-            "reward/num_invalid": self._process_sum((1 - valid).sum()),
-            f"truncation/{self.config.reward.truncation}_count": self._process_sum(rollout.truncated.sum()),
-            "objective/kl_token_min": -self._process_max(-rewards.kl[mask].min() if mask.any() else torch.zeros(())),
+            "reward/num_invalid": procs.process_sum((1 - valid).sum()),
+            f"truncation/{self.config.reward.truncation}_count": procs.process_sum(rollout.truncated.sum()),
+            "objective/kl_token_min": -procs.process_max(-rewards.kl[mask].min() if mask.any() else torch.zeros(())),
         }
         for name, per_response in scored.per_source.items():
             m[f"reward/{name}"] = gather(per_response)
         for name in ("loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
                      "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "policy/grad_norm", "loss/kl_avg"):
             if name in stats:
-                m[name] = self._process_mean(stats.mean(name))
+                m[name] = procs.process_mean(stats.mean(name))
         if "ppo/updates" in stats:  # ppo.target_kl: optimizer steps taken, and whether the brake stopped them
             m["ppo/updates"] = float(len(stats._values["ppo/updates"]))
             m["ppo/early_stop"] = max(v.item() for v in stats._values["ppo/early_stop"])
         if "val/ratio" in stats:
-            m["val/ratio_var"] = self._process_mean(stats.var("val/ratio"))
+            m["val/ratio_var"] = procs.process_mean(stats.var("val/ratio"))
         if "update/skipped_nonfinite" in stats:
             m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * len(stats._values["update/skipped_nonfinite"])
         total = sum(timer.seconds.values())
@@ -572,196 +488,48 @@ class PPOTrainer:
     # ------------------------------------------------------------------ saving
     def save_model(self, directory: str) -> None:
         """The trained policy (and value model) in Hugging Face format with safetensors, written atomically."""
-        if self.zero is not None:  # ZeRO-3: every process gathers the full weights for the save
-            with self.zero.gathered(self.actor):
-                return self._save_model(directory)
-        return self._save_model(directory)
-
-    def _save_model(self, directory: str) -> None:
-        if not self.accelerator.is_main_process:
-            return
-        from lmppo.checkpoint import atomic_dir
-
-        with atomic_dir(directory) as tmp:
-            self.policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
-            self.tokenizer.save_pretrained(os.path.join(tmp, "policy"))
-            if self.critic is not None:
-                self.accelerator.unwrap_model(self.critic).model.save_pretrained(os.path.join(tmp, "value"),
-                                                                                safe_serialization=True)
-            else:
-                from safetensors.torch import save_file
-
-                head = self.accelerator.unwrap_model(self.actor).value_head
-                os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
-                save_file({k: v.contiguous() for k, v in head.state_dict().items()},
-                          os.path.join(tmp, "value", "value_head.safetensors"))
+        with self.strategy.saving(self.actor):  # ZeRO-3: every process gathers the full weights for the save
+            if self.accelerator.is_main_process:
+                unwrap = self.accelerator.unwrap_model
+                export_model(directory, self.policy, self.tokenizer, value_head=unwrap(self.actor).value_head,
+                             value_model=unwrap(self.critic).model if self.critic is not None else None)
 
     def save_checkpoint(self) -> Optional[str]:
-        from lmppo.checkpoint import save_checkpoint
-
-        if self.zero is not None:
-            return self.zero.no_checkpoint()
-        return save_checkpoint(self)
+        return self.strategy.save_checkpoint(lambda: save_checkpoint(self))  # (not under DeepSpeed)
 
     # ------------------------------------------------------------------ helpers
-    def _stop_ids(self) -> torch.Tensor:
-        stop = self.config.rollout.stop_token
-        if stop == "none":
-            ids: list[int] = []
-        elif stop == "eos":
-            eos = self.tokenizer.eos_token_id
-            if eos is None:
-                raise ConfigError("rollout.stop_token", stop, "the tokenizer has no eos token; name a token string")
-            ids = [eos] if isinstance(eos, int) else list(eos)
-        else:
-            tid = self.tokenizer.convert_tokens_to_ids(stop)
-            if tid is None or tid == self.tokenizer.unk_token_id:
-                encoded = self.tokenizer.encode(stop, add_special_tokens=False)
-                if len(encoded) != 1:
-                    raise ConfigError("rollout.stop_token", stop, f"is not a single token of this tokenizer "
-                                      f"(it encodes to {len(encoded)} tokens)")
-                tid = encoded[0]
-            ids = [tid]
-        return torch.tensor(ids, dtype=torch.long, device=self.device)
-
     def _completion_text(self, ids: torch.Tensor, terminated: bool) -> str:
-        from lmppo.rewards import decode_completion
-
         ids = ids.tolist()
         return decode_completion(self.tokenizer, ids[:-1] if terminated else ids)
 
-    def _critic_init_path(self) -> Optional[str]:
-        init = self.config.value.init_from
-        model_sources = [s for s in self.config.reward.sources if s.kind == "model"]
-        if init == "policy" or (init == "auto" and not model_sources):
-            return None
-        if init in ("auto", "reward_model"):
-            return resolve_model_path(model_sources[0].path)
-        return resolve_model_path(init)
-
-    def reference_model_to_device(self) -> None:
-        if self.reference.model is not None:
-            self.reference.model.to(self.device)
-
     def _lr_factor(self, step: int) -> float:
-        p, n = self.config.ppo, max(self.config.num_iterations, 1)
-        if p.warmup_iterations and step < p.warmup_iterations:
-            return (step + 1) / (p.warmup_iterations + 1)
-        progress = (step - p.warmup_iterations) / max(n - p.warmup_iterations, 1)
-        if p.lr_schedule == "linear":
-            return max(1.0 - progress, 0.0)
-        if p.lr_schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-        return 1.0
+        return lr_factor(step, self.config.ppo, self.config.num_iterations)
 
     def _autocast(self):
         if self.config.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
 
-    def _process_mean(self, value: float) -> float:
-        return self.accelerator.reduce(torch.tensor(float(value), device=self.device), "mean").item()
-
-    def _process_sum(self, value: torch.Tensor) -> float:
-        return self.accelerator.reduce(value.float().to(self.device), "sum").item()
-
-    def _process_max(self, value: torch.Tensor) -> float:
-        return self.accelerator.gather(value.float().reshape(1).to(self.device)).max().item()
-
     @property
     def prompts_per_iteration(self) -> int:
-        return self.config.rollout.batch_size // self.config.rollout.num_samples_per_prompt
+        return prompts_per_iteration(self.config)
 
-    def _check_process_split(self) -> None:
-        """Every process takes an equal share of the prompts and of each minibatch."""
-        W, cfg = self.accelerator.num_processes, self.config
-        if self.prompts_per_iteration % W:
-            raise ConfigError("rollout.batch_size", cfg.rollout.batch_size,
-                              f"with {W} processes, the prompts per iteration ({self.prompts_per_iteration}) must "
-                              f"divide evenly among them")
-        if (cfg.minibatch_size // W) % cfg.ppo.micro_batch_size or cfg.minibatch_size % W:
-            raise ConfigError("ppo.micro_batch_size", cfg.ppo.micro_batch_size,
-                              f"must divide each process's share of a minibatch ({cfg.minibatch_size} / {W} processes)")
-
-    def _gather_mean(self, per_sample: torch.Tensor) -> float:
-        """Mean over every sample of every process (TRL 1.12 averages per-process means)."""
-        values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
-        return values.mean().item()
-
-    def _prepare_output_dir(self) -> None:
-        """Create output_dir and write its config.yaml (secrets masked); refuse a folder holding another run
-        unless `overwrite: true` (see `lmppo.checkpoint.prepare_output_dir`)."""
-        from lmppo.checkpoint import prepare_output_dir
-
-        prepare_output_dir(self.config, self.accelerator.is_main_process, getattr(self, "_resuming", False),
-                           comments=[f"precision: {self.precision.reason}"])
+    @property
+    def zero(self):
+        """The DeepSpeed side of the strategy (`lmppo.distributed.ZeroSupport`), None without DeepSpeed."""
+        return self.strategy.zero
 
     def _open_logger(self) -> None:
         if self.logger is None and self.accelerator.is_main_process:
             cfg = self.config
-            from lmppo.checkpoint import redacted_config_dict
-
             trackers = make_trackers(cfg.log.trackers, cfg.output_dir, redacted_config_dict(cfg),
                                      os.path.basename(os.path.abspath(cfg.output_dir)))
             self.logger = MetricsLogger(cfg.output_dir, trackers, self.console, append=self.iteration > 0)
 
     def _print_progress(self, m: Optional[dict[str, float]]) -> None:
-        """Progress after iteration `self.iteration` (metrics `m`; None: before the first one of this session).
-
-        On a terminal (and with `log.progress`): one live rich bar, iteration/total with the latest score, KL,
-        beta, episodes per second and the time left, redrawn in place below the sample tables. Elsewhere (CI,
-        output piped to a file, `log.progress: false`): one plain line per iteration."""
-        console = self.console
-        if console is None:
-            return
-        total = self.config.num_iterations
-        if m is not None:
-            left = self.train_seconds / max(self.iteration, 1) * max(total - self.iteration, 0)
-            stats = (f"score {m['objective/scores']:+.3f}  kl {m['objective/kl']:.2f}  "
-                     f"beta {m['objective/kl_coef']:.4f}  len {m['response/length_mean']:.1f}  "
-                     f"{m['eps']:.2f} eps  ~{int(left) // 60}:{int(left) % 60:02d} left")
-        if not (self.config.log.progress and console.is_terminal and not console.is_dumb_terminal):
-            if m is not None:
-                console.print(f"[bold]iter {self.iteration}/{total}[/] episode {self.episode}  {stats}  "
-                              f"rlhf {m['objective/rlhf_reward']:+.3f}  ratio {m.get('val/ratio', 1.0):.3f}",
-                              highlight=False, soft_wrap=True)  # one line per iteration in a log file
-            return
-        bar = getattr(self, "_progress_bar", None)
-        if bar is None:
-            import atexit
-
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            bar = Progress(TextColumn("[bold]PPO iter[/]"), BarColumn(bar_width=30), MofNCompleteColumn(),
-                           TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), console=console,
-                           refresh_per_second=1)
-            done = self.iteration - (m is not None)
-            self._progress_task = bar.add_task("ppo", total=total, completed=done,
-                                               stats="(first iteration: sampling, scoring, updating)")
-            bar.start()
-            atexit.register(bar.stop)  # the cursor comes back even if training stops with an error
-            self._progress_bar = bar
-        if m is not None:
-            bar.update(self._progress_task, completed=self.iteration, stats=stats)
-        if self.iteration >= total:
-            bar.stop()
-            self._progress_bar = None
-
-    def _guard_negative_kl(self, mean_kl: float, rollout: Rollout, rewards: TokenRewards) -> None:
-        threshold = self.config.kl.warn_below
-        if mean_kl >= threshold:
-            return
-        per_response = masked_sum(rewards.kl, rollout.response_mask, dim=1)
-        worst = torch.argsort(per_response)[:3].tolist()
-        token_min = rewards.kl[rollout.response_mask].min().item()
-        examples = "; ".join(f"#{i}: {rollout.responses_text[i][:60]!r} (kl {per_response[i].item():.2f})"
-                             for i in worst)
-        warnings.warn(
-            f"mean KL per response is {mean_kl:.3f} (< kl.warn_below {threshold}); lowest per-token KL "
-            f"{token_min:.3f}. Negative KL means tokens are sampled from a distribution other than the one "
-            f"measured: usually generation settings (top_k, top_p, min_new_tokens, repetition penalties) or a "
-            f"temperature mismatch. Lowest samples: {examples}", stacklevel=2)
-
+        """Progress after iteration `self.iteration` (metrics `m`; None: before the first one of this session)."""
+        self.progress.show(self.console, self.config.log.progress, self.iteration, self.config.num_iterations,
+                           self.episode, self.train_seconds, m)
 
     # ---- checkpoint state (see lmppo.checkpoint for the layout and what exact resume restores)
     @classmethod
@@ -773,8 +541,6 @@ class PPOTrainer:
         harmless fields (extend the run, logging); a change that makes the checkpoint unusable raises ConfigError.
         `kwargs` (policy, tokenizer, prompts, reward_functions) as for a new run: the same initial policy and
         prompts the run started with (a policy object trained in place by the first run is not that)."""
-        from lmppo.checkpoint import resume_trainer
-
         return resume_trainer(output_dir, overrides=overrides, console=console, config=config, trainer_cls=cls,
                               **kwargs)
 
@@ -782,10 +548,7 @@ class PPOTrainer:
         """Restore this trainer from a checkpoint folder, or from the latest complete checkpoint of a run folder
         (default: this run's output_dir); returns the folder used. metrics.jsonl / samples.jsonl of the
         output_dir are cut back to the checkpoint's iteration."""
-        from lmppo.checkpoint import load_checkpoint
-
-        if self.zero is not None:
-            refuse_resume()
+        self.strategy.check_resume()  # (refused under DeepSpeed)
         return load_checkpoint(self, path)
 
     def state_for_checkpoint(self) -> dict[str, Any]:
@@ -796,91 +559,11 @@ class PPOTrainer:
                 "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"}}
 
 
-def make_adamw(params: list, lr: float, eps: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW, fused where torch has a fused kernel for the device (4x faster steps on CPU here than the default
-    per-tensor loop); the plain implementation otherwise."""
-    try:
-        return torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, lr=lr, eps=eps, weight_decay=weight_decay)
-
-
-def split_holdout(prompts, holdout: int, seed: int):
-    """(training prompts, held-out prompts): `holdout` prompts picked by a seeded permutation."""
-    from lmppo.data import PromptSet
-
-    n = len(prompts.ids)
-    if holdout >= n:
-        raise ConfigError("data.holdout", holdout, f"must be smaller than the number of prompts ({n})")
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7)).tolist()
-    held = set(order[:holdout])
-
-    def pick(keep):
-        idx = [i for i in range(n) if (i in held) == keep]
-        return PromptSet(ids=[prompts.ids[i] for i in idx], texts=[prompts.texts[i] for i in idx])
-
-    return pick(False), pick(True)
-
-
-def _check_context_length(cfg: Config, policy: nn.Module) -> None:
-    """ConfigError when the longest prompt plus the longest response does not fit the model's positions."""
-    model_cfg = hf_model(policy).config
-    positions = getattr(model_cfg, "max_position_embeddings", None) or getattr(model_cfg, "n_positions", None)
-    need = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
-    if isinstance(positions, int) and need > positions:
-        raise ConfigError("data.max_prompt_length", cfg.data.max_prompt_length,
-                          f"+ rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) = {need} tokens is more than the "
-                          f"policy model can attend to (max_position_embeddings = {positions}); lower one of them")
-
-
 def _trim(batch: Rollout) -> tuple[Rollout, int]:
     """Drop prompt columns that are padding in every row and response columns past the longest response."""
     first_real = int(batch.prompt_mask.float().argmax(1).min().item()) if batch.prompt_mask.any() else 0
     keep = max(int(batch.response_mask.sum(1).max().item()), 1)
-    from dataclasses import replace
-
     return replace(batch, prompt_ids=batch.prompt_ids[:, first_real:], prompt_mask=batch.prompt_mask[:, first_real:],
                    response_ids=batch.response_ids[:, :keep], response_mask=batch.response_mask[:, :keep],
                    logprobs=batch.logprobs[:, :keep], ref_logprobs=batch.ref_logprobs[:, :keep],
                    values=batch.values[:, :keep]), keep
-
-
-def _check_token_input(sources, tokenizer) -> None:
-    """ConfigError when a reward model reads the policy's token ids (`input: tokens`) but has another tokenizer."""
-    for i, source in enumerate(sources):
-        own = getattr(source, "tokenizer", None)
-        if source.wants_token_ids and own is not None and own.get_vocab() != tokenizer.get_vocab():
-            raise ConfigError(f"reward.sources[{i}].input", "tokens",
-                              f"reward model `{source.name}` has its own tokenizer ({len(own)} tokens), not the "
-                              f"policy's ({len(tokenizer)} tokens): it must read text (`input: text`)")
-
-
-def _has_user_sources(config: Config) -> bool:
-    from lmppo.config import _default_sources
-
-    return config.reward.sources != _default_sources()
-
-
-def _validate_with_api_objects(config: Config, reward_functions: Any, prompts: Any) -> Config:
-    """validate(), allowing what objects passed through the API replace (reward functions, prompts)."""
-    if reward_functions is not None and not config.reward.sources:
-        from lmppo.config import RewardSourceConfig
-
-        placeholder = RewardSourceConfig(kind="function", path="api:callable")
-        config.reward.sources = [placeholder]
-        try:
-            config.validate() if prompts is None else _validate_without_prompts(config)
-        finally:
-            config.reward.sources = []
-        return config
-    return config.validate() if prompts is None else _validate_without_prompts(config)
-
-
-def _validate_without_prompts(config: Config) -> Config:
-    saved = config.data.prompts
-    config.data.prompts = "builtin:api"
-    try:
-        config.validate()
-    finally:
-        config.data.prompts = saved
-    return config

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.models import hf_model
 
 TARGET_VLLM = "0.10 / 0.11"
 OTHER_BACKENDS = "use rollout.backend `native` (the default) or `hf` on this machine"
@@ -152,8 +153,6 @@ def engine_weights(policy: nn.Module, changed_only: bool = False) -> Iterator[tu
     every parameter with requires_grad, except that LoRA factors are replaced by their layer's merged weight
     (and bias, when the adapter trains one). Tensors are detached views of the policy's parameters or freshly
     computed merged weights; the policy itself is not modified. Yields lazily: one merged matrix at a time."""
-    from lmppo.models import hf_model
-
     base = hf_model(policy)
     lora_layers = {name: module for name, module in base.named_modules() if _is_lora_layer(module)}
     for name, param in base.named_parameters():
@@ -317,8 +316,6 @@ def set_launcher_env(rank: int, local_rank: int, world_size: int) -> None:
 
 def _model_source(config, policy: nn.Module) -> str:
     """The folder (or hub id) the engine builds its model from: where the policy was loaded from."""
-    from lmppo.models import hf_model
-
     source = getattr(hf_model(policy), "name_or_path", "") or ""
     if os.path.isfile(os.path.join(source, "config.json")):
         return source
@@ -336,21 +333,3 @@ def _autocast_off() -> ExitStack:
     if torch.cuda.is_available():
         stack.enter_context(torch.autocast(device_type="cuda", enabled=False))
     return stack
-
-
-# ----------------------------------------------------------------------------- trainer hook
-
-def sample_with_vllm(trainer, index: Sequence[int], positions: Sequence[int]):
-    """The trainer's `rollout.backend: vllm` branch: builds the engine on first use (after every model is loaded,
-    so vLLM sizes its memory around them), then samples the prompts `index` with the native sampler's seeds."""
-    from lmppo.sampling import response_seed
-
-    sampler = getattr(trainer, "vllm_sampler", None)
-    if sampler is None:
-        acc = trainer.accelerator
-        set_launcher_env(acc.process_index, acc.local_process_index, acc.num_processes)
-        sampler = trainer.vllm_sampler = VLLMSampler.create(
-            trainer.config, trainer.policy, trainer.stop_ids.tolist(), trainer.tokenizer.pad_token_id)
-    seeds = [response_seed(trainer.config.seed, trainer.iteration, p) for p in positions]
-    prompts = [trainer.prompt_set.ids[i] for i in index]
-    return sampler.sample(trainer.policy, prompts, seeds, trainer.device)

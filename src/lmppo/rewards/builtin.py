@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from lmppo.assets import cache_dir, minilm_path, polarity_sentences
 from lmppo.errors import LmppoError, RewardError
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,6 @@ def _vader() -> Any:
 
 @lru_cache(maxsize=1)
 def _minilm() -> tuple[Any, Any]:
-    from lmppo.assets import minilm_path
-
     path = minilm_path()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -143,8 +142,6 @@ def minilm_sentiment_info() -> dict[str, float]:
 def _judge_head() -> dict[str, Any]:
     """The trained head, from the disk cache when its key matches, else trained (seconds) and cached."""
     import torch
-
-    from lmppo.assets import cache_dir, minilm_path, polarity_sentences
 
     texts, labels = polarity_sentences()
     model_dir = Path(minilm_path())
