@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -194,7 +195,7 @@ def prompt_split(seed: int) -> None:
     from transformers import AutoTokenizer
 
     from lmppo.data import load_prompt_records, tokenize_prompts
-    from lmppo.trainer import split_holdout
+    from lmppo.data import split_holdout
 
     data_cfg = _data_config()
     tokenizer = AutoTokenizer.from_pretrained(CACHE / "tokenizer")
