@@ -65,7 +65,7 @@ class ReferencePolicy:
         self.model: Optional[nn.Module] = None  # full copy of the reference weights (no LoRA)
         self.adapter: dict[str, torch.Tensor] = {}  # reference adapter: name -> detached copy (LoRA)
         self._fingerprint: Optional[list[float]] = None
-        if not self.peft:
+        if not self.peft or model is not None:  # (a reference model given for a LoRA policy is used as given)
             self.model = model if model is not None else copy.deepcopy(hf_model(policy))
             self.model.requires_grad_(False)
             self.model.eval()

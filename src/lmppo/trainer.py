@@ -82,12 +82,17 @@ class PPOTrainer:
     """Train `config.model.policy` with PPO. Objects passed in replace what the config would load:
 
     policy / tokenizer: an HF causal LM and its tokenizer; prompts: a list of strings, chat message lists or
-    token-id lists; reward_functions: callables `fn(prompts, completions) -> list` (or a name -> callable dict),
-    used in addition to the config's reward sources (the config's default source is dropped when any are given).
+    token-id lists, or a `datasets.Dataset` (its `data.field` column); reward_functions: callables
+    `fn(prompts, completions) -> list` (or a name -> callable dict, or `lmppo.rewards.RewardSource` objects), used in
+    addition to the config's reward sources (the config's default source is dropped when any are given);
+    value_model: a decoder `*ForSequenceClassification` model (one label) used as the critic as given, its backbone
+    and `score` head (needs value.mode `critic`); ref_model: the reference policy's model, used as given and frozen
+    (reference.mode `frozen`), instead of a copy of the initial policy.
     """
 
     def __init__(self, config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
-                 prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None):
+                 prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None,
+                 value_model: Optional[nn.Module] = None, ref_model: Optional[nn.Module] = None):
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
@@ -101,6 +106,7 @@ class PPOTrainer:
         self.accelerator = Accelerator(**accelerator_kwargs(cfg))
         self.device = self.accelerator.device
         self.zero = ZeroSupport.maybe(self.accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else None
+        _check_model_objects(cfg, value_model, ref_model, self.zero is not None)
         set_seed(cfg.seed)
         self.console = console
         # `auto` becomes what this machine runs faster; the run's config.yaml keeps the resolved value (and a resume
@@ -123,13 +129,16 @@ class PPOTrainer:
         _check_context_length(cfg, policy)
         self.stop_ids = self._stop_ids()
         value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
-        if cfg.value.mode == "critic":
+        if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
+            critic = Critic(value_model.eval())
+        elif cfg.value.mode == "critic":
             critic = (build_critic(policy, self._critic_init_path(), cfg.model) if self.zero is None else
                       self.zero.build_critic(policy, path, self._critic_init_path(), cfg.model))
         else:
             critic = None
         self.reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha,
-                                         model=self.zero and self.zero.reference_model(policy, path, cfg.model))
+                                         model=ref_model if ref_model is not None else
+                                         self.zero and self.zero.reference_model(policy, path, cfg.model))
         self.reference_model_to_device()
         if self.device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention); freed memory
             keep_freed_memory()  # reused, not faulted in again every iteration (lmppo.cpu_memory)
@@ -853,6 +862,20 @@ def _check_token_input(sources, tokenizer) -> None:
             raise ConfigError(f"reward.sources[{i}].input", "tokens",
                               f"reward model `{source.name}` has its own tokenizer ({len(own)} tokens), not the "
                               f"policy's ({len(tokenizer)} tokens): it must read text (`input: text`)")
+
+
+def _check_model_objects(cfg: Config, value_model: Optional[nn.Module], ref_model: Optional[nn.Module],
+                         zero: bool) -> None:
+    """ConfigError when a value_model / ref_model object passed in does not fit the config."""
+    if value_model is not None and cfg.value.mode != "critic":
+        raise ConfigError("value.mode", cfg.value.mode, "a value_model object is a separate critic: set value.mode "
+                          "`critic`")
+    if (value_model is not None or ref_model is not None) and zero:
+        raise ConfigError("deepspeed", cfg.deepspeed or "(from the launcher)", "value_model / ref_model objects are "
+                          "not partitioned by lmppo's DeepSpeed support; give the models as folders")
+    if ref_model is not None and cfg.reference.mode != "frozen":
+        raise ConfigError("reference.mode", cfg.reference.mode, "a ref_model object is a frozen reference; use "
+                          "reference.mode `frozen`")
 
 
 def _has_user_sources(config: Config) -> bool:
