@@ -363,8 +363,6 @@ class PPOTrainer:
         from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
         from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 
-        from lmppo.data import load_prompt_records
-        from lmppo.hf_datasets import is_hf_dataset
         from lmppo.rewards import ModelSource, SourceContext
 
         if not isinstance(args, TrainingArguments):
@@ -415,8 +413,7 @@ class PPOTrainer:
         args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
 
         # -- lmppo's config and trainer, with the objects as given
-        prompt_source = train_dataset if is_hf_dataset(train_dataset) else list(train_dataset)
-        records = load_prompt_records(DataConfig(field="input_ids"), prompt_source)
+        records = _input_ids(train_dataset)
         tokenizer = _internal_tokenizer(processing_class, model)
         self.config = lmppo_config(args, world_size=world, num_prompts=len(records),
                                    max_prompt_length=max(len(r) for r in records),
@@ -514,14 +511,11 @@ class PPOTrainer:
         first 5 rows and returns every row ({"query", "model response", "score"}). `sampling`: the first batch only."""
         if self.eval_dataset is None:
             return None
-        from lmppo.data import load_prompt_records
-        from lmppo.hf_datasets import is_hf_dataset
         from lmppo.rollout import left_pad
         from lmppo.sampling import response_seed, sample_native
 
         engine, tok = self.lmppo, self.lmppo.tokenizer
-        source = self.eval_dataset if is_hf_dataset(self.eval_dataset) else list(self.eval_dataset)
-        prompts = [list(r) for r in load_prompt_records(DataConfig(field="input_ids"), source)]
+        prompts = [list(r) for r in _input_ids(self.eval_dataset)]
         size = self.args.per_device_eval_batch_size
         rows: list[dict[str, Any]] = []
         for start in range(0, len(prompts) - size + 1, size):
@@ -592,6 +586,18 @@ def _engine_class():
 
 def _Engine(*args: Any, **kwargs: Any):
     return _engine_class()(*args, **kwargs)
+
+
+def _input_ids(dataset: Any) -> list:
+    """The prompt token ids of a TRL dataset: its `input_ids` column (a `datasets.Dataset`, or any sequence of rows
+    {"input_ids": [...]}), checked as every lmppo prompt source."""
+    from lmppo.data import load_prompt_records
+    from lmppo.hf_datasets import is_hf_dataset
+
+    if not is_hf_dataset(dataset):
+        rows = list(dataset)
+        dataset = [r["input_ids"] if isinstance(r, dict) and "input_ids" in r else r for r in rows]
+    return list(load_prompt_records(DataConfig(field="input_ids"), dataset))
 
 
 def _stop_token(args: PPOConfig, tokenizer: Any) -> str:
