@@ -306,3 +306,15 @@ def test_the_migration_guide_yaml_is_a_valid_lmppo_config(tmp_path, tiny_model_d
     data["reward"]["sources"][0]["path"] = data["value"]["init_from"] = tiny_reward_model_dir
     cfg = from_dict(Config, data).validate()  # every key is a known field, every value allowed
     assert (cfg.kl.controller, cfg.reward.penalty_mode, cfg.value.mode) == ("fixed", "add", "critic")
+
+
+def test_stop_token_id_becomes_that_token(tokenizer):
+    from lmppo.trl import _stop_token
+
+    token_id = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(" movie")[0])
+    name = _stop_token(args(stop_token_id=token_id), tokenizer)
+    assert tokenizer.convert_tokens_to_ids(name) == token_id
+    assert _stop_token(args(stop_token="eos"), tokenizer) == "eos"
+    assert _stop_token(args(), tokenizer) == "none"
+    with pytest.raises(ConfigError, match="`stop_token_id`"):
+        _stop_token(args(stop_token_id=len(tokenizer) + 5), tokenizer)
