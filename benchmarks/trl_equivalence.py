@@ -181,6 +181,12 @@ def relative_update_difference(start, a, b) -> float:
     return (diff / max(sq_ref, 1e-30)) ** 0.5
 
 
+def max_abs_difference(a, b) -> float:
+    """max |a - b| over all parameters of two models of the same architecture."""
+    sb = dict(b.named_parameters())
+    return max(float((p.detach() - sb[name].detach()).abs().max()) for name, p in a.named_parameters())
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
@@ -219,6 +225,10 @@ def main(argv=None) -> None:
           f"{relative_update_difference(start_policy, di_policy, trl_policy):.2e}")
     print(f"drop-in critic update: |dW_dropin - dW_trl| / |dW_trl| = "
           f"{relative_update_difference(start_critic, di_critic, trl_critic):.2e}")
+    print(f"drop-in vs TRL weights after the update: max |W_dropin - W_trl| = {max_abs_difference(di_policy, trl_policy):.2e}"
+          f" (policy), {max_abs_difference(di_critic, trl_critic):.2e} (critic); largest weight change by TRL: "
+          f"{max_abs_difference(trl_policy, start_policy):.2e} (policy), {max_abs_difference(trl_critic, start_critic):.2e}"
+          " (critic)")
 
 
 if __name__ == "__main__":

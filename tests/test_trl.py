@@ -149,7 +149,7 @@ def test_translation_to_lmppo_config_hand_worked():
     assert c.ppo.warmup_iterations == 2  # ceil(3 x 0.5)
     assert (c.ppo.lr_schedule, c.ppo.learning_rate, c.ppo.adam_eps, c.ppo.max_grad_norm) == ("cosine", 1e-5, 1e-6, 0.5)
     assert (c.rollout.max_new_tokens, c.rollout.temperature, c.rollout.stop_token, c.rollout.forward_batch_size) == (
-        12, 0.9, "eos", 8)
+        12, 0.9 + 1e-7, "eos", 8)  # TRL samples at temperature + 1e-7
     assert (c.reward.truncation, c.reward.penalty, c.reward.penalty_mode) == ("penalty", -1.5, "add")
     assert (c.kl.coef, c.kl.estimator, c.kl.controller, c.kl.placement) == (0.1, "k3", "fixed", "reward")
     assert (c.ppo.clip_range, c.ppo.value_clip_range, c.ppo.vf_coef, c.ppo.gamma, c.ppo.lam, c.ppo.num_epochs) == (
@@ -318,3 +318,24 @@ def test_stop_token_id_becomes_that_token(tokenizer):
     assert _stop_token(args(), tokenizer) == "none"
     with pytest.raises(ConfigError, match="`stop_token_id`"):
         _stop_token(args(stop_token_id=len(tokenizer) + 5), tokenizer)
+
+
+def test_peft_config_with_a_ref_model_uses_that_model(tmp_path, tokenizer):
+    from peft import LoraConfig
+
+    tokenizer.padding_side = "left"
+    ref = tiny_llama(tokenizer, seed=3)
+    trainer = PPOTrainer(args=trainer_args(tmp_path, total_episodes=4), processing_class=tokenizer,
+                         model=tiny_llama(tokenizer), ref_model=ref, reward_model=seq_cls(tokenizer, 1),
+                         train_dataset=input_ids_dataset(tokenizer, PROMPTS), value_model=seq_cls(tokenizer, 2),
+                         peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    reference = trainer.lmppo.reference
+    assert reference.model is ref and not reference.adapter_off
+    ids = torch.tensor([tokenizer("the movie was good")["input_ids"]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():  # the reference log-probs are the given model's, not the adapter-off policy's
+        expected = torch.log_softmax(ref(ids).logits[:, 1:-1], -1).gather(-1, ids[:, 2:, None]).squeeze(-1)
+        got = reference.logprobs(trainer.lmppo.policy, ids, mask, 2, ids[:, 2:], 1.0)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    trainer.train()
+    assert len(trainer.state.log_history) == 1

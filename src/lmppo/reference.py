@@ -75,7 +75,7 @@ class ReferencePolicy:
     @property
     def adapter_off(self) -> bool:
         """True when the reference is the policy with its adapters switched off (LoRA, `frozen`)."""
-        return self.peft and not self.adapter
+        return self.peft and self.model is None and not self.adapter
 
     def logprobs(self, policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                  response_ids: torch.Tensor, temperature: float) -> torch.Tensor:

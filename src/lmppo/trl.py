@@ -93,7 +93,8 @@ class PPOConfig(TrainingArguments):
     stop_token_id: int | None = None
     """-> rollout.stop_token, the token with this id. Exclusive with stop_token."""
     temperature: float = 0.7
-    """-> rollout.temperature (TRL divides by temperature + 1e-7; lmppo by the temperature)."""
+    """-> rollout.temperature = temperature + 1e-7, as TRL samples and divides the logits (0 is refused: lmppo
+    samples at a temperature)."""
     missing_eos_penalty: float | None = None
     """-> reward.truncation `penalty` with penalty = -missing_eos_penalty, penalty_mode `add`: subtracted from the
     score of a response without the stop token (TRL: without the eos token). Needs a stop token."""
@@ -288,7 +289,8 @@ def lmppo_config(args: PPOConfig, *, world_size: int, num_prompts: int, max_prom
     c.data.long_prompts = "error"
     c.data.shuffle = True
     r = c.rollout
-    r.batch_size, r.max_new_tokens, r.temperature = batch, args.response_length, float(args.temperature)
+    # TRL samples at temperature + 1e-7 and divides logits by it: the same distribution, to the last bit
+    r.batch_size, r.max_new_tokens, r.temperature = batch, args.response_length, float(args.temperature) + 1e-7
     r.stop_token, r.backend = stop_token, "native"
     r.forward_batch_size = args.local_rollout_forward_batch_size
     c.reward.sources = []  # the reward model object is the one source (PPOTrainer)
