@@ -161,6 +161,14 @@ def test_translation_to_lmppo_config_hand_worked():
                      max_prompt_length=4)
     assert c.total_episodes == 20 and c.num_iterations == 5 and c.rollout.stop_token == "none"
     assert lmppo_config(args(bf16=True), world_size=1, num_prompts=8, max_prompt_length=4).precision == "auto"
+    # per_device 4, one minibatch of 2 per process: TRL runs one micro-batch of 2, lmppo too
+    c = lmppo_config(args(per_device_train_batch_size=4, num_mini_batches=2), world_size=1, num_prompts=8,
+                     max_prompt_length=4)
+    assert (c.minibatch_size, c.ppo.micro_batch_size) == (2, 2)
+    # per_device 4, GA 3, 2 minibatches of 6: micro-batches of 3 (TRL: 4 and 2; the loss does not depend on the split)
+    c = lmppo_config(args(per_device_train_batch_size=4, gradient_accumulation_steps=3, num_mini_batches=2),
+                     world_size=1, num_prompts=8, max_prompt_length=4)
+    assert (c.minibatch_size, c.ppo.micro_batch_size) == (6, 3)
 
 
 # ----------------------------------------------------------------------------- PPOTrainer on tiny models
@@ -339,3 +347,20 @@ def test_peft_config_with_a_ref_model_uses_that_model(tmp_path, tokenizer):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     trainer.train()
     assert len(trainer.state.log_history) == 1
+
+
+def test_a_pad_token_added_beyond_the_models_vocabulary(tmp_path, tokenizer):
+    """TRL's example script adds a `[PAD]` token the models have no embedding for; lmppo pads with eos instead."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"pad_token": "[NEWPAD]"})
+    tok.padding_side = "left"
+    assert tok.pad_token_id >= len(tokenizer)  # outside the tiny models' embeddings (built on `tokenizer`)
+    trainer = PPOTrainer(args=trainer_args(tmp_path, total_episodes=4), processing_class=tok,
+                         model=tiny_llama(tokenizer), ref_model=None, reward_model=seq_cls(tokenizer, 1),
+                         train_dataset=input_ids_dataset(tok, PROMPTS), value_model=seq_cls(tokenizer, 2),
+                         eval_dataset=input_ids_dataset(tok, PROMPTS[:2]))
+    assert trainer.lmppo.tokenizer.pad_token_id == tokenizer.eos_token_id and tok.pad_token == "[NEWPAD]"
+    trainer.train()
+    assert len(trainer.state.log_history) == 1 and len(trainer.generate_completions()) == 2

@@ -303,7 +303,12 @@ def lmppo_config(args: PPOConfig, *, world_size: int, num_prompts: int, max_prom
     c.reference.mode = "frozen"
     p = c.ppo
     p.num_epochs, p.num_minibatches = args.num_ppo_epochs, args.num_mini_batches
-    p.micro_batch_size = args.per_device_train_batch_size
+    # TRL runs micro-batches of per_device_train_batch_size within each process's minibatch (the last one short when
+    # it does not divide); lmppo's loss is the same whatever the split, so the micro-batch is the largest size up to
+    # per_device_train_batch_size that divides the minibatch
+    local_minibatch = local_batch // args.num_mini_batches
+    p.micro_batch_size = max(d for d in range(1, min(args.per_device_train_batch_size, local_minibatch) + 1)
+                             if local_minibatch % d == 0)
     p.learning_rate = float(args.learning_rate)
     schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
     p.lr_schedule = SCHEDULES.get(schedule, schedule)
