@@ -8,7 +8,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +69,10 @@ def test_ppo_config_fields_names_types_defaults_match_trl_1_12():
                           ("kl_coef", "0.05"), ("num_ppo_epochs", "4"), ("local_rollout_forward_batch_size", "64"),
                           ("logging_steps", "10"), ("gradient_checkpointing", "True"), ("bf16", "None")):
         assert by_name[name]["default"] == default
+
+
+def test_the_logged_names_are_trls():
+    assert set(TRL_LOG_KEYS) | {"epoch", "step"} == TRL_LOG_HISTORY_KEYS
 
 
 def test_every_field_is_translated_inert_or_refused():
@@ -305,7 +308,7 @@ def test_the_migration_guide_yaml_is_a_valid_lmppo_config(tmp_path, tiny_model_d
 
     from lmppo.config import from_dict, Config
 
-    block = re.search(r"```yaml\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.S).group(1)
+    block = re.search(r"```yaml\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL).group(1)
     data = yaml.safe_load(block)
     ds = tmp_path / "prompts_ds"
     datasets.Dataset.from_dict({"input_ids": [tokenizer(p)["input_ids"] for p in PROMPTS]}).save_to_disk(str(ds))
@@ -364,3 +367,17 @@ def test_a_pad_token_added_beyond_the_models_vocabulary(tmp_path, tokenizer):
     assert trainer.lmppo.tokenizer.pad_token_id == tokenizer.eos_token_id and tok.pad_token == "[NEWPAD]"
     trainer.train()
     assert len(trainer.state.log_history) == 1 and len(trainer.generate_completions()) == 2
+
+
+def test_trl_parser_reads_a_config_file_and_the_command_line(tmp_path):
+    from lmppo.trl import ModelConfig, ScriptArguments, TrlParser
+
+    config = tmp_path / "ppo.yaml"
+    config.write_text("env: {LMPPO_TEST_VAR: seven}\nnum_ppo_epochs: 2\nlora_r: 8\ndataset_name: prompts_ds\n"
+                      "output_dir: from_file\nuse_cpu: true\nbf16: false\n")
+    parser = TrlParser((ScriptArguments, PPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_and_config(
+        ["--config", str(config), "--num_ppo_epochs", "3"])
+    assert (script_args.dataset_name, training_args.num_ppo_epochs, training_args.output_dir, model_args.lora_r) == (
+        "prompts_ds", 3, "from_file", 8)
+    assert os.environ.pop("LMPPO_TEST_VAR") == "seven"

@@ -17,12 +17,11 @@ ones: the score sits on the stop token (TRL puts it one past it); ``max_grad_nor
 with gradient accumulation the loss is the token mean over the whole minibatch (TRL averages micro-batch means);
 prompts are always left-padded; the random streams differ, so one seed does not give TRL's samples.
 
-``ScriptArguments``, ``ModelConfig``, ``get_peft_config`` and ``get_quantization_config`` are here too (TRL 1.12's
-fields), so a script's ``from trl import ...`` line can point here as well when TRL is not installed.
+``ScriptArguments``, ``ModelConfig``, ``TrlParser``, ``get_peft_config`` and ``get_quantization_config`` are here too
+(TRL 1.12's), so a script's ``from trl import ...`` line can point here as well when TRL is not installed.
 """
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -32,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from transformers import TrainingArguments
+from transformers import HfArgumentParser, TrainingArguments
 
 from lmppo.config import Config, DataConfig, field_docs
 from lmppo.errors import ConfigError, LmppoError
@@ -746,5 +745,59 @@ def get_quantization_config(model_args: ModelConfig) -> None:
     return None
 
 
-__all__ = ["PPOConfig", "PPOTrainer", "ScriptArguments", "ModelConfig", "get_peft_config", "get_quantization_config",
-           "lmppo_config", "check_fields", "TRL_LOG_KEYS"]
+class TrlParser(HfArgumentParser):
+    """TRL 1.12's `TrlParser`: HfArgumentParser plus `--config file.yaml` (its values become the defaults, its
+    `env` mapping is set in os.environ; command-line flags still win)."""
+
+    def __init__(self, dataclass_types: Any = None, **kwargs: Any):
+        if dataclass_types is None:
+            dataclass_types = []
+        elif isinstance(dataclass_types, type):
+            dataclass_types = [dataclass_types]
+        for dataclass_type in dataclass_types:
+            if "config" in dataclass_type.__dataclass_fields__:
+                raise ValueError(f"Dataclass {dataclass_type.__name__} has a field named 'config'; it is reserved "
+                                 "for the config file path")
+        super().__init__(dataclass_types=dataclass_types, **kwargs)
+
+    def parse_args_and_config(self, args: Any = None, return_remaining_strings: bool = False,
+                              fail_with_unknown_args: bool = True, separate_remaining_strings: bool = False):
+        import sys
+
+        import yaml
+
+        args = list(args) if args is not None else sys.argv[1:]
+        config_remaining: list[str] = []
+        if "--config" in args:
+            i = args.index("--config")
+            args.pop(i)
+            with open(args.pop(i), encoding="utf-8") as fh:
+                config = yaml.safe_load(fh)
+            if not isinstance(config, dict):
+                raise ValueError("the config file must contain a YAML mapping")
+            env = config.pop("env", {})
+            if not isinstance(env, dict):
+                raise ValueError("`env` field should be a dict in the YAML file.")
+            for key, value in env.items():
+                os.environ[key] = str(value)
+            config_remaining = self.set_defaults_with_config(**config)
+        output = self.parse_args_into_dataclasses(args=args, return_remaining_strings=return_remaining_strings)
+        if return_remaining_strings:
+            if separate_remaining_strings:
+                return output[:-1] + (config_remaining, output[-1])
+            return output[:-1] + (config_remaining + output[-1],)
+        if fail_with_unknown_args and config_remaining:
+            raise ValueError(f"Unknown arguments from config file: {config_remaining}")
+        return output
+
+    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+        used = set()
+        for action in self._actions:
+            if action.dest in kwargs:
+                action.default, action.required = kwargs[action.dest], False
+                used.add(action.dest)
+        return [item for key, value in kwargs.items() if key not in used for item in (f"--{key}", str(value))]
+
+
+__all__ = ["PPOConfig", "PPOTrainer", "ScriptArguments", "ModelConfig", "TrlParser", "get_peft_config",
+           "get_quantization_config", "lmppo_config", "check_fields", "TRL_LOG_KEYS"]
