@@ -8,6 +8,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -381,3 +382,22 @@ def test_trl_parser_reads_a_config_file_and_the_command_line(tmp_path):
     assert (script_args.dataset_name, training_args.num_ppo_epochs, training_args.output_dir, model_args.lora_r) == (
         "prompts_ds", 3, "from_file", 8)
     assert os.environ.pop("LMPPO_TEST_VAR") == "seven"
+
+
+def test_the_trl_style_example_script_runs_with_the_drop_in(tmp_path):
+    """examples/trl_ppo_script.py (only its import line differs from its TRL 1.12 form) finishes under lmppo and its
+    log_history has TRL's metric names."""
+    script = HERE.parent / "examples" / "trl_ppo_script.py"
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script), "--output_dir", str(out), "--use_cpu", "--bf16", "false",
+                           "--report_to", "none", "--per_device_train_batch_size", "4", "--total_episodes", "8",
+                           "--response_length", "4", "--num_ppo_epochs", "1", "--stop_token", "eos",
+                           "--missing_eos_penalty", "1.0", "--local_rollout_forward_batch_size", "4",
+                           "--per_device_eval_batch_size", "2", "--num_sample_generations", "1",
+                           "--save_strategy", "no", "--disable_tqdm", "true"],
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    history = json.loads((out / "log_history.json").read_text())
+    assert len(history) == 2 and all(set(h) == TRL_LOG_HISTORY_KEYS for h in history)
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
