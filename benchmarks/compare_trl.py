@@ -217,14 +217,18 @@ def lmppo_config(cfg: dict, output_dir: Path):
     return c
 
 
-def trl_args(cfg: dict, output_dir: Path):
-    """TRL's PPOConfig for the run settings ``cfg`` (see ``make_run_cfg``)."""
-    try:
-        from trl.experimental.ppo import PPOConfig
-    except ImportError:  # older TRL
-        from trl import PPOConfig
+def trl_args(cfg: dict, output_dir: Path, config_cls=None, **extra):
+    """TRL's PPOConfig for the run settings ``cfg`` (see ``make_run_cfg``); ``config_cls``: another class with TRL's
+    fields (``lmppo.trl.PPOConfig``, the drop-in); ``extra``: further fields."""
+    if config_cls is not None:
+        PPOConfig = config_cls
+    else:
+        try:
+            from trl.experimental.ppo import PPOConfig
+        except ImportError:  # older TRL
+            from trl import PPOConfig
 
-    return PPOConfig(
+    return PPOConfig(**extra, **dict(
         output_dir=str(output_dir),
         per_device_train_batch_size=cfg["batch_size"],
         gradient_accumulation_steps=1,
@@ -256,7 +260,7 @@ def trl_args(cfg: dict, output_dir: Path):
         seed=cfg["seed"],
         per_device_eval_batch_size=cfg["batch_size"],
         dataloader_num_workers=0,
-    )
+    ))
 
 
 def _time_saves(trainer) -> list:

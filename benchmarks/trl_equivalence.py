@@ -11,6 +11,11 @@ It prints both trainers' logged metrics side by side and the relative size of th
 two weight updates, for the policy and the critic: ``|dW_lmppo - dW_trl| / |dW_trl|``. Float rounding
 alone gives about 1e-6; an algorithmic difference gives 1e-2 or more.
 
+The same is done for the TRL drop-in (``lmppo.trl.PPOTrainer``), built from the *same* PPOConfig fields as TRL's
+(``compare_trl.trl_args`` with ``lmppo.trl.PPOConfig``) and the same kind of objects (policy, reference policy,
+reward model and value model loaded with ``Auto*`` classes, a ``datasets.Dataset`` of ``input_ids``), with
+``max_grad_norm=0`` given to both (TRL 1.12 never clips; the drop-in applies ``max_grad_norm``, 1.0 by default).
+
 Needs an interpreter with TRL 1.12 and lmppo importable (``PYTHONPATH=src``); builds the speed benchmark's tiny
 models and prompts first if they are not cached yet::
 
@@ -46,7 +51,7 @@ def run_trl(cache: Path, s: dict, out: Path):
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import transformers
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from trl.experimental.ppo import PPOTrainer
     from trl.experimental.ppo import ppo_trainer as trl_ppo
 
@@ -58,7 +63,7 @@ def run_trl(cache: Path, s: dict, out: Path):
     critic = AutoModelForSequenceClassification.from_pretrained(cache / "critic")
     reward = AutoModelForSequenceClassification.from_pretrained(cache / "reward")
     prompts = common.load_prompts(cache)
-    args = compare_trl.trl_args(s, out / "trl")
+    args = compare_trl.trl_args(s, out / "trl", max_grad_norm=0.0)  # TRL 1.12 never clips; the drop-in would
 
     rollouts: list[tuple] = []
     original = trl_ppo.batch_generation
@@ -70,23 +75,15 @@ def run_trl(cache: Path, s: dict, out: Path):
 
     trl_ppo.batch_generation = recording_generation
 
-    class Recorder(TrainerCallback):
-        logs: list = []
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs:
-                self.logs.append(dict(logs))
-
-    recorder = Recorder()
     trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
                          train_dataset=Dataset.from_dict({"input_ids": prompts["train"]}), value_model=critic,
-                         eval_dataset=Dataset.from_dict({"input_ids": prompts["eval"][:8]}), callbacks=[recorder])
+                         eval_dataset=Dataset.from_dict({"input_ids": prompts["eval"][:8]}))
     try:
         trainer.train()
     finally:
         trl_ppo.batch_generation = original
     wrapped = trainer.accelerator.unwrap_model(trainer.model)
-    return rollouts, recorder.logs, wrapped.policy, wrapped.value_model, tok
+    return rollouts, trainer.state.log_history, wrapped.policy, wrapped.value_model, tok
 
 
 def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
@@ -127,6 +124,53 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
     return history, trainer.policy, trainer.accelerator.unwrap_model(trainer.critic).model
 
 
+def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
+    """lmppo's TRL drop-in (``lmppo.trl``) with TRL's arguments and objects, its sampler replaying TRL's responses.
+    Returns (TRL-named log history, policy, critic model)."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    import lmppo.trainer as lt
+    from lmppo.data import PromptStream
+    from lmppo.trl import PPOConfig, PPOTrainer
+
+    pad = tok.pad_token_id
+    prompt_lists = []
+    for queries, _ in rollouts:
+        prompt_lists += [q[q != pad].tolist() for q in queries]
+    replay = iter(rollouts)
+    sampler = _replaying_sampler(replay)
+    args = compare_trl.trl_args(s, out / "dropin", config_cls=PPOConfig, max_grad_norm=0.0)
+    trainer = PPOTrainer(args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
+                         ref_model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
+                         reward_model=AutoModelForSequenceClassification.from_pretrained(cache / "reward"),
+                         value_model=AutoModelForSequenceClassification.from_pretrained(cache / "critic"),
+                         train_dataset=Dataset.from_dict({"input_ids": prompt_lists}))
+    engine = trainer.lmppo  # the prompts are TRL's, in TRL's order
+    engine.stream = PromptStream(len(engine.prompt_set.ids), engine.prompts_per_iteration, engine.config.seed, False)
+    original, lt.sample_native = lt.sample_native, sampler
+    try:
+        trainer.train()
+    finally:
+        lt.sample_native = original
+    return trainer.state.log_history, trainer.model.policy, trainer.model.value_model
+
+
+def _replaying_sampler(replay):
+    import torch
+
+    from lmppo.core.masking import stop_token_mask
+
+    def replayed_sampler(model, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds):
+        queries, responses = next(replay)
+        assert torch.equal(prompt_ids, queries), "lmppo's prompts differ from TRL's"
+        mask, terminated = stop_token_mask(responses, stop_ids)
+        responses = torch.where(mask, responses, torch.full_like(responses, pad_id))
+        return responses, mask, terminated, ~terminated & (mask.sum(1) >= max_new_tokens)
+
+    return replayed_sampler
+
+
 def relative_update_difference(start, a, b) -> float:
     """|(a - start) - (b - start)| / |b - start| over all parameters (b is the reference)."""
     diff = sq_ref = 0.0
@@ -136,6 +180,12 @@ def relative_update_difference(start, a, b) -> float:
         diff += float(((da - db) ** 2).sum())
         sq_ref += float((db ** 2).sum())
     return (diff / max(sq_ref, 1e-30)) ** 0.5
+
+
+def max_abs_difference(a, b) -> float:
+    """max |a - b| over all parameters of two models of the same architecture."""
+    sb = dict(b.named_parameters())
+    return max(float((p.detach() - sb[name].detach()).abs().max()) for name, p in a.named_parameters())
 
 
 def main(argv=None) -> None:
@@ -156,17 +206,30 @@ def main(argv=None) -> None:
         s = dict(_settings(a.cache, out, a.seed, a.iterations), plain_first_epoch=a.plain_first_epoch)
         rollouts, trl_logs, trl_policy, trl_critic, tok = run_trl(a.cache, s, out)
         history, lm_policy, lm_critic = run_lmppo(a.cache, s, out, rollouts, tok)
+        dropin_logs, di_policy, di_critic = run_dropin(a.cache, s, out, rollouts, tok)
     start_policy = AutoModelForCausalLM.from_pretrained(a.cache / "policy")
     start_critic = AutoModelForSequenceClassification.from_pretrained(a.cache / "critic")
     trl_logs = [l for l in trl_logs if "objective/kl" in l]
-    for it, (tl, ll) in enumerate(zip(trl_logs, history), 1):
-        print(f"iteration {it}: {'metric':28} {'TRL':>12} {'lmppo':>12}")
+    for it, (tl, ll, dl) in enumerate(zip(trl_logs, history, dropin_logs), 1):
+        print(f"iteration {it}: {'metric':28} {'TRL':>12} {'lmppo':>12} {'drop-in':>12}")
         for name in METRICS:
-            print(f"{'':13}{name:28} {tl.get(name, float('nan')):12.6f} {ll.get(name, float('nan')):12.6f}")
+            print(f"{'':13}{name:28} {tl.get(name, float('nan')):12.6f} {ll.get(name, float('nan')):12.6f} "
+                  f"{dl.get(name, float('nan')):12.6f}")
+    same = all(set(t) == set(d) for t, d in zip(trl_logs, dropin_logs)) and len(trl_logs) == len(dropin_logs)
+    print(f"drop-in log_history: {len(dropin_logs)} entries, metric names {'the same as' if same else 'DIFFERENT from'}"
+          f" TRL's ({len(trl_logs[0]) if trl_logs else 0} names)")
     print(f"responses ending in the stop token: {sum(int((r == tok.eos_token_id).any(1).sum()) for _, r in rollouts)}"
           f" of {sum(len(r) for _, r in rollouts)}")
     print(f"policy update: |dW_lmppo - dW_trl| / |dW_trl| = {relative_update_difference(start_policy, lm_policy, trl_policy):.2e}")
     print(f"critic update: |dW_lmppo - dW_trl| / |dW_trl| = {relative_update_difference(start_critic, lm_critic, trl_critic):.2e}")
+    print(f"drop-in policy update: |dW_dropin - dW_trl| / |dW_trl| = "
+          f"{relative_update_difference(start_policy, di_policy, trl_policy):.2e}")
+    print(f"drop-in critic update: |dW_dropin - dW_trl| / |dW_trl| = "
+          f"{relative_update_difference(start_critic, di_critic, trl_critic):.2e}")
+    print(f"drop-in vs TRL weights after the update: max |W_dropin - W_trl| = {max_abs_difference(di_policy, trl_policy):.2e}"
+          f" (policy), {max_abs_difference(di_critic, trl_critic):.2e} (critic); largest weight change by TRL: "
+          f"{max_abs_difference(trl_policy, start_policy):.2e} (policy), {max_abs_difference(trl_critic, start_critic):.2e}"
+          " (critic)")
 
 
 if __name__ == "__main__":

@@ -113,7 +113,9 @@ def test_bad_files(tmp_path, name, content, expected):
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(DataError, match=r"`.*nope.txt` does not exist"):
         load_prompt_records(cfg(str(tmp_path / "nope.txt")))
-    with pytest.raises(DataError, match="is a folder"):
+    with pytest.raises(DataError, match="is a folder"):  # a folder is a dataset only with format auto / dataset
+        load_prompt_records(cfg(str(tmp_path), format="jsonl"))
+    with pytest.raises(DataError, match="folder"):  # not a save_to_disk folder (or `datasets` missing)
         load_prompt_records(cfg(str(tmp_path)))
 
 

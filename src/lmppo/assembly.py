@@ -28,7 +28,7 @@ from lmppo.data import PromptSet, PromptStream, load_prompt_records, split_holdo
 from lmppo.distributed import accelerator_kwargs
 from lmppo.engines import SamplingEngine, check_sampling_engine
 from lmppo.errors import ConfigError
-from lmppo.models import (Actor, ValueHead, hf_model, hidden_size, load_policy, load_tokenizer, prepare_policy,
+from lmppo.models import (Actor, Critic, ValueHead, hf_model, hidden_size, load_policy, load_tokenizer, prepare_policy,
                           resolve_model_path)
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
@@ -65,8 +65,9 @@ class Components:
 
 
 def build_components(config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
-                     prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None,
-                     resuming: bool = False) -> Components:
+                     prompts: Optional[Sequence] = None, reward_functions: Any = None,
+                     value_model: Optional[nn.Module] = None, ref_model: Optional[nn.Module] = None,
+                     console: Any = None, resuming: bool = False) -> Components:
     """Everything the trainer needs, from `config`; objects passed in replace what the config would load (see
     `PPOTrainer`). `resuming`: the output folder holds this run already (`PPOTrainer.resume`)."""
     if reward_functions is not None and not _has_user_sources(config):
@@ -77,6 +78,7 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     accelerator = Accelerator(**accelerator_kwargs(cfg))
     device = accelerator.device
     strategy = make_strategy(accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else DDP / one process
+    _check_model_objects(cfg, value_model, ref_model, strategy.zero is not None)
     set_seed(cfg.seed)
     # `auto` becomes what this machine runs faster; the run's config.yaml keeps the resolved value (and a resume
     # computes in the precision the run started with)
@@ -99,12 +101,15 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     _check_context_length(cfg, policy)
     stop_ids = stop_token_ids(cfg, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
-    if cfg.value.mode == "critic":
+    if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
+        critic = Critic(value_model.eval())
+    elif cfg.value.mode == "critic":
         critic = strategy.build_critic(policy, path, critic_init_path(cfg), cfg.model)
     else:
         critic = None
     reference = ReferencePolicy(policy, cfg.reference.mode, cfg.reference.every, cfg.reference.ema_alpha,
-                                model=strategy.reference_model(policy, path, cfg.model))
+                                model=ref_model if ref_model is not None else
+                                strategy.reference_model(policy, path, cfg.model))
     if reference.model is not None:
         reference.model.to(device)
     if device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention); freed memory
@@ -209,6 +214,20 @@ def _check_token_input(sources, tokenizer) -> None:
             raise ConfigError(f"reward.sources[{i}].input", "tokens",
                               f"reward model `{source.name}` has its own tokenizer ({len(own)} tokens), not the "
                               f"policy's ({len(tokenizer)} tokens): it must read text (`input: text`)")
+
+
+def _check_model_objects(cfg: Config, value_model: Optional[nn.Module], ref_model: Optional[nn.Module],
+                         zero: bool) -> None:
+    """ConfigError when a value_model / ref_model object passed in does not fit the config."""
+    if value_model is not None and cfg.value.mode != "critic":
+        raise ConfigError("value.mode", cfg.value.mode, "a value_model object is a separate critic: set value.mode "
+                          "`critic`")
+    if (value_model is not None or ref_model is not None) and zero:
+        raise ConfigError("deepspeed", cfg.deepspeed or "(from the launcher)", "value_model / ref_model objects are "
+                          "not partitioned by lmppo's DeepSpeed support; give the models as folders")
+    if ref_model is not None and cfg.reference.mode != "frozen":
+        raise ConfigError("reference.mode", cfg.reference.mode, "a ref_model object is a frozen reference; use "
+                          "reference.mode `frozen`")
 
 
 def _has_user_sources(config: Config) -> bool:

@@ -78,13 +78,16 @@ class ValueConfig:
 @dataclass
 class DataConfig:
     prompts: str = "builtin:reviews"
-    """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), or a built-in set
-    (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles)."""
+    """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), a Hugging Face dataset (a folder
+    written by `Dataset.save_to_disk`, a `.parquet` or `.arrow` file; needs `pip install lmppo[datasets]`), or a
+    built-in set (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles)."""
     format: str = "auto"
-    """File format: `auto` (from the extension), `jsonl`, `csv` or `text`."""
+    """File format: `auto` (from the extension; a folder is a `save_to_disk` dataset), `jsonl`, `csv`, `text`,
+    `dataset` (a `save_to_disk` folder), `parquet` or `arrow` (a file, or a folder of such files)."""
     field: str = "prompt"
-    """The JSONL/CSV column that holds each prompt: a string, a list of chat messages
-    ({"role", "content"}), or a list of token ids."""
+    """The JSONL/CSV/dataset column that holds each prompt: a string, a list of chat messages
+    ({"role", "content"}), or a list of token ids. For a dataset without a `prompt` column, the default falls back
+    to its `messages`, `input_ids` or `text` column (the first it has)."""
     chat_template: bool = False
     """Wrap plain-text prompts as one user message and apply the tokenizer's chat template. Prompts given as
     message lists always get the chat template."""
@@ -389,13 +392,13 @@ class Config:
             if not any(s.kind == "model" for s in c.reward.sources):
                 raise ConfigError("value.init_from", "reward_model", "needs a reward source of kind `model`; "
                                   "use `policy` or `auto`")
-        _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text"))
+        _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text", "dataset", "parquet", "arrow"))
         _one_of(c.data.long_prompts, "data.long_prompts", ("truncate_left", "error"))
         _positive(c.data.max_prompt_length, "data.max_prompt_length")
         _non_negative(c.data.holdout, "data.holdout")
         if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
-            raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file or "
-                              "`builtin:reviews` / `builtin:news`")
+            raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file, a "
+                              "dataset (save_to_disk folder, .parquet, .arrow) or `builtin:reviews` / `builtin:news`")
         r = c.rollout
         _positive(r.batch_size, "rollout.batch_size")
         _positive(r.max_new_tokens, "rollout.max_new_tokens")

@@ -1,6 +1,7 @@
 """Prompts: reading them, tokenizing them, and the seeded order in which they are drawn.
 
-* ``load_prompt_records`` reads a local ``.jsonl`` / ``.csv`` / ``.txt`` file, a built-in set, or a Python list.
+* ``load_prompt_records`` reads a local ``.jsonl`` / ``.csv`` / ``.txt`` file, a built-in set, a Python list, or a
+  Hugging Face dataset (a ``datasets.Dataset``, a ``save_to_disk`` folder, Parquet / Arrow files: ``lmppo.hf_datasets``).
   A record is a string, a list of chat messages (``{"role", "content"}``) or a list of token ids. Every problem
   is a one-line ``DataError`` naming the file, the line, the value and what is allowed.
 * ``tokenize_prompts`` turns records into token ids the policy is conditioned on (``PromptSet``).
@@ -61,6 +62,10 @@ def _where(records: Sequence[Any], index: int) -> str:
 def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = None) -> PromptRecords:
     """The prompt records of ``data_cfg.prompts`` (a file or ``builtin:NAME``), or of ``prompts`` when given."""
     if prompts is not None:
+        from lmppo.hf_datasets import is_hf_dataset
+
+        if is_hf_dataset(prompts):  # a datasets.Dataset object: its `data.field` column
+            return _load_dataset(prompts, data_cfg, "the datasets.Dataset passed to the API")
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise DataError(f"prompts passed to the API must be a list of records, got a {type(prompts).__name__}")
         return _records(list(prompts), "prompts passed to the API", [f"item {i}" for i in range(len(prompts))])
@@ -72,12 +77,26 @@ def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = No
     return _load_file(spec, data_cfg)
 
 
+def _load_dataset(ds: Any, data_cfg: DataConfig, source: str) -> PromptRecords:
+    """Records of a Hugging Face dataset's prompt column (``lmppo.hf_datasets``)."""
+    from lmppo.hf_datasets import dataset_records
+
+    items, locations, column = dataset_records(ds, data_cfg.field, source)
+    return _records(items, f"{source}, column `{column}`", locations)
+
+
 def _load_file(path: str, data_cfg: DataConfig) -> PromptRecords:
+    from lmppo.hf_datasets import dataset_format, load_dataset_path
+
+    hf_format = dataset_format(path, data_cfg.format) if os.path.exists(path) else None
+    if hf_format is not None:  # a save_to_disk folder, Parquet or Arrow: read through `datasets`
+        return _load_dataset(load_dataset_path(path, hf_format), data_cfg, f"prompt dataset `{path}`")
     if not os.path.exists(path):
         raise DataError(f"prompt file `{path}` does not exist (data.prompts takes a .jsonl, .csv or .txt file, or "
                         "`builtin:reviews` / `builtin:news`)")
     if os.path.isdir(path):
-        raise DataError(f"prompt file `{path}` is a folder; data.prompts takes a .jsonl, .csv or .txt file")
+        raise DataError(f"prompt file `{path}` is a folder; with data.format `{data_cfg.format}` data.prompts takes a "
+                        ".jsonl, .csv or .txt file (a save_to_disk folder needs data.format `auto` or `dataset`)")
     fmt = data_cfg.format
     if fmt == "auto":
         ext = os.path.splitext(path)[1].lower()

@@ -61,7 +61,7 @@ class ReferencePolicy:
         self.model: Optional[nn.Module] = None  # full copy of the reference weights (no LoRA)
         self.adapter: dict[str, torch.Tensor] = {}  # reference adapter: name -> detached copy (LoRA)
         self._fingerprint: Optional[list[float]] = None
-        if not self.peft:
+        if not self.peft or model is not None:  # (a reference model given for a LoRA policy is used as given)
             self.model = model if model is not None else copy.deepcopy(hf_model(policy))
             self.model.requires_grad_(False)
             self.model.eval()
@@ -71,7 +71,7 @@ class ReferencePolicy:
     @property
     def adapter_off(self) -> bool:
         """True when the reference is the policy with its adapters switched off (LoRA, `frozen`)."""
-        return self.peft and not self.adapter
+        return self.peft and self.model is None and not self.adapter
 
     def logprobs(self, policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
                  response_ids: torch.Tensor, temperature: float) -> torch.Tensor:

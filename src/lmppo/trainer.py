@@ -78,8 +78,12 @@ class PPOTrainer:
     """Train `config.model.policy` with PPO. Objects passed in replace what the config would load:
 
     policy / tokenizer: an HF causal LM and its tokenizer; prompts: a list of strings, chat message lists or
-    token-id lists; reward_functions: callables `fn(prompts, completions) -> list` (or a name -> callable dict),
-    used in addition to the config's reward sources (the config's default source is dropped when any are given).
+    token-id lists, or a `datasets.Dataset` (its `data.field` column); reward_functions: callables
+    `fn(prompts, completions) -> list` (or a name -> callable dict, or `lmppo.rewards.RewardSource` objects), used in
+    addition to the config's reward sources (the config's default source is dropped when any are given);
+    value_model: a decoder `*ForSequenceClassification` model (one label) used as the critic as given, its backbone
+    and `score` head (needs value.mode `critic`); ref_model: the reference policy's model, used as given and frozen
+    (reference.mode `frozen`), instead of a copy of the initial policy.
 
     Construction from the config is the assembly step (`lmppo.assembly.build_components`); `components=` takes
     ready ones instead (then `config` is `components.config` and the other objects are not used). `resuming`:
@@ -88,10 +92,12 @@ class PPOTrainer:
 
     def __init__(self, config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
                  prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None,
+                 value_model: Optional[nn.Module] = None, ref_model: Optional[nn.Module] = None,
                  resuming: bool = False, components: Optional[Components] = None):
         if components is None:  # the assembly step (lmppo.assembly): models, data, rewards, optimizer from config
             components = build_components(config, policy=policy, tokenizer=tokenizer, prompts=prompts,
-                                          reward_functions=reward_functions, console=console, resuming=resuming)
+                                          reward_functions=reward_functions, value_model=value_model,
+                                          ref_model=ref_model, console=console, resuming=resuming)
         c = components
         self.config = cfg = c.config
         self.console = console

@@ -68,6 +68,30 @@ class ModelSource(RewardSource):
         except Exception as err:
             raise RewardError(f"{where}: cannot load it as a sequence-classification model: "
                               f"{type(err).__name__}: {err}") from err
+        self._setup(mcfg, ctx, where)
+
+    @classmethod
+    def from_model(cls, model, tokenizer, name: str = "reward_model", ctx: SourceContext | None = None,
+                   input: str = "tokens") -> "ModelSource":
+        """A source from a sequence-classification model object (one label), used as given (frozen, eval mode,
+        moved to `ctx.device`), and the tokenizer its inputs are written in (copied: its padding settings are
+        changed). `input` as `reward.sources[].input`: `tokens` reads the policy's sampled ids (then `tokenizer`
+        must be the policy's), `text` re-encodes prompt + completion with `tokenizer`."""
+        import copy
+
+        ctx = ctx or SourceContext()
+        self = cls.__new__(cls)
+        RewardSource.__init__(self, RewardSourceConfig(kind="model", path="", name=name, input=input), ctx)
+        where = f"reward model `{name}` ({type(model).__name__})"
+        if getattr(model.config, "num_labels", None) != 1:
+            raise RewardError(f"{where}: has {getattr(model.config, 'num_labels', '?')} labels; a reward model must "
+                              "have exactly one (num_labels=1, one score per text)")
+        self.model, self.tokenizer = model, copy.deepcopy(tokenizer)
+        self._setup(model.config, ctx, where)
+        return self
+
+    def _setup(self, mcfg, ctx: SourceContext, where: str) -> None:
+        """Freeze the loaded model, put it on its device and set up padding and the length limit."""
         self.model.eval().requires_grad_(False).to(ctx.device)
         tok = self.tokenizer
         tok.padding_side = "right"
@@ -85,7 +109,7 @@ class ModelSource(RewardSource):
         if torch.device(ctx.device).type == "cpu":
             use_cpu_attention(self.model)
         self.decoder_head = hasattr(self.model, "score") and hasattr(self.model, "base_model")
-        self.wants_token_ids = cfg.input == "tokens"
+        self.wants_token_ids = self.cfg.input == "tokens"
 
     def __call__(self, prompts: list[str], completions: list[str],
                  token_ids: list[list[int]] | None = None) -> list[float]:
