@@ -16,29 +16,46 @@ from lmppo.trainer import PPOTrainer
 
 
 def test_pi_controller_hand_worked_sequence():
-    # beta_0 0.05, target 4, kp 1, ki 0.5.  e = clip(ln(kl/4), -1, 1);  ln beta = ln 0.05 + e + 0.5 * I
-    c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5)
+    # beta_0 0.05, target 4, kp 1, ki 0.5, kd 1.  ahead = kl + max(kl - kl_prev, 0);  e = clip(ln(ahead/4), -1, 1)
+    # ln beta = ln 0.05 + e + 0.5 * I;  I integrates e above the target, and below it only when the KL is not rising
+    c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=1.0)
     steps = [
-        # kl 8: e = ln 2; the first reading does not integrate (its motion is unknown): beta = 0.05 * 2
-        (8.0, 0.05 * 2, 0.0),
-        # kl 9 after 8: above target and rising: I = ln(9/4); beta = 0.05 * (9/4) * (9/4)^0.5
-        (9.0, 0.05 * 2.25 ** 1.5, math.log(2.25)),
-        # kl 6 after 9: above target but falling toward it, so no integration: beta = 0.05 * 1.5 * 1.5
-        (6.0, 0.05 * 1.5 * 1.5, math.log(2.25)),
-        # kl 40 after 6: e = ln 10 clipped to 1, rising: I = 1 + ln 2.25; beta = 0.05 * e * e^0.5 * 1.5
-        (40.0, 0.05 * math.e * math.exp(0.5) * 1.5, 1 + math.log(2.25)),
-        # kl 0: e = -1 (no information below 0), falling: I = ln 2.25; beta = 0.05 * e^-1 * 1.5
-        (0.0, 0.05 * math.exp(-1) * 1.5, math.log(2.25)),
-        # kl -3 (negative estimate): e = -1, falling further: I = ln 2.25 - 1
-        (-3.0, 0.05 * math.exp(-1) * 1.5 * math.exp(-0.5), math.log(2.25) - 1),
-        # kl 2 after -3: e = ln 0.5, below target but rising: no integration
-        (2.0, 0.05 * 0.5 * 1.5 * math.exp(-0.5), math.log(2.25) - 1),
+        # kl 8, first reading: e = ln 2, above target: I = ln 2; beta = 0.05 * 2 * 2^0.5
+        (8.0, 0.05 * 2 ** 1.5, math.log(2)),
+        # kl 9 after 8: rose by 1, read as 10: e = ln 2.5; I = ln 2 + ln 2.5 = ln 5; beta = 0.05 * 2.5 * 5^0.5
+        (9.0, 0.05 * 2.5 * 5 ** 0.5, math.log(5)),
+        # kl 6 after 9: falling, still above target: integrates e = ln 1.5; I = ln 7.5
+        (6.0, 0.05 * 1.5 * 7.5 ** 0.5, math.log(7.5)),
+        # kl 40 after 6: read as 74, e clipped to 1; I = ln 7.5 + 1
+        (40.0, 0.05 * math.e * math.exp(0.5) * 7.5 ** 0.5, math.log(7.5) + 1),
+        # kl 0 after 40: e = -1 (no information at or below 0), not rising: I = ln 7.5
+        (0.0, 0.05 * math.exp(-1) * 7.5 ** 0.5, math.log(7.5)),
+        # kl -3 (a negative estimate): e = -1, not rising: I = ln 7.5 - 1
+        (-3.0, 0.05 * math.exp(-1) * 7.5 ** 0.5 * math.exp(-0.5), math.log(7.5) - 1),
+        # kl 2 after -3: rose by 5, read as 7: e = ln 1.75 > 0 (the look-ahead brakes early): I = ln 7.5 - 1 + ln 1.75
+        (2.0, 0.05 * 1.75 * (7.5 * 1.75) ** 0.5 * math.exp(-0.5), math.log(7.5 * 1.75) - 1),
+        # kl 2.5 after 2: read as 3: e = ln 0.75 < 0 while rising: no integration
+        (2.5, 0.05 * 0.75 * (7.5 * 1.75) ** 0.5 * math.exp(-0.5), math.log(7.5 * 1.75) - 1),
     ]
     for kl, beta, integral in steps:
         c.update(kl, 32)
         assert c.value == pytest.approx(beta, rel=1e-12)
         assert c.integral == pytest.approx(integral, rel=1e-12)
-    assert [round(b, 6) for _, b, _ in steps] == [0.1, 0.16875, 0.1125, 0.336127, 0.027591, 0.016735, 0.022745]
+    assert [round(b, 6) for _, b, _ in steps] == [0.141421, 0.279508, 0.205396, 0.613681, 0.050374, 0.030553,
+                                                  0.19227, 0.082401]
+
+
+def test_pi_controller_look_ahead_gain():
+    # the same readings with kd 0: the KL is read as it is
+    c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=0.0)
+    c.update(2.0)  # e = ln 0.5, first reading, below target: no integration
+    assert c.value == pytest.approx(0.05 * 0.5) and c.integral == 0.0
+    c.update(3.0)  # rising, below target, e = ln 0.75: no integration
+    assert c.value == pytest.approx(0.05 * 0.75) and c.integral == 0.0
+    fast = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=2.0)
+    fast.update(2.0)
+    fast.update(3.0)  # rose by 1, read as 3 + 2 * 1 = 5: e = ln 1.25, integrates
+    assert fast.value == pytest.approx(0.05 * 1.25 ** 1.5) and fast.integral == pytest.approx(math.log(1.25))
 
 
 def test_pi_controller_holds_its_bounds_without_winding_up():
@@ -72,21 +89,21 @@ def test_pi_controller_state_round_trip_and_gains():
     # a KL stuck at twice the target: x**(kp+ki) at once, then x**ki per iteration
     twice = PIKLController(0.05, 4.0, kp=1.0, ki=0.5)
     twice.update(8.0)
-    assert twice.value == pytest.approx(0.05 * 2)
-    twice.update(8.0)  # not moving toward the target: integrates
     assert twice.value == pytest.approx(0.05 * 2 ** 1.5)
     twice.update(8.0)
     assert twice.value == pytest.approx(0.05 * 2 ** 2)
+    twice.update(8.0)
+    assert twice.value == pytest.approx(0.05 * 2 ** 2.5)
     with pytest.raises(ValueError):
         PIKLController(0.0, 4.0)
 
 
 def test_make_kl_controller_reads_every_setting():
-    k = types.SimpleNamespace(controller="pi", coef=0.2, target=3.0, kp=2.0, ki=0.25, coef_min=0.01,
+    k = types.SimpleNamespace(controller="pi", coef=0.2, target=3.0, kp=2.0, ki=0.25, kd=0.7, coef_min=0.01,
                               coef_max=5.0, horizon=77)
     c = make_kl_controller(k)
     assert isinstance(c, PIKLController)
-    assert (c.value, c.target, c.kp, c.ki, c.coef_min, c.coef_max) == (0.2, 3.0, 2.0, 0.25, 0.01, 5.0)
+    assert (c.value, c.target, c.kp, c.ki, c.kd, c.coef_min, c.coef_max) == (0.2, 3.0, 2.0, 0.25, 0.7, 0.01, 5.0)
     k.controller = "adaptive"
     z = make_kl_controller(k)
     assert isinstance(z, AdaptiveKLController) and (z.value, z.target, z.horizon) == (0.2, 3.0, 77)
@@ -95,7 +112,7 @@ def test_make_kl_controller_reads_every_setting():
 
 
 @pytest.mark.parametrize("field,value,allowed", [
-    ("kl.controller", "pid", "fixed"), ("kl.kp", -1.0, ">= 0"), ("kl.ki", -0.1, ">= 0"),
+    ("kl.controller", "pid", "fixed"), ("kl.kp", -1.0, ">= 0"), ("kl.ki", -0.1, ">= 0"), ("kl.kd", -0.5, ">= 0"),
     ("kl.coef_min", 0.0, "> 0"), ("kl.coef_max", 1e-5, ">= kl.coef_min"), ("ppo.target_kl", -0.01, ">= 0"),
     ("kl.coef", 0.0, "> 0"),
 ])
@@ -144,6 +161,11 @@ def test_kl_gains_change_the_run(tmp_path, tokenizer):
     assert d[2]["objective/kl_coef"] == pytest.approx(0.06) and a[2]["objective/kl_coef"] > 0.06
     e = _tiny_run(tmp_path, tokenizer, "e", kl__target=1e-4, kl__coef_min=0.04)
     assert e[1]["objective/kl_coef"] == pytest.approx(0.04) and a[1]["objective/kl_coef"] < 0.04
+    # the look-ahead: a KL rising from 0 toward a far target reads as past it with a huge kd, as itself with kd 0
+    f = _tiny_run(tmp_path, tokenizer, "f", kl__target=10.0, kl__kd=1e9)
+    g = _tiny_run(tmp_path, tokenizer, "g", kl__target=10.0, kl__kd=0.0)
+    assert f[1]["objective/kl"] > f[0]["objective/kl"] and g[1]["objective/kl"] > g[0]["objective/kl"]
+    assert f[2]["objective/kl_coef"] > 0.05 > g[2]["objective/kl_coef"]
 
 
 def test_ppo_target_kl_stops_the_epochs(tmp_path, tokenizer):

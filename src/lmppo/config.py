@@ -205,7 +205,7 @@ class KLConfig:
     loss term on the current policy), or `both`."""
     controller: str = "pi"
     """How beta moves so the KL per response holds `target`: `pi` (proportional-integral control of log beta,
-    reacts within a few iterations: see `kp`, `ki`), `adaptive` (Ziegler et al. 2019: at most
+    reacts within a few iterations: see `kp`, `ki`, `kd`), `adaptive` (Ziegler et al. 2019: at most
     0.2 * batch / horizon per iteration, built for runs of millions of episodes), or `fixed` (beta stays `coef`)."""
     target: float = 4.0
     """`pi` and `adaptive` controllers: target KL per response (nats, summed over its tokens, as objective/kl)."""
@@ -214,6 +214,9 @@ class KLConfig:
     ki: float = 0.5
     """`pi` controller, integral gain: while the KL stays x times the target, beta moves by x**ki more each
     iteration (0.5: a factor 2 every 2 iterations at twice the target)."""
+    kd: float = 1.0
+    """`pi` controller, look-ahead gain: a KL that rose by d nats since the last iteration is read as kd * d nats
+    higher, so beta rises before a fast-moving policy passes the target (0: react to the KL as it is)."""
     coef_min: float = 1e-4
     """`pi` controller: beta never goes below this."""
     coef_max: float = 10.0
@@ -447,6 +450,7 @@ class Config:
             _positive(k.coef, "kl.coef")
             _non_negative(k.kp, "kl.kp")
             _non_negative(k.ki, "kl.ki")
+            _non_negative(k.kd, "kl.kd")
             _positive(k.coef_min, "kl.coef_min")
             if not (k.coef_max >= k.coef_min):
                 raise ConfigError("kl.coef_max", k.coef_max, f"must be >= kl.coef_min ({k.coef_min})")

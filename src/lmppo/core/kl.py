@@ -84,34 +84,39 @@ class AdaptiveKLController:
 
 
 class PIKLController:
-    """Proportional-integral control of log beta toward a target KL per response (lmppo's default).
+    """Proportional-integral control of log beta toward a target KL per response (lmppo's default), with a
+    look-ahead on the KL's rise.
 
     After each iteration with mean per-response KL `kl_t` (nats, summed over the response's tokens):
-      e_t = clip(log(kl_t / target), -1, 1)          the error in log units: 2x and 0.5x the target weigh alike
-      I_t = I_{t-1} + e_t                            unless the KL is already moving toward the target by itself
-                                                     (e_t < 0 and kl_t > kl_{t-1}, or e_t > 0 and kl_t < kl_{t-1}),
-                                                     or this is the first reading (its motion is unknown), or beta
-                                                     sits at a bound and e_t pushes it further out
+      ahead_t = kl_t + kd * max(kl_t - kl_{t-1}, 0)    where the KL will be next iteration if it keeps rising as it
+                                                     just did (the derivative term: it brakes before the target)
+      e_t = clip(log(ahead_t / target), -1, 1)         the error in log units: 2x and 0.5x the target weigh alike
+      I_t = I_{t-1} + e_t                            always above the target; below it only while the KL is not
+                                                     rising by itself (kl_t <= kl_{t-1}), and never while beta sits
+                                                     at a bound that e_t pushes it past
       log beta_t = log beta_0 + kp * e_t + ki * I_t,  beta_t clamped to [coef_min, coef_max]
 
-    Response time, in iterations: with the KL a factor x off target and staying there (e = log x, |e| <= 1),
+    Response time, in iterations: with the KL a factor x above target and staying there (e = log x, |e| <= 1),
     beta moves at once by x**kp (x**(kp + ki) once the error integrates) and then by a further x**ki every
     iteration. With the defaults (kp 1, ki 0.5) a KL stuck at twice the target multiplies beta by 2.8 within an
     iteration and by 2 more every 2 iterations; a KL of e times the target or more multiplies it by 4.5 and then
-    e-fold every 2 iterations.
+    e-fold every 2 iterations. A KL rising by d nats per iteration counts as kd * d nats higher.
     Ziegler's controller moves beta by at most 0.2 * batch / horizon per iteration, whatever the error.
     Why not a pure integral (Ziegler, Lagrangian): the KL itself integrates the policy's updates, and
-    integral-on-integral control overshoots; the proportional term damps it. Why the conditional integration:
-    while the KL climbs from 0 at the start of a run, every iteration is "below target", and a plain integral
-    would wind beta down to its floor just before the KL arrives, so the KL would shoot past the target.
+    integral-on-integral control overshoots; the proportional and look-ahead terms damp it (Stooke et al. 2020,
+    PID Lagrangian methods). Why the integral is conditional below the target: while the KL climbs from 0 at the
+    start of a run every iteration is "below target", and a plain integral would wind beta down to its floor just
+    before the KL arrives, so the KL would shoot past the target. Above the target it always integrates: a KL
+    that hovers above the target, drifting down a little now and then, must still see beta rise.
     """
 
     def __init__(self, init_coef: float, target: float, kp: float = 1.0, ki: float = 0.5,
-                 coef_min: float = 1e-4, coef_max: float = 10.0):
-        if not (init_coef > 0 and target > 0 and 0 < coef_min <= coef_max and kp >= 0 and ki >= 0):
-            raise ValueError("PIKLController needs init_coef > 0, target > 0, kp >= 0, ki >= 0 and "
-                             f"0 < coef_min <= coef_max; got {init_coef}, {target}, {kp}, {ki}, {coef_min}, {coef_max}")
-        self.init_coef, self.target, self.kp, self.ki = init_coef, target, kp, ki
+                 coef_min: float = 1e-4, coef_max: float = 10.0, kd: float = 1.0):
+        if not (init_coef > 0 and target > 0 and 0 < coef_min <= coef_max and kp >= 0 and ki >= 0 and kd >= 0):
+            raise ValueError("PIKLController needs init_coef > 0, target > 0, kp >= 0, ki >= 0, kd >= 0 and "
+                             f"0 < coef_min <= coef_max; got {init_coef}, {target}, {kp}, {ki}, {kd}, {coef_min}, "
+                             f"{coef_max}")
+        self.init_coef, self.target, self.kp, self.ki, self.kd = init_coef, target, kp, ki, kd
         self.coef_min, self.coef_max = coef_min, coef_max
         self.integral = 0.0
         self.last_kl: float | None = None
@@ -125,11 +130,13 @@ class PIKLController:
 
     def update(self, current_kl: float, n_steps: int = 0) -> None:
         """`n_steps` (episodes) is accepted for the controllers' common interface and not used."""
-        e = self.error(current_kl)
         last, self.last_kl = self.last_kl, current_kl
-        moving_toward = last is None or (e < 0 and current_kl > last) or (e > 0 and current_kl < last)
+        rising = last is not None and current_kl > last  # False for NaN readings
+        ahead = current_kl + self.kd * (current_kl - last) if rising else current_kl
+        e = self.error(ahead)
+        integrates = e > 0 or (last is not None and not rising)
         lo, hi = math.log(self.coef_min), math.log(self.coef_max)
-        integral = self.integral if moving_toward else self.integral + e
+        integral = self.integral + e if integrates else self.integral
         log_beta = math.log(self.init_coef) + self.kp * e + self.ki * integral
         if (log_beta > hi and e > 0) or (log_beta < lo and e < 0):  # anti-windup at the bounds
             integral = self.integral
@@ -155,5 +162,5 @@ def make_kl_controller(settings) -> "FixedKLController | AdaptiveKLController | 
 KL_CONTROLLERS = {
     "fixed": lambda k: FixedKLController(k.coef),
     "adaptive": lambda k: AdaptiveKLController(k.coef, k.target, k.horizon),
-    "pi": lambda k: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max),
+    "pi": lambda k: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd),
 }
