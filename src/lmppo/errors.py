@@ -43,3 +43,11 @@ class CheckpointError(LmppoError, RuntimeError):
 
 class TrainingError(LmppoError, RuntimeError):
     """Training cannot go on (for example too many non-finite updates in a row)."""
+
+
+class StorageError(LmppoError, RuntimeError):
+    """Writing the run's state failed (full disk, read-only folder, ...); what was complete before is intact."""
+
+
+class RunLockedError(LmppoError, RuntimeError):
+    """Another lmppo process is using the output folder."""

@@ -582,7 +582,8 @@ class PPOTrainer:
             return
         from lmppo.checkpoint import atomic_dir
 
-        with atomic_dir(directory) as tmp:
+        with atomic_dir(directory, "the trained model", "the checkpoint of the last iteration is complete: free space "
+                        f"and run `lmppo train --resume {self.config.output_dir}` to write it again") as tmp:
             self.policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
             self.tokenizer.save_pretrained(os.path.join(tmp, "policy"))
             if self.critic is not None:
