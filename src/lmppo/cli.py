@@ -154,6 +154,43 @@ def cmd_eval(argv: Sequence[str], console) -> int:
     return eval_main(argv, console)
 
 
+def quiet_libraries() -> None:
+    """Lines a user cannot act on stay off the console: deprecation notices of torch / transformers / accelerate
+    (FutureWarning, DeprecationWarning), transformers' and DeepSpeed's info and warning logs ("Setting accelerator
+    to CPU", ...), and tqdm bars. lmppo's own warnings (UserWarning) still show; `--debug` shows everything."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    for name in ("DeepSpeed", "deepspeed", "accelerate", "torch.distributed", "gguf"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _output_dir_of(argv: Sequence[str]) -> Optional[str]:
+    """The run folder a `train` command line writes to, for messages (best effort, never raises)."""
+    argv = list(argv)
+    try:
+        if "--resume" in argv and argv.index("--resume") + 1 < len(argv):
+            return argv[argv.index("--resume") + 1]
+        for i, arg in enumerate(argv):
+            if arg.startswith("--output_dir="):
+                return arg.split("=", 1)[1]
+            if arg == "--output_dir" and i + 1 < len(argv):
+                return argv[i + 1]
+        if argv and not argv[0].startswith("--"):
+            from lmppo.config import load_config
+
+            return load_config(argv[0]).output_dir
+    except Exception:  # noqa: BLE001 - only for a message
+        return None
+    return None
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
 
 
@@ -167,6 +204,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading bars on stderr would bury lmppo's one-line errors
+    if not debug:
+        quiet_libraries()
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option)")
         return 0 if argv else EXIT_USER_ERROR
@@ -184,8 +223,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
+        out = _output_dir_of(rest) if command == "train" else None
         print("interrupted; the latest complete checkpoint (if any) is intact: resume with "
-              "`lmppo train --resume OUTPUT_DIR`", file=sys.stderr)
+              f"`lmppo train --resume {out or 'OUTPUT_DIR'}`", file=sys.stderr)
         return 130
 
 

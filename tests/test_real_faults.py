@@ -1,0 +1,235 @@
+"""Real faults, not mocked ones: a full disk (a small tmpfs, and a file-size limit that needs no mount rights),
+two processes racing for one output folder, truncated and garbage model files. The failing writer is always
+the real one (torch.save, safetensors, open/write, save_pretrained); what a test controls is only *when* the disk
+fills, by writing a real filler file at a chosen moment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import pytest
+import yaml
+
+import lmppo.checkpoint as checkpoint_module
+from lmppo.cli import main
+from lmppo.errors import LmppoError
+from train_worker import read_jsonl
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.join(os.path.dirname(HERE), "src")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def run_cli(argv, capsys) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.replace("\r", "\n").splitlines() if ln.strip()]
+    return code, "\n".join(lines)
+
+
+def assert_one_clean_line(code: int, err: str, *names: str) -> None:
+    assert code == 2, err
+    assert "Traceback" not in err and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    for name in names:
+        assert name in err, (name, err)
+
+
+def base_config(tmp_path, model_dir: str, out: str, iterations: int = 3, **extra) -> str:
+    (tmp_path / "prompts.txt").write_text("the movie was\nthis film is\nmy friend felt\nthe story seemed\n")
+    (tmp_path / "rewards.py").write_text("def ok(prompts, completions):\n    return [len(c) / 20.0 for c in completions]\n")
+    cfg = {"output_dir": out, "total_episodes": 4 * iterations, "model": {"policy": model_dir}, "precision": "fp32",
+           "data": {"prompts": str(tmp_path / "prompts.txt")},
+           "rollout": {"batch_size": 4, "max_new_tokens": 4, "stop_token": "none"},
+           "reward": {"sources": [{"kind": "function", "path": f"{tmp_path / 'rewards.py'}:ok"}]},
+           "ppo": {"num_epochs": 1, "micro_batch_size": 4}, "log": {"trackers": [], "sample_every": 1},
+           "checkpoint": {"every": 1}}
+    for dotted, value in extra.items():
+        obj = cfg
+        *parents, leaf = dotted.split("__")
+        for p in parents:
+            obj = obj.setdefault(p, {})
+        obj[leaf] = value
+    path = tmp_path / f"config-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A real, small file system (tmpfs, 8 MiB) mounted in tmp_path; skipped where mounting is not allowed."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root (the RLIMIT_FSIZE variant below runs everywhere)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); the RLIMIT_FSIZE variant runs instead")
+    yield str(mnt)
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(disk: str, leave: int) -> str:
+    """Fill the file system of `disk` with a real file until `leave` bytes are free; returns the filler's path."""
+    path = os.path.join(disk, "filler")
+    st = os.statvfs(disk)
+    free = st.f_bavail * st.f_frsize
+    with open(path, "ab") as fh:
+        fh.write(b"\0" * max(free - leave, 0))
+    return path
+
+
+def pad_to_page(path: str, page: int = 4096) -> None:
+    """Append one JSON row (no `iteration`: a resume drops it) that ends `path` at a page boundary, so that the
+    next append needs a new page of the file system (tmpfs keeps files in whole pages)."""
+    size = os.path.getsize(path)
+    room = (-size - len('{"pad": ""}\n')) % page
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"pad": "x" * room}) + "\n")
+
+
+def fill_after_checkpoint(monkeypatch, disk: str, at_iteration: int, leave, pad: str = "") -> dict:
+    """After the checkpoint of iteration `at_iteration` is written, the disk fills up (to `leave(folder)` free);
+    `pad`: a log file of the run to end at a page boundary first."""
+    real = checkpoint_module.save_checkpoint
+    state: dict = {}
+
+    def save_then_fill(trainer):
+        folder = real(trainer)
+        if trainer.iteration == at_iteration:
+            if pad:
+                pad_to_page(os.path.join(trainer.config.output_dir, pad))
+            state["filler"] = fill(disk, leave(folder))
+        return folder
+
+    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_fill)
+    return state
+
+
+def no_temporaries(folder: str) -> list[str]:
+    left = []
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            if ".tmp" in name or ".old-" in name or ".del-" in name:
+                left.append(os.path.join(root, name))
+    return left
+
+
+def assert_whole_lines(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    assert text == "" or text.endswith("\n"), text[-200:]
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def resume_to_the_end(out: str, capsys, iterations: int = 3) -> None:
+    code, err = run_cli(["train", "--resume", out], capsys)
+    assert code == 0, err
+    rows = assert_whole_lines(os.path.join(out, "metrics.jsonl"))
+    assert [r["iteration"] for r in rows] == list(range(1, iterations + 1))
+    assert os.path.isdir(os.path.join(out, "final", "policy"))
+
+
+# ----------------------------------------------------------------------------- a full disk, for real
+
+def _size(folder: str, name: str) -> int:
+    return os.path.getsize(os.path.join(folder, name))
+
+
+FULL_DISK_MOMENTS = {
+    # where the disk fills: bytes left free after the checkpoint of iteration 1, as a function of that folder
+    "safetensors (trained weights)": lambda f: 12 * 1024,
+    "torch.save (optimizer)": lambda f: _size(f, "trained.safetensors") + 24 * 1024,
+}
+
+
+@pytest.mark.parametrize("moment", list(FULL_DISK_MOMENTS))
+def test_full_disk_during_a_real_checkpoint_write(tmp_path, tiny_model_dir, small_disk, monkeypatch, capsys, moment):
+    out = os.path.join(small_disk, "run")
+    fill_after_checkpoint(monkeypatch, small_disk, 1, FULL_DISK_MOMENTS[moment])
+    code, err = run_cli(["train", base_config(tmp_path, tiny_model_dir, out, log__sample_every=0)], capsys)
+    root = os.path.join(out, "checkpoints")
+    assert_one_clean_line(code, err, "could not write the checkpoint of iteration 2", root, "the disk is full",
+                          "iter-00000001 is intact", f"lmppo train --resume {out}")
+    assert sorted(os.listdir(root)) == ["iter-00000001"] and no_temporaries(out) == []
+    monkeypatch.undo()
+    os.unlink(os.path.join(small_disk, "filler"))
+    resume_to_the_end(out, capsys)
+
+
+def test_full_disk_while_appending_metrics_leaves_no_torn_line(tmp_path, tiny_model_dir, small_disk, monkeypatch,
+                                                               capsys):
+    out = os.path.join(small_disk, "run")
+    fill_after_checkpoint(monkeypatch, small_disk, 1, lambda f: 0, pad="metrics.jsonl")
+    code, err = run_cli(["train", base_config(tmp_path, tiny_model_dir, out)], capsys)
+    print(err)
+    assert_one_clean_line(code, err, "could not write the", os.path.join(out, ""), "the disk is full",
+                          f"lmppo train --resume {out}")
+    assert "could not write the metrics of iteration 2 (metrics.jsonl)" in err, err
+    rows = assert_whole_lines(os.path.join(out, "metrics.jsonl"))  # iteration 2's row: not written at all
+    assert [r.get("iteration") for r in rows] == [1, None]
+    assert_whole_lines(os.path.join(out, "samples.jsonl"))
+    assert no_temporaries(out) == []
+    monkeypatch.undo()
+    os.unlink(os.path.join(small_disk, "filler"))
+    resume_to_the_end(out, capsys)
+
+
+def test_full_disk_while_writing_the_final_model(tmp_path, tiny_model_dir, small_disk, monkeypatch, capsys):
+    out = os.path.join(small_disk, "run")
+    fill_after_checkpoint(monkeypatch, small_disk, 3, lambda f: 8 * 1024)
+    code, err = run_cli(["train", base_config(tmp_path, tiny_model_dir, out)], capsys)
+    assert_one_clean_line(code, err, "could not write the trained model", os.path.join(out, "final"),
+                          "the disk is full", "checkpoint of the last iteration is complete")
+    assert not os.path.exists(os.path.join(out, "final")) and no_temporaries(out) == []
+    monkeypatch.undo()
+    os.unlink(os.path.join(small_disk, "filler"))
+    resume_to_the_end(out, capsys)
+
+
+def test_full_disk_at_the_start_names_the_config(tmp_path, tiny_model_dir, small_disk, capsys):
+    out = os.path.join(small_disk, "run")
+    fill(small_disk, 0)
+    code, err = run_cli(["train", base_config(tmp_path, tiny_model_dir, out)], capsys)
+    assert_one_clean_line(code, err, out, "the disk is full")
+    assert no_temporaries(small_disk) == []
+
+
+# ----------------------------------------------------------------------------- a file-size limit (no mount needed)
+
+LIMITED = textwrap.dedent("""
+    import resource, signal, sys
+    sys.path.insert(0, {src!r})
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)   # a write past the limit fails with EFBIG instead of killing
+    limit = int(sys.argv[1])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    from lmppo.cli import main
+    sys.exit(main(sys.argv[2:]))
+""")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="RLIMIT_FSIZE / SIGXFSZ are POSIX-only")
+def test_file_size_limit_during_a_real_checkpoint_write(tmp_path, tiny_model_dir):
+    """Runs without mount rights: the kernel refuses writes past RLIMIT_FSIZE (EFBIG) in the real writers."""
+    out = str(tmp_path / "run")
+    weights = os.path.getsize(os.path.join(tiny_model_dir, "model.safetensors"))
+    limit = weights // 2  # config, metrics and RNG files fit; the trained weights do not
+    assert limit > 64 * 1024, weights
+    env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", LIMITED.format(src=SRC), str(limit), "train",
+                           base_config(tmp_path, tiny_model_dir, out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-3000:]
+    assert "could not write the checkpoint of iteration 1" in lines[0] and "file size limit" in lines[0], lines
+    assert not os.listdir(os.path.join(out, "checkpoints")), "no half-written checkpoint left"
+    assert [r["iteration"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))] == [1]
