@@ -233,3 +233,84 @@ def test_file_size_limit_during_a_real_checkpoint_write(tmp_path, tiny_model_dir
     assert "could not write the checkpoint of iteration 1" in lines[0] and "file size limit" in lines[0], lines
     assert not os.listdir(os.path.join(out, "checkpoints")), "no half-written checkpoint left"
     assert [r["iteration"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))] == [1]
+
+
+# ----------------------------------------------------------------------------- two processes, one folder
+
+GATE_REWARD = textwrap.dedent("""
+    import os, time
+
+    calls = 0
+
+    def gate(prompts, completions):
+        # the second call (iteration 2, after the checkpoint of iteration 1) waits until the test opens the gate
+        global calls
+        calls += 1
+        gate = os.environ.get("GATE")
+        if gate and calls == 2:
+            open(gate + ".reached", "w").close()
+            while not os.path.exists(gate + ".open"):
+                time.sleep(0.05)
+        return [len(c) / 20.0 for c in completions]
+""")
+
+
+def cli_process(argv, **env) -> subprocess.Popen:
+    full_env = dict(os.environ, PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1",
+                    TOKENIZERS_PARALLELISM="false", **env)
+    return subprocess.Popen([sys.executable, "-m", "lmppo.cli", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, list[str]]:
+    _out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, [ln for ln in err.splitlines() if ln.strip()]
+
+
+def wait_for_file(path: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, finish(proc)
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def gated_config(tmp_path, tiny_model_dir, out: str) -> str:
+    (tmp_path / "gate_reward.py").write_text(GATE_REWARD)
+    return base_config(tmp_path, tiny_model_dir, out,
+                       reward__sources=[{"kind": "function", "path": f"{tmp_path / 'gate_reward.py'}:gate"}])
+
+
+def test_second_process_is_refused_while_a_run_holds_the_folder_and_a_dead_holder_is_taken_over(tmp_path,
+                                                                                                 tiny_model_dir):
+    out = str(tmp_path / "run")
+    cfg = gated_config(tmp_path, tiny_model_dir, out)
+    gate = str(tmp_path / "gate")
+    first = cli_process(["train", cfg], GATE=gate)
+    wait_for_file(gate + ".reached", first)  # iteration 1 checkpointed, iteration 2 under way
+    second, resumed = cli_process(["train", cfg, "--overwrite", "true"]), cli_process(["train", "--resume", out])
+    for proc in (second, resumed):
+        code, lines = finish(proc)
+        assert code == 2 and len(lines) == 1, lines
+        assert lines[0].startswith(f"error: output_dir {out} is in use by process {first.pid} on host "), lines
+    assert first.poll() is None
+    first.send_signal(signal.SIGKILL)  # the holder dies: its lock is stale
+    first.wait(timeout=60)
+    assert [r["iteration"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))] == [1]
+    code, lines = finish(cli_process(["train", "--resume", out]))
+    assert code == 0, lines
+    assert [r["iteration"] for r in assert_whole_lines(os.path.join(out, "metrics.jsonl"))] == [1, 2, 3]
+
+
+def test_two_runs_started_at_once_into_one_folder(tmp_path, tiny_model_dir):
+    out = str(tmp_path / "run")
+    cfg = base_config(tmp_path, tiny_model_dir, out, iterations=2)
+    procs = [cli_process(["train", cfg]) for _ in range(2)]
+    results = [finish(p) for p in procs]
+    codes = sorted(code for code, _ in results)
+    assert codes == [0, 2], results
+    loser = next(lines for code, lines in results if code == 2)
+    assert len(loser) == 1 and ("is in use by process" in loser[0] or "already holds a run" in loser[0]), loser
+    assert [r["iteration"] for r in assert_whole_lines(os.path.join(out, "metrics.jsonl"))] == [1, 2]
