@@ -314,3 +314,50 @@ def test_two_runs_started_at_once_into_one_folder(tmp_path, tiny_model_dir):
     loser = next(lines for code, lines in results if code == 2)
     assert len(loser) == 1 and ("is in use by process" in loser[0] or "already holds a run" in loser[0]), loser
     assert [r["iteration"] for r in assert_whole_lines(os.path.join(out, "metrics.jsonl"))] == [1, 2]
+
+
+# ----------------------------------------------------------------------------- broken model folders
+
+def _truncate(path: str) -> None:
+    with open(path, "r+b") as fh:
+        fh.truncate(os.path.getsize(path) // 2)
+
+
+BROKEN_FOLDERS = {
+    # name: (how to break a copy of the tiny model folder, what the message must name)
+    "truncated model.safetensors": (lambda d: _truncate(os.path.join(d, "model.safetensors")),
+                                    ["model.safetensors", "is truncated or corrupt"]),
+    "empty model.safetensors": (lambda d: open(os.path.join(d, "model.safetensors"), "wb").close(),
+                                ["model.safetensors", "is empty"]),
+    "garbage model.safetensors": (lambda d: open(os.path.join(d, "model.safetensors"), "wb").write(os.urandom(4096)),
+                                  ["model.safetensors", "not a safetensors file"]),
+    "invalid config.json": (lambda d: open(os.path.join(d, "config.json"), "w").write("{\"model_type\": "),
+                            ["config.json", "is not valid JSON"]),
+    "no config.json": (lambda d: os.unlink(os.path.join(d, "config.json")), ["config.json", "is missing"]),
+    "no weights file": (lambda d: os.unlink(os.path.join(d, "model.safetensors")),
+                        ["model.safetensors", "no weights file"]),
+    "no tokenizer.json": (lambda d: os.unlink(os.path.join(d, "tokenizer.json")), ["tokenizer.json", "is missing"]),
+    "invalid tokenizer.json": (lambda d: open(os.path.join(d, "tokenizer.json"), "w").write("[1, 2"),
+                               ["tokenizer.json", "is not valid JSON"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN_FOLDERS))
+def test_broken_model_folder_is_one_line_naming_folder_and_file(tmp_path, tiny_model_dir, capsys, case):
+    broken = str(tmp_path / "model")
+    shutil.copytree(tiny_model_dir, broken)
+    breaker, names = BROKEN_FOLDERS[case]
+    breaker(broken)
+    code, err = run_cli(["train", base_config(tmp_path, broken, str(tmp_path / "run"))], capsys)
+    assert_one_clean_line(code, err, broken, *names)
+
+
+@pytest.mark.parametrize("case", ["truncated model.safetensors", "invalid config.json"])
+def test_broken_reward_model_folder_is_one_line(tmp_path, tiny_model_dir, tiny_reward_model_dir, capsys, case):
+    broken = str(tmp_path / "rm")
+    shutil.copytree(tiny_reward_model_dir, broken)
+    breaker, names = BROKEN_FOLDERS[case]
+    breaker(broken)
+    cfg = base_config(tmp_path, tiny_model_dir, str(tmp_path / "run"),
+                      reward__sources=[{"kind": "model", "path": broken}])
+    assert_one_clean_line(*run_cli(["train", cfg], capsys), broken, *names)
