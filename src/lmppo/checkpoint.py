@@ -601,10 +601,44 @@ def resolve_checkpoint(path: str) -> str:
         raise CheckpointError(f"cannot resume from {path}: no such folder")
     found = latest_checkpoint(path)
     if found is None:
-        raise CheckpointError(f"cannot resume from {path}: it holds no complete checkpoint "
-                              f"({CHECKPOINTS}/iter-N/{MANIFEST}); the run stopped before its first checkpoint "
-                              "(set checkpoint.every), so start it again with overwrite: true")
+        raise CheckpointError(no_checkpoint_diagnosis(path))
     return found
+
+
+def no_checkpoint_diagnosis(output_dir: str) -> str:
+    """Why run folder `output_dir` cannot be resumed: no checkpoint was ever published, or none verifies (and
+    why each does not). Never advises a step that deletes something without saying what it deletes."""
+    published = list_checkpoints(output_dir)
+    if published:
+        reasons = []
+        for _i, p in published[:3]:
+            try:
+                verify_checkpoint(p)
+            except CheckpointError as err:
+                reasons.append(str(err).replace(f"checkpoint {p}", os.path.basename(p)).replace(p, os.path.basename(p)))
+        more = f"; and {len(published) - 3} more" if len(published) > 3 else ""
+        return (f"cannot resume from {output_dir}: none of its {len(published)} checkpoints verifies "
+                f"({'; '.join(reasons)}{more}). Nothing was changed: they are kept as they are for inspection "
+                "(a disk or copy problem?)")
+    from lmppo.ownership import survey
+
+    own, _foreign = survey(output_dir) if os.path.isdir(output_dir) else ([], [])
+    removes = f" (which removes {', '.join(own)} of that run)" if own else ""
+    return (f"cannot resume from {output_dir}: it holds no complete checkpoint ({CHECKPOINTS}/iter-N/{MANIFEST}); "
+            f"the run stopped before its first checkpoint (checkpoint.every sets how often one is written). Start "
+            f"it again with overwrite: true{removes}, or in another output_dir")
+
+
+def checkpoint_folder_run(path: str) -> Optional[str]:
+    """The run folder of `path` when `path` is a checkpoint folder (`RUN/checkpoints/iter-N`), else None."""
+    norm = os.path.normpath(os.path.abspath(path))
+    parent = os.path.dirname(norm)
+    if os.path.basename(parent) == CHECKPOINTS and (_CKPT_NAME.match(os.path.basename(norm))
+                                                    or os.path.isfile(os.path.join(norm, MANIFEST))):
+        return os.path.dirname(parent)
+    if os.path.isfile(os.path.join(norm, MANIFEST)) and os.path.isfile(os.path.join(norm, "state.json")):
+        return parent
+    return None
 
 
 def load_checkpoint(trainer: "PPOTrainer", path: Optional[str] = None, *, verified: bool = False) -> str:
@@ -741,6 +775,11 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
 
     if not os.path.isdir(output_dir):
         raise CheckpointError(f"cannot resume from {output_dir}: no such folder")
+    run = checkpoint_folder_run(output_dir)
+    if run is not None:  # resuming "into" a checkpoint folder would make it the run folder
+        raise CheckpointError(f"cannot resume from {output_dir}: it is a checkpoint folder of the run {run}; resume "
+                              f"takes the run folder (`lmppo train --resume {run}`), which continues from its "
+                              "latest complete checkpoint")
     path = resolve_checkpoint(output_dir)
     state = _read_state(path)
     if config is not None:

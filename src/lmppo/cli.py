@@ -110,6 +110,8 @@ def cmd_train(argv: Sequence[str], console) -> int:
     if resume_dir is not None:
         from lmppo.checkpoint import resume_trainer
 
+        _refuse_ignored_with_resume(resume_dir, overrides, config_path)
+
         trainer = resume_trainer(resume_dir, overrides=overrides, config_path=config_path, console=console)
     else:
         from lmppo.trainer import PPOTrainer
@@ -119,6 +121,35 @@ def cmd_train(argv: Sequence[str], console) -> int:
     trainer.train()
     _print_summary(trainer, console)
     return 0
+
+
+def _refuse_ignored_with_resume(resume_dir: str, overrides: dict, config_path: Optional[str]) -> None:
+    """Options a resume would ignore are refused, not dropped: the run stays in its own folder and keeps its
+    files."""
+    for key, why in (("output_dir", f"a resumed run stays in its own folder ({resume_dir})"),
+                     ("overwrite", "resuming continues the run and never removes its files")):
+        if key in overrides:
+            raise ConfigError(f"--{key}", overrides[key], f"cannot be given with --resume: {why}")
+    if config_path:
+        from lmppo.config import load_config
+        from lmppo.config import Config
+
+        load_config(config_path)  # a broken file is refused here, with its own message
+        given = _explicit_output_dir(config_path)
+        if given is not None and given != Config().output_dir and \
+                os.path.realpath(given) != os.path.realpath(resume_dir):
+            raise ConfigError("output_dir", given, f"in {config_path} is not the folder given to --resume "
+                              f"({resume_dir}); a resumed run stays in its own folder: give the run's own config "
+                              "or make them the same")
+
+
+def _explicit_output_dir(config_path: str) -> Optional[str]:
+    from lmppo.yaml_input import load
+
+    with open(config_path, encoding="utf-8") as fh:
+        data = load(fh)
+    value = data.get("output_dir") if isinstance(data, dict) else None
+    return str(value) if value is not None else None
 
 
 def _print_summary(trainer, console) -> None:
