@@ -147,7 +147,9 @@ def _size(folder: str, name: str) -> int:
 
 FULL_DISK_MOMENTS = {
     # where the disk fills: bytes left free after the checkpoint of iteration 1, as a function of that folder
-    "safetensors (trained weights)": lambda f: 12 * 1024,
+    "safetensors (RNG state, the first file)": lambda f: 4 * 1024,
+    "safetensors (trained weights)": lambda f: _size(f, "rng-rank0.safetensors") + _size(f, "rng-rank0.json")
+    + 24 * 1024,
     "torch.save (optimizer)": lambda f: _size(f, "trained.safetensors") + 24 * 1024,
 }
 
