@@ -232,6 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     console = Console(highlight=False)
+    if not debug:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # read by tqdm when it is imported (with transformers)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading bars on stderr would bury lmppo's one-line errors
