@@ -241,6 +241,17 @@ def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bo
         raise ConfigError("output_dir", out, "is a file; give a folder for the run's metrics and checkpoints")
     if is_main_process:  # one process per run folder (lmppo.lock); taken before anything in it is read or changed
         lock.acquire(out)
+    try:
+        _prepare_locked(cfg, out, is_main_process, resuming, comments)
+    except BaseException:
+        if is_main_process:
+            lock.release(out)
+        raise
+
+
+def _prepare_locked(cfg: "Config", out: str, is_main_process: bool, resuming: bool, comments: Sequence[str]) -> None:
+    from lmppo import ownership
+
     own, foreign = ownership.survey(out) if os.path.isdir(out) else ([], [])
     if foreign and not resuming:
         raise ConfigError("output_dir", out, f"holds files lmppo did not write ({', '.join(foreign)}); a run would "

@@ -4,7 +4,8 @@
 file, which the kernel releases when the holder exits in any way (SIGKILL included), so a lock file left behind by
 a dead process is stale by construction and is taken over. A second `lmppo train` (or `--resume`) into the same
 folder is refused with one line naming the holder. The lock is held until the process exits or `release` is
-called; within one process it is re-entrant (a trainer, then a resumed trainer, on one folder). On file systems
+called for every `acquire` (a trainer releases its hold when it is garbage-collected); within one process it is
+re-entrant (a trainer, then a resumed trainer, on one folder). On file systems
 without `flock` (some network mounts) the lock file still records the holder, and a live holder on this host is
 detected by its pid.
 """
@@ -21,7 +22,7 @@ from typing import Optional
 from lmppo.errors import RunLockedError, StorageError
 
 LOCK_NAME = ".lmppo.lock"
-_held: dict[str, tuple[int, int]] = {}  # real path of the folder -> (pid that took it, fd)
+_held: dict[str, list[int]] = {}  # real path of the folder -> [pid that took it, fd, holders in this process]
 
 try:
     import fcntl
@@ -69,6 +70,7 @@ def acquire(output_dir: str) -> str:
     path = os.path.join(key, LOCK_NAME)
     held = _held.get(key)
     if held is not None and held[0] == os.getpid():
+        held[2] += 1
         return path
     try:
         os.makedirs(key, exist_ok=True)
@@ -103,16 +105,21 @@ def acquire(output_dir: str) -> str:
         os.write(fd, record)
     except OSError:
         pass  # the flock is what excludes; the record only names the holder
-    _held[key] = (os.getpid(), fd)
+    _held[key] = [os.getpid(), fd, 1]
     return path
 
 
 def release(output_dir: str) -> None:
-    """Give up the lock of `output_dir` if this process holds it (the lock file stays; it is stale once free)."""
+    """Give up one hold of the lock of `output_dir` (taken by `acquire` in this process); the last one unlocks it.
+    The lock file stays (it is stale once free)."""
     key = _key(output_dir)
-    held = _held.pop(key, None)
+    held = _held.get(key)
     if held is None or held[0] != os.getpid():
         return
+    held[2] -= 1
+    if held[2] > 0:
+        return
+    del _held[key]
     try:
         if fcntl is not None:
             fcntl.flock(held[1], fcntl.LOCK_UN)

@@ -696,6 +696,12 @@ class PPOTrainer:
 
         prepare_output_dir(self.config, self.accelerator.is_main_process, getattr(self, "_resuming", False),
                            comments=[f"precision: {self.precision.reason}"])
+        if self.accelerator.is_main_process:  # the run-folder lock (taken above) is held while this trainer lives
+            import weakref
+
+            from lmppo import lock
+
+            weakref.finalize(self, lock.release, self.config.output_dir)
 
     def _open_logger(self) -> None:
         if self.logger is None and self.accelerator.is_main_process:
