@@ -363,3 +363,67 @@ def test_broken_reward_model_folder_is_one_line(tmp_path, tiny_model_dir, tiny_r
     cfg = base_config(tmp_path, tiny_model_dir, str(tmp_path / "run"),
                       reward__sources=[{"kind": "model", "path": broken}])
     assert_one_clean_line(*run_cli(["train", cfg], capsys), broken, *names)
+
+
+# ----------------------------------------------------------------------------- a kill while pruning
+
+PRUNE_AND_STALL = textwrap.dedent("""
+    import os, sys, time
+    sys.path.insert(0, {src!r})
+    import lmppo.storage as storage
+    from lmppo.checkpoint import prune_checkpoints
+    real_unlink = os.unlink
+    count = [0]
+
+    def unlink_then_stall(path, *args, **kwargs):  # the deletion is real; after 3 files the process stalls
+        real_unlink(path, *args, **kwargs)
+        count[0] += 1
+        if count[0] == 3:
+            open(sys.argv[2], "w").close()
+            time.sleep(600)
+
+    os.unlink = unlink_then_stall
+    prune_checkpoints(sys.argv[1], 1, os.path.join(sys.argv[1], "checkpoints", "iter-00000003"))
+""")
+
+
+def fake_checkpoint(run: str, iteration: int) -> str:
+    from lmppo.checkpoint import write_manifest
+
+    folder = os.path.join(run, "checkpoints", f"iter-{iteration:08d}")
+    os.makedirs(folder)
+    for name in ("state.json", "trained.safetensors", "optimizer.pt", "rng-rank0.json", "rng-rank0.safetensors"):
+        with open(os.path.join(folder, name), "wb") as fh:
+            fh.write(os.urandom(1000))
+    write_manifest(folder, iteration)
+    return folder
+
+
+def test_a_kill_while_pruning_never_leaves_a_half_removed_checkpoint_under_its_name(tmp_path):
+    from lmppo.checkpoint import list_checkpoints, prune_checkpoints, verify_checkpoint
+
+    run = str(tmp_path / "run")
+    for i in (1, 2, 3):
+        fake_checkpoint(run, i)
+    marker = str(tmp_path / "stalled")
+    proc = subprocess.Popen([sys.executable, "-c", PRUNE_AND_STALL.format(src=SRC), run, marker])
+    try:
+        wait_for_file(marker, proc, timeout=120)
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    for _i, path in list_checkpoints(run):
+        verify_checkpoint(path)  # whatever is under a checkpoint's own name is complete
+    prune_checkpoints(run, 1, os.path.join(run, "checkpoints", "iter-00000003"))  # the next prune cleans up
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["iter-00000003"]
+
+
+def test_a_torn_last_line_left_by_a_kill_is_cut_before_the_next_append(tmp_path):
+    from lmppo.metrics import MetricsLogger
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iteration": 1}\n{"iteration": 2, "objective/kl": 0.1')  # a kill in the middle of a row
+    logger = MetricsLogger(str(tmp_path), [], append=True)
+    logger.log({"iteration": 2, "objective/kl": 0.2}, 16)
+    logger.close()
+    assert path.read_text() == '{"iteration": 1}\n{"iteration": 2, "objective/kl": 0.2}\n'
