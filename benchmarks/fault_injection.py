@@ -317,6 +317,11 @@ def main() -> int:
     import lmppo.cli  # noqa: F401  (warm: forked runs start with everything imported)
     import lmppo.trainer  # noqa: F401
 
+    warm = os.path.join(work, "warm-up")  # the first run fills caches (precision probe, ...): not timed
+    shutil.rmtree(warm, ignore_errors=True)
+    if run_to_end(["train", ctx["config_for"](warm)], warm + ".log") != 0:
+        print("the warm-up run failed:", stderr_lines(warm + ".log")[-5:])
+        return 1
     ref_out = os.path.join(work, "reference")
     shutil.rmtree(ref_out, ignore_errors=True)
     start = time.monotonic()
@@ -338,6 +343,9 @@ def main() -> int:
         print("the reference run failed:", stderr_lines(ref_out + ".log")[-5:])
         return 1
     reference = outcome(ref_out, args.iterations)
+    if outcome(warm, args.iterations) != reference:
+        print("two uninterrupted runs differ: the comparison below would mean nothing")
+        return 1
     print(f"reference run: {args.iterations} iterations in {duration:.1f} s, the first logged after {first:.1f} s; "
           f"kills and full disks are drawn uniformly in [{window[0]:.1f}, {window[1]:.1f}] s after a start")
     rng = random.Random(args.seed)
