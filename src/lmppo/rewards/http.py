@@ -4,7 +4,9 @@ Request: ``POST <url>`` with body ``{"prompts": [...], "completions": [...]}`` (
 application/json``). Answer: HTTP 200 with ``{"scores": [...]}`` or a plain JSON list, one output per response,
 each in any form ``lmppo.rewards.placement`` accepts (a number, per-token numbers, [start, end, value] spans).
 
-Timeouts, refused connections, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; other
+``timeout`` is a total deadline per request (connecting, sending and the whole answer: a server that trickles its
+answer byte by byte cannot hold a run beyond it). Timeouts, refused connections, answers cut off before their
+announced length, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; other
 failures (4xx, an answer that is not JSON or has the wrong shape) are not, since asking again gives the same.
 Credentials written in the URL (``https://user:pass@host/...``) are sent as HTTP basic auth and never printed.
 """
