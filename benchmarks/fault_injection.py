@@ -14,7 +14,7 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
   that left a checkpoint write in progress (a `.iter-N.tmp` folder), runs that end bit-identical to the
   reference, runs with a lost, duplicated or torn metrics row.
 - Full-disk trials: the run writes into a small tmpfs (needs root to mount; skipped otherwise with the
-  reason). At a uniformly random moment a real filler file takes all free space but a random 0-256 KiB. The run
+  reason). At a uniformly random moment a real filler file takes all free space, or all but a random 0-128 KiB. The run
   must finish (the fault came too late or left room) or exit 2 with exactly one `error:` line that names the
   full disk, with no temporary file left behind; then the filler is removed and `--resume` must finish
   bit-identical to the reference.
@@ -200,6 +200,10 @@ def kill_trials(ctx: dict, work: str, n: int, window: tuple, reference: dict, rn
                     argv = ["train", cfg, "--overwrite", "true"]  # killed before its first checkpoint
                     kill_next = rng.random() < 0.5
                     continue
+                if code == 2 and lines and lines[-1].endswith(f"cannot resume from {out}: no such folder"):
+                    argv = ["train", cfg]  # killed before it made its output folder
+                    kill_next = rng.random() < 0.5
+                    continue
                 stats["failures"].append(f"trial {trial}: exit {code}: {lines[-3:]}")
                 break
             else:
@@ -263,7 +267,7 @@ def disk_trials(ctx: dict, work: str, n: int, window: tuple, reference: dict, rn
             log = os.path.join(work, f"disk-{trial}.log")
             pid = fork_cli(["train", cfg], log)
             time.sleep(rng.uniform(*window))
-            fill(disk, rng.choice([0, rng.randrange(0, 256 * 1024)]))
+            fill(disk, rng.choice([0, rng.randrange(0, 128 * 1024)]))
             code = wait(pid)
             lines = stderr_lines(log)
             if code == 0:
