@@ -124,8 +124,8 @@ def check_tokenizer_folder(folder: str, what: str = "tokenizer") -> None:
         raise _bad(what, folder, "tokenizer.json", "is missing: the folder holds no tokenizer files "
                    f"({', '.join(TOKENIZER_FILES)}); give model.tokenizer a folder that has them")
     for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json"):
-        if name in files:
-            _json_file(what, folder, name)
+        if name in files:  # config.json: transformers reads it to pick the tokenizer class
+            _json_file("model folder" if name == "config.json" else what, folder, name)
 
 
 @contextmanager
