@@ -16,6 +16,7 @@ import torch
 
 from lmppo import storage
 
+
 class MetricsAccumulator:
     """Collects scalar tensors under names during an iteration; `summary()` turns them into floats once.
 
