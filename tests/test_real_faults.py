@@ -20,7 +20,6 @@ import yaml
 
 import lmppo.checkpoint as checkpoint_module
 from lmppo.cli import main
-from lmppo.errors import LmppoError
 from train_worker import read_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))

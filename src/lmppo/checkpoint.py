@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
 import hashlib
 import json
 import os
@@ -55,8 +54,7 @@ import re
 import shutil
 import uuid
 import warnings
-from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from lmppo import storage
 from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
@@ -234,7 +232,7 @@ def prepare_output_dir(cfg: "Config", is_main_process: bool = True, resuming: bo
     (only lmppo's own: metrics, samples, checkpoints, final, tensorboard). A folder holding only a config.yaml
     lmppo wrote (a run that stopped before its first iteration) is reused. `resuming`: the folder is the run
     being continued; nothing is removed."""
-    from lmppo import lock, ownership
+    from lmppo import lock
 
     out = cfg.output_dir
     if os.path.exists(out) and not os.path.isdir(out):

@@ -10,7 +10,7 @@ import json
 import math
 import os
 from collections import defaultdict
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 

@@ -20,7 +20,6 @@ started at zero, as lmppo's do); a full-weights run gets no "before" column.
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
