@@ -8,13 +8,15 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
 
 - Reference: one uninterrupted run; its last checkpoint's weights and optimizer state, and its metrics
   (wall-clock fields aside), are what every other run must end with.
-- SIGKILL trials: a run is started and killed with SIGKILL at a uniformly random moment of its expected
-  duration, then resumed (`--resume`; a run killed before its first checkpoint is started again with
+- Moments: a fault comes during start-up (model loading; probability 1/(remaining iterations + 1)) or at a
+  uniformly random time within a uniformly chosen remaining iteration, its checkpoint write included (found by
+  watching the run's metrics.jsonl, so the draw does not depend on the machine's speed).
+- SIGKILL trials: a run is started and killed with SIGKILL at a random moment, then resumed (`--resume`; a run killed before its first checkpoint is started again with
   `overwrite: true`), each resume again killed with probability 1/2, until one finishes. Counted: kills, kills
   that left a checkpoint write in progress (a `.iter-N.tmp` folder), runs that end bit-identical to the
   reference, runs with a lost, duplicated or torn metrics row.
 - Full-disk trials: the run writes into a small tmpfs (needs root to mount; skipped otherwise with the
-  reason). At a uniformly random moment a real filler file takes all free space, or all but a random 0-128 KiB. The run
+  reason). At a random moment a real filler file takes all free space, or all but a random 0-128 KiB. The run
   must finish (the fault came too late or left room) or exit 2 with exactly one `error:` line that names the
   full disk, with no temporary file left behind; then the filler is removed and `--resume` must finish
   bit-identical to the reference.
@@ -168,7 +170,32 @@ def run_to_end(argv: list[str], log: str) -> int:
     return wait(fork_cli(argv, log))
 
 
-def kill_trials(ctx: dict, work: str, n: int, window: tuple, reference: dict, rng: random.Random) -> dict:
+def rows(out: str) -> int:
+    try:
+        with open(os.path.join(out, "metrics.jsonl"), "rb") as fh:
+            return fh.read().count(b"\n")
+    except OSError:
+        return 0
+
+
+def random_moment(pid: int, out: str, iterations: int, timing: dict, rng: random.Random) -> None:
+    """Return at a random point of the run `pid` writes into `out`: during start-up (loading, before the first
+    iteration) with probability 1/(remaining iterations + 1), else a uniformly random time within a uniformly
+    chosen remaining iteration (its checkpoint write included). Measured by the run's progress, not the clock,
+    so it holds on a loaded machine."""
+    done = rows(out)
+    k = rng.randrange(0, max(iterations - done, 0) + 1)
+    if k == 0:
+        time.sleep(rng.uniform(0.0, timing["startup"]))
+        return
+    while rows(out) < done + k - 1:
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return
+        time.sleep(0.005)
+    time.sleep(rng.uniform(0.0, timing["iteration"]))
+
+
+def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng: random.Random) -> dict:
     it = ctx["iterations"]
     stats = {"trials": n, "kills": 0, "kills_in_checkpoint_write": 0, "identical": 0, "rows_ok": 0, "failures": []}
     for trial in range(n):
@@ -181,7 +208,7 @@ def kill_trials(ctx: dict, work: str, n: int, window: tuple, reference: dict, rn
         for _attempt in range(20):
             pid = fork_cli(argv, log)
             if kill_next:
-                time.sleep(rng.uniform(*window))
+                random_moment(pid, out, it, window, rng)
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -248,7 +275,7 @@ def fill(disk: str, leave: int) -> None:
         os.close(fd)
 
 
-def disk_trials(ctx: dict, work: str, n: int, window: tuple, reference: dict, rng: random.Random) -> dict:
+def disk_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng: random.Random) -> dict:
     it = ctx["iterations"]
     stats = {"trials": n, "hit": 0, "finished_anyway": 0, "clean_message": 0, "no_temporaries": 0,
              "resumed_identical": 0, "failures": [], "messages": {}}
@@ -266,7 +293,7 @@ def disk_trials(ctx: dict, work: str, n: int, window: tuple, reference: dict, rn
             cfg = ctx["config_for"](out, os.path.join(work, f"disk-{trial}.yaml"))
             log = os.path.join(work, f"disk-{trial}.log")
             pid = fork_cli(["train", cfg], log)
-            time.sleep(rng.uniform(*window))
+            random_moment(pid, out, it, window, rng)
             fill(disk, rng.choice([0, rng.randrange(0, 128 * 1024)]))
             code = wait(pid)
             lines = stderr_lines(log)
@@ -342,7 +369,7 @@ def main() -> int:
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
     duration = time.monotonic() - start
     first = first or 0.0
-    window = (max(first - 0.5, 0.0), duration)  # training and checkpointing (loading the model is read-only)
+    window = {"startup": first, "iteration": (duration - first) / max(args.iterations - 1, 1)}
     if code != 0:
         print("the reference run failed:", stderr_lines(ref_out + ".log")[-5:])
         return 1
@@ -351,7 +378,8 @@ def main() -> int:
         print("two uninterrupted runs differ: the comparison below would mean nothing")
         return 1
     print(f"reference run: {args.iterations} iterations in {duration:.1f} s, the first logged after {first:.1f} s; "
-          f"kills and full disks are drawn uniformly in [{window[0]:.1f}, {window[1]:.1f}] s after a start")
+          "each kill or full disk comes at a random point: during start-up, or within a uniformly chosen "
+          "remaining iteration (its checkpoint write included)")
     rng = random.Random(args.seed)
     kills = kill_trials(ctx, work, args.kills, window, reference, rng)
     print(f"SIGKILL: {kills['trials']} runs, {kills['kills']} kills ({kills['kills_in_checkpoint_write']} during a "
