@@ -426,3 +426,16 @@ def test_a_torn_last_line_left_by_a_kill_is_cut_before_the_next_append(tmp_path)
     logger.log({"iteration": 2, "objective/kl": 0.2}, 16)
     logger.close()
     assert path.read_text() == '{"iteration": 1}\n{"iteration": 2, "objective/kl": 0.2}\n'
+
+
+# ----------------------------------------------------------------------------- console noise
+
+def test_a_plain_run_prints_no_library_noise(tmp_path, tiny_model_dir):
+    """No DeepSpeed accelerator notice, deprecation warning or progress bar of a library: nothing a user cannot act
+    on (--debug shows them)."""
+    proc = cli_process(["train", base_config(tmp_path, tiny_model_dir, str(tmp_path / "run"), iterations=1)])
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    text = out + err
+    for noise in ("Setting accelerator", "FutureWarning", "DeprecationWarning", "it/s]", "deprecated"):
+        assert noise not in text, (noise, text[-3000:])

@@ -199,7 +199,10 @@ def quiet_libraries() -> None:
 
     hf_logging.set_verbosity_error()
     for name in ("DeepSpeed", "deepspeed", "accelerate", "torch.distributed", "gguf"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.ERROR)
+        # DeepSpeed sets its logger's level again when it is imported: a filter stays
+        logger.addFilter(lambda record: record.levelno >= logging.ERROR)
 
 
 def _output_dir_of(argv: Sequence[str]) -> Optional[str]:
