@@ -115,8 +115,13 @@ def fork_cli(argv: list[str], log: str) -> int:
     return pid
 
 
+_reaped: dict[int, int] = {}  # pid -> wait status of children reaped while watching their progress
+
+
 def wait(pid: int) -> int:
-    _, status = os.waitpid(pid, 0)
+    status = _reaped.pop(pid, None)
+    if status is None:
+        _, status = os.waitpid(pid, 0)
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
 
 
@@ -189,7 +194,9 @@ def random_moment(pid: int, out: str, iterations: int, timing: dict, rng: random
         time.sleep(rng.uniform(0.0, timing["startup"]))
         return
     while rows(out) < done + k - 1:
-        if os.waitpid(pid, os.WNOHANG)[0]:
+        done_pid, status = os.waitpid(pid, os.WNOHANG)
+        if done_pid:
+            _reaped[pid] = status
             return
         time.sleep(0.005)
     time.sleep(rng.uniform(0.0, timing["iteration"]))
