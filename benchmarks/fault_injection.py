@@ -216,10 +216,8 @@ def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
             pid = fork_cli(argv, log)
             if kill_next:
                 random_moment(pid, out, it, window, rng)
-                try:
+                if pid not in _reaped:  # still running (or a zombie): ours to kill
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             code = wait(pid)
             if os.environ.get("FAULTS_DEBUG"):
                 print(f"trial {trial}: {argv[1:]} exit {code}", file=sys.stderr)
