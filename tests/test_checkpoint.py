@@ -17,7 +17,7 @@ from train_worker import api_objects, make_config, read_jsonl
 from lmppo.checkpoint import (MANIFEST, latest_checkpoint, list_checkpoints, redact_text, redacted_config_dict,
                               verify_checkpoint)
 from lmppo.config import Config, RewardSourceConfig
-from lmppo.errors import CheckpointError, ConfigError, TrainingError
+from lmppo.errors import CheckpointError, ConfigError, StorageError, TrainingError
 from lmppo.trainer import PPOTrainer
 
 
@@ -101,7 +101,7 @@ def test_full_disk_keeps_the_previous_checkpoint_and_says_where(tmp_path, tokeni
 
     monkeypatch.setattr(torch, "save", save_then_disk_full)
     trainer = PPOTrainer(make_config(str(tmp_path / "run"), 3, checkpoint__every=1), **api_objects(tokenizer))
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(StorageError) as err:
         trainer.train()
     message = str(err.value)
     root = os.path.join(str(tmp_path / "run"), "checkpoints")
@@ -180,7 +180,7 @@ def test_existing_run_is_not_overwritten_unless_asked(tmp_path, tokenizer):
     assert "metrics.jsonl" in str(err.value) and "checkpoints" in str(err.value)
     # overwrite: the old run's files go (its checkpoints would otherwise be resumed later)
     trainer = PPOTrainer(make_config(run, 1, overwrite=True), **api_objects(tokenizer))
-    assert sorted(os.listdir(run)) == ["config.yaml"]
+    assert sorted(n for n in os.listdir(run) if not n.startswith(".")) == ["config.yaml"]
     trainer.train()
     assert len(read_jsonl(os.path.join(run, "metrics.jsonl"))) == 1
 
@@ -189,7 +189,7 @@ def test_only_our_config_yaml_is_reused_without_overwrite(tmp_path, tokenizer):
     run = tmp_path / "run"
     with pytest.raises(ConfigError):  # stopped after writing config.yaml, before any work: may start again
         PPOTrainer(make_config(str(run), 1, rollout__stop_token="no-such-token-here"), **api_objects(tokenizer))
-    assert os.listdir(run) == ["config.yaml"]
+    assert [n for n in os.listdir(run) if not n.startswith(".")] == ["config.yaml"]
     PPOTrainer(make_config(str(run), 1), **api_objects(tokenizer))
     foreign = tmp_path / "mine"
     foreign.mkdir()

@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -56,12 +55,12 @@ import re
 import shutil
 import uuid
 import warnings
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import lmppo.config as config_module
+from lmppo import lock, ownership, storage
 from lmppo.config import Config, apply_override, from_dict, load_config
-from lmppo.errors import CheckpointError, ConfigError
+from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
 from lmppo.optim import lr_factor
 from lmppo.redact import MASK, _SECRET_KEY, redact_text  # noqa: F401  (redact_text: re-exported)
 
@@ -95,52 +94,23 @@ CONFIG_HEADER = "# lmppo run config (secrets masked); resume with: lmppo train -
 # ----------------------------------------------------------------------------- atomic folders
 
 def _fsync_tree(path: str) -> None:
-    for root, _dirs, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+    storage.fsync_tree(path)
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.fsync_dir(path)
 
 
 def _publish(tmp: str, final_path: str) -> None:
-    """Flush `tmp` and rename it to `final_path`, replacing an older folder of that name."""
-    parent = os.path.dirname(os.path.abspath(final_path))
-    _fsync_tree(tmp)
-    if os.path.exists(final_path):
-        old = os.path.join(parent, f".{os.path.basename(final_path)}.old-{uuid.uuid4().hex[:8]}")
-        os.rename(final_path, old)
-        os.rename(tmp, final_path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(tmp, final_path)
-    _fsync_dir(parent)
+    """Flush `tmp` and rename it to `final_path`, replacing an older folder of that name (`lmppo.storage`)."""
+    storage.publish(tmp, final_path)
 
 
-@contextmanager
-def atomic_dir(final_path: str) -> Iterator[str]:
+def atomic_dir(final_path: str, what: str = "", keep: str = ""):
     """Yield a temporary folder beside `final_path`; on success flush it and rename it to `final_path`
     (replacing an older folder of that name). On failure the temporary folder is removed and any existing
-    `final_path` is left untouched."""
-    parent = os.path.dirname(os.path.abspath(final_path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(final_path)}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
-    try:
-        yield tmp
-        _publish(tmp, final_path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    `final_path` is left untouched; a failed write is one StorageError (see `lmppo.storage.atomic_dir`)."""
+    return storage.atomic_dir(final_path, what, keep)
 
 
 def _write_json(path: str, obj: Any) -> None:
@@ -209,16 +179,9 @@ def write_run_config(cfg: Config, path: str, comments: Sequence[str] = ()) -> No
     value was chosen, e.g. `precision: auto`)."""
     import yaml
 
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(CONFIG_HEADER)
-            fh.writelines(f"# {' '.join(line.split())}\n" for line in comments)
-            yaml.safe_dump(redacted_config_dict(cfg), fh, sort_keys=False, allow_unicode=True)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    text = CONFIG_HEADER + "".join(f"# {' '.join(line.split())}\n" for line in comments)
+    text += yaml.safe_dump(redacted_config_dict(cfg), sort_keys=False, allow_unicode=True)
+    storage.write_text(path, text, "the run's config (config.yaml)")
 
 
 # ----------------------------------------------------------------------------- the run folder
@@ -232,13 +195,10 @@ def _is_own_config(path: str) -> bool:
 
 
 def existing_run_files(output_dir: str) -> list[str]:
-    """What in `output_dir` belongs to a run (metrics, checkpoints, the final model, ...), or a `config.yaml`
-    that lmppo did not write (a user's own file that writing the run's config would replace)."""
-    found = [name for name in RUN_ARTIFACTS if os.path.exists(os.path.join(output_dir, name))]
-    cfg_file = os.path.join(output_dir, "config.yaml")
-    if os.path.exists(cfg_file) and (found or not _is_own_config(cfg_file)):
-        found.append("config.yaml")
-    return found
+    """What in `output_dir` a run would write over: lmppo's own files of an earlier run and foreign files of the
+    same names (see `lmppo.ownership`)."""
+    own, foreign = ownership.survey(output_dir)
+    return own + foreign
 
 
 def prepare_output_dir(cfg: Config, is_main_process: bool = True, resuming: bool = False,
@@ -252,24 +212,37 @@ def prepare_output_dir(cfg: Config, is_main_process: bool = True, resuming: bool
     out = cfg.output_dir
     if os.path.exists(out) and not os.path.isdir(out):
         raise ConfigError("output_dir", out, "is a file; give a folder for the run's metrics and checkpoints")
-    found = existing_run_files(out) if os.path.isdir(out) else []
-    if found and not resuming:
-        if not cfg.overwrite:
-            raise ConfigError("output_dir", out, f"already holds a run ({', '.join(found)}); choose another "
-                              f"folder, continue it with `lmppo train --resume {out}`, or set overwrite: true")
+    if is_main_process:  # one process per run folder (lmppo.lock); taken before anything in it is read or changed
+        lock.acquire(out)
+    try:
+        _prepare_locked(cfg, out, is_main_process, resuming, comments)
+    except BaseException:
         if is_main_process:
-            for name in found:
-                path = os.path.join(out, name)
-                if os.path.isdir(path):
-                    shutil.rmtree(path)
-                elif name != "config.yaml":
-                    os.unlink(path)
+            lock.release(out)
+        raise
+
+
+def _prepare_locked(cfg: Config, out: str, is_main_process: bool, resuming: bool, comments: Sequence[str]) -> None:
+    own, foreign = ownership.survey(out) if os.path.isdir(out) else ([], [])
+    if foreign and not resuming:
+        raise ConfigError("output_dir", out, f"holds files lmppo did not write ({', '.join(foreign)}); a run would "
+                          "write over them, so lmppo neither uses nor removes them: choose another output_dir or "
+                          "move them away")
+    if own and not resuming:
+        if not cfg.overwrite:
+            raise ConfigError("output_dir", out, f"already holds a run ({', '.join(own)}); choose another "
+                              f"folder, continue it with `lmppo train --resume {out}`, or set overwrite: true "
+                              f"(removes those files of the old run, nothing else)")
+        if is_main_process:
+            ownership.remove_own(out, own)
     if is_main_process:
         try:
             os.makedirs(out, exist_ok=True)
+            if not resuming:
+                ownership.claim(out)
             write_run_config(cfg, os.path.join(out, "config.yaml"), comments)
         except OSError as err:
-            raise ConfigError("output_dir", out, f"cannot be written: {_os_reason(err)}") from None
+            raise ConfigError("output_dir", out, f"cannot be written: {_os_reason(err, out)}") from None
 
 
 # ----------------------------------------------------------------------------- what is saved
@@ -479,22 +452,20 @@ def prune_checkpoints(output_dir: str, keep_last: int, newest: str) -> None:
         if kept == 0 and os.path.abspath(path) != os.path.abspath(newest):
             continue  # newer than the one just written: left for inspection (see resume_trainer)
         kept += 1
-        if kept > keep_last:
-            shutil.rmtree(path, ignore_errors=True)
+        if kept > keep_last:  # renamed aside first: a kill never leaves a half-removed iter-N under its name
+            with contextlib.suppress(LmppoError):
+                storage.remove_tree(path, f"the old checkpoint {os.path.basename(path)}")
     for name in os.listdir(root):
-        if name.startswith(".iter-") and (".tmp" in name or ".old-" in name):
+        if name.startswith(".iter-") and (".tmp" in name or ".old-" in name or ".del-" in name):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- saving
 
-def _os_reason(err: OSError) -> str:
-    where = f" ({err.filename})" if getattr(err, "filename", None) else ""
-    if err.errno == errno.ENOSPC:
-        return f"the disk is full (no space left on device){where}"
-    if err.errno == getattr(errno, "EDQUOT", -1):
-        return f"the disk quota is exceeded{where}"
-    return f"{err.strerror or err}{where}"
+def _os_reason(err: BaseException, where: str = "") -> str:
+    """Why a write failed (`lmppo.storage.reason`), with the file when the error names one."""
+    filename = getattr(err, "filename", None)
+    return storage.reason(err, filename or where) + (f" ({filename})" if filename else "")
 
 
 def save_checkpoint(trainer: "Trainer") -> str:
@@ -543,14 +514,16 @@ def save_checkpoint(trainer: "Trainer") -> str:
             _write_json(os.path.join(tmp, "state.json"), state)
             write_manifest(tmp, trainer.iteration)
             _publish(tmp, final)
-    except OSError as err:
+    except BaseException as err:  # the real writers raise OSError, RuntimeError (torch), SafetensorError, ...
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
+        if not storage.is_write_failure(err):
+            raise
         keep = (f"the previous checkpoint {previous[0]} is intact" if previous
                 else "there is no earlier checkpoint")
-        raise CheckpointError(f"could not write the checkpoint of iteration {trainer.iteration} to {root}: "
-                              f"{_os_reason(err)}; {keep}. Free space (or fix the folder) and continue with "
-                              f"`lmppo train --resume {cfg.output_dir}`") from None
+        raise StorageError(f"could not write the checkpoint of iteration {trainer.iteration} to {root}: "
+                           f"{_os_reason(err, root)}; {keep}. Free space (or fix the folder) and continue with "
+                           f"`lmppo train --resume {cfg.output_dir}`") from None
     acc.wait_for_everyone()
     if main:
         prune_checkpoints(cfg.output_dir, cfg.checkpoint.keep_last, final)
@@ -610,10 +583,42 @@ def resolve_checkpoint(path: str) -> str:
         raise CheckpointError(f"cannot resume from {path}: no such folder")
     found = latest_checkpoint(path)
     if found is None:
-        raise CheckpointError(f"cannot resume from {path}: it holds no complete checkpoint "
-                              f"({CHECKPOINTS}/iter-N/{MANIFEST}); the run stopped before its first checkpoint "
-                              "(set checkpoint.every), so start it again with overwrite: true")
+        raise CheckpointError(no_checkpoint_diagnosis(path))
     return found
+
+
+def no_checkpoint_diagnosis(output_dir: str) -> str:
+    """Why run folder `output_dir` cannot be resumed: no checkpoint was ever published, or none verifies (and
+    why each does not). Never advises a step that deletes something without saying what it deletes."""
+    published = list_checkpoints(output_dir)
+    if published:
+        reasons = []
+        for _i, p in published[:3]:
+            try:
+                verify_checkpoint(p)
+            except CheckpointError as err:
+                reasons.append(str(err).replace(f"checkpoint {p}", os.path.basename(p)).replace(p, os.path.basename(p)))
+        more = f"; and {len(published) - 3} more" if len(published) > 3 else ""
+        return (f"cannot resume from {output_dir}: none of its {len(published)} checkpoints verifies "
+                f"({'; '.join(reasons)}{more}). Nothing was changed: they are kept as they are for inspection "
+                "(a disk or copy problem?)")
+    own, _foreign = ownership.survey(output_dir) if os.path.isdir(output_dir) else ([], [])
+    removes = f" (which removes {', '.join(own)} of that run)" if own else ""
+    return (f"cannot resume from {output_dir}: it holds no complete checkpoint ({CHECKPOINTS}/iter-N/{MANIFEST}); "
+            f"the run stopped before its first checkpoint (checkpoint.every sets how often one is written). Start "
+            f"it again with overwrite: true{removes}, or in another output_dir")
+
+
+def checkpoint_folder_run(path: str) -> Optional[str]:
+    """The run folder of `path` when `path` is a checkpoint folder (`RUN/checkpoints/iter-N`), else None."""
+    norm = os.path.normpath(os.path.abspath(path))
+    parent = os.path.dirname(norm)
+    if os.path.basename(parent) == CHECKPOINTS and (_CKPT_NAME.match(os.path.basename(norm))
+                                                    or os.path.isfile(os.path.join(norm, MANIFEST))):
+        return os.path.dirname(parent)
+    if os.path.isfile(os.path.join(norm, MANIFEST)) and os.path.isfile(os.path.join(norm, "state.json")):
+        return parent
+    return None
 
 
 def load_checkpoint(trainer: "Trainer", path: Optional[str] = None, *, verified: bool = False) -> str:
@@ -717,12 +722,7 @@ def _truncate_jsonl(path: str, keep: Callable[[dict], bool]) -> None:
         if isinstance(row, dict) and keep(row):
             kept.append(line)
     text = "".join(line + "\n" for line in kept)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    storage.write_text(path, text, f"{os.path.basename(path)} (cut back to the checkpoint)")
 
 
 def truncate_logs(output_dir: str, iteration: int, episode: int) -> None:
@@ -753,6 +753,11 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
     """
     if not os.path.isdir(output_dir):
         raise CheckpointError(f"cannot resume from {output_dir}: no such folder")
+    run = checkpoint_folder_run(output_dir)
+    if run is not None:  # resuming "into" a checkpoint folder would make it the run folder
+        raise CheckpointError(f"cannot resume from {output_dir}: it is a checkpoint folder of the run {run}; resume "
+                              f"takes the run folder (`lmppo train --resume {run}`), which continues from its "
+                              "latest complete checkpoint")
     path = resolve_checkpoint(output_dir)
     state = _read_state(path)
     if config is not None:
@@ -792,12 +797,14 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
 
 # ----------------------------------------------------------------------------- the trained model (final/)
 
-def export_model(directory: str, policy: Any, tokenizer: Any, value_model: Any = None, value_head: Any = None) -> None:
+def export_model(directory: str, policy: Any, tokenizer: Any, value_model: Any = None, value_head: Any = None,
+                 keep: str = "") -> None:
     """`directory/policy` (the policy in Hugging Face format, safetensors, with its tokenizer) and `directory/value`
-    (the critic's model, or the shared value head's tensors), written atomically (`atomic_dir`)."""
+    (the critic's model, or the shared value head's tensors), written atomically (`atomic_dir`); a failed write is
+    one StorageError, with `keep` saying what is still intact."""
     from safetensors.torch import save_file
 
-    with atomic_dir(directory) as tmp:
+    with atomic_dir(directory, "the trained model", keep) as tmp:
         policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
         tokenizer.save_pretrained(os.path.join(tmp, "policy"))
         if value_model is not None:

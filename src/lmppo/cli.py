@@ -17,12 +17,13 @@ import sys
 import textwrap
 from typing import Any, Optional, Sequence
 
-from lmppo.config import all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
+from lmppo.config import Config, all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluate import main as eval_main
 from lmppo.plot import plot_runs
 from lmppo.summary import summarize
 from lmppo.trainer import PPOTrainer
+from lmppo.yaml_input import load
 
 EXIT_USER_ERROR = 2
 
@@ -74,6 +75,7 @@ def cmd_train(argv: Sequence[str], console) -> int:
     if config_path is None and resume_dir is None:
         config_path = recipe_path("sentiment")
     if resume_dir is not None:
+        _refuse_ignored_with_resume(resume_dir, overrides, config_path)
         trainer = PPOTrainer.resume(resume_dir, overrides=overrides, config_path=config_path, console=console)
     else:
         cfg = load_config(config_path, overrides)
@@ -81,6 +83,30 @@ def cmd_train(argv: Sequence[str], console) -> int:
     trainer.train()
     _print_summary(trainer, console)
     return 0
+
+
+def _refuse_ignored_with_resume(resume_dir: str, overrides: dict, config_path: Optional[str]) -> None:
+    """Options a resume would ignore are refused, not dropped: the run stays in its own folder and keeps its
+    files."""
+    for key, why in (("output_dir", f"a resumed run stays in its own folder ({resume_dir})"),
+                     ("overwrite", "resuming continues the run and never removes its files")):
+        if key in overrides:
+            raise ConfigError(f"--{key}", overrides[key], f"cannot be given with --resume: {why}")
+    if config_path:
+        load_config(config_path)  # a broken file is refused here, with its own message
+        given = _explicit_output_dir(config_path)
+        if given is not None and given != Config().output_dir and \
+                os.path.realpath(given) != os.path.realpath(resume_dir):
+            raise ConfigError("output_dir", given, f"in {config_path} is not the folder given to --resume "
+                              f"({resume_dir}); a resumed run stays in its own folder: give the run's own config "
+                              "or make them the same")
+
+
+def _explicit_output_dir(config_path: str) -> Optional[str]:
+    with open(config_path, encoding="utf-8") as fh:
+        data = load(fh)
+    value = data.get("output_dir") if isinstance(data, dict) else None
+    return str(value) if value is not None else None
 
 
 def _print_summary(trainer, console) -> None:
@@ -109,6 +135,44 @@ def cmd_eval(argv: Sequence[str], console) -> int:
     return eval_main(argv, console)
 
 
+def quiet_libraries() -> None:
+    """Lines a user cannot act on stay off the console: deprecation notices of torch / transformers / accelerate
+    (FutureWarning, DeprecationWarning), transformers' and DeepSpeed's info and warning logs ("Setting accelerator
+    to CPU", ...), and tqdm bars. lmppo's own warnings (UserWarning) still show; `--debug` shows everything."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    for name in ("DeepSpeed", "deepspeed", "accelerate", "torch.distributed", "gguf"):
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.ERROR)
+        # DeepSpeed sets its logger's level again when it is imported: a filter stays
+        logger.addFilter(lambda record: record.levelno >= logging.ERROR)
+
+
+def _output_dir_of(argv: Sequence[str]) -> Optional[str]:
+    """The run folder a `train` command line writes to, for messages (best effort, never raises)."""
+    argv = list(argv)
+    try:
+        if "--resume" in argv and argv.index("--resume") + 1 < len(argv):
+            return argv[argv.index("--resume") + 1]
+        for i, arg in enumerate(argv):
+            if arg.startswith("--output_dir="):
+                return arg.split("=", 1)[1]
+            if arg == "--output_dir" and i + 1 < len(argv):
+                return argv[i + 1]
+        if argv and not argv[0].startswith("--"):
+            return load_config(argv[0]).output_dir
+    except Exception:  # noqa: BLE001 - only for a message
+        return None
+    return None
+
+
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
 
 
@@ -119,9 +183,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     console = Console(highlight=False)
+    if not debug:
+        os.environ.setdefault("TQDM_DISABLE", "1")  # read by tqdm when it is imported (with transformers)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # loading bars on stderr would bury lmppo's one-line errors
+    if not debug:
+        quiet_libraries()
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option)")
         return 0 if argv else EXIT_USER_ERROR
@@ -139,8 +207,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
+        out = _output_dir_of(rest) if command == "train" else None
         print("interrupted; the latest complete checkpoint (if any) is intact: resume with "
-              "`lmppo train --resume OUTPUT_DIR`", file=sys.stderr)
+              f"`lmppo train --resume {out or 'OUTPUT_DIR'}`", file=sys.stderr)
         return 130
 
 

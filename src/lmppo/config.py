@@ -110,7 +110,8 @@ class RolloutConfig:
     """Longest response in tokens. A response that reaches it without the stop token is `truncated`."""
     temperature: float = 0.7
     """Sampling temperature. Logprobs for the PPO ratio and for the KL are taken at this same temperature, for
-    the policy and the reference alike, so they describe the distribution that was sampled."""
+    the policy and the reference alike, so they describe the distribution that was sampled. Within [0.01, 100]:
+    below, sampling is greedy in all but name and the logprobs overflow (KL of 1e30); above, it is uniform."""
     stop_token: str = "eos"
     """The token that ends a response: `eos` (the tokenizer's), a literal token string, or `none` (every
     response runs to `max_new_tokens`)."""
@@ -374,11 +375,19 @@ class Config:
     def validate(self) -> "Config":
         """Check every field and every relation between fields; raise one ConfigError or return self."""
         _check_types(self, "")
+        _check_floats(self, "")
         c = self
         _positive(c.total_episodes, "total_episodes")
         _in_range(c.seed, "seed", 0, 2 ** 32 - 1)
         _one_of(c.precision, "precision", ("auto", "fp32", "bf16"))
         _one_of(c.device, "device", ("auto", "cpu", "cuda"))
+        if c.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("device", c.device, "this machine has no CUDA GPU that torch can use "
+                                  f"(torch {torch.__version__}, CUDA build: {torch.version.cuda or 'none'}); "
+                                  "use device `cpu` or `auto`")
         if c.deepspeed not in ("", "zero2", "zero3") and not os.path.isfile(c.deepspeed):
             raise ConfigError("deepspeed", c.deepspeed, "must be `zero2`, `zero3`, a DeepSpeed JSON config file, or "
                               "empty (off)")
@@ -501,6 +510,55 @@ class Config:
 
 
 # ----------------------------------------------------------------------------- checks
+
+FLOAT_RANGES: dict[str, tuple[float, float]] = {
+    # every float field is finite; these are the ranges where a value means something (shown in --help).
+    # Field names of list items (reward.sources[i].weight) are written without the index.
+    "model.lora.alpha": (0.0, 1e6),
+    "rollout.temperature": (1e-2, 1e2),
+    "reward.sources.weight": (-1e6, 1e6),
+    "reward.sources.timeout": (1e-3, 86400.0),
+    "reward.penalty": (-1e6, 1e6),
+    "reward.clip": (0.0, 1e6),
+    "kl.coef": (0.0, 1e3),
+    "kl.target": (0.0, 1e6),
+    "kl.kp": (0.0, 1e3),
+    "kl.ki": (0.0, 1e3),
+    "kl.coef_min": (0.0, 1e3),
+    "kl.coef_max": (0.0, 1e6),
+    "kl.warn_below": (-1e6, 1e6),
+    "ppo.learning_rate": (0.0, 1.0),
+    "ppo.weight_decay": (0.0, 1e3),
+    "ppo.adam_eps": (0.0, 1.0),
+    "ppo.clip_range": (0.0, 1e3),
+    "ppo.value_clip_range": (0.0, 1e6),
+    "ppo.vf_coef": (0.0, 1e3),
+    "ppo.entropy_coef": (0.0, 1e3),
+    "ppo.target_kl": (0.0, 1e6),
+    "ppo.max_grad_norm": (0.0, 1e6),
+}
+"""Allowed range of float fields (both ends included; the checks of `validate` may be stricter, e.g. > 0)."""
+
+
+def _check_floats(obj: Any, prefix: str, generic: str = "") -> None:
+    """Every float field of `obj` (sections and lists of sections included) is finite and within FLOAT_RANGES."""
+    import math
+
+    hints = _type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value, tp = getattr(obj, f.name), hints[f.name]
+        name, key = prefix + f.name, (generic or prefix) + f.name
+        if dataclasses.is_dataclass(tp):
+            _check_floats(value, name + ".", key + ".")
+        elif typing.get_origin(tp) is list and value and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            for i, item in enumerate(value):
+                _check_floats(item, f"{name}[{i}].", key + ".")
+        elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(name, value, "must be a finite number")
+            low, high = FLOAT_RANGES.get(key, (-math.inf, math.inf))
+            if not low <= value <= high:
+                raise ConfigError(name, value, f"must be within [{low:g}, {high:g}]")
 
 def _one_of(value: Any, name: str, allowed: tuple) -> None:
     if value not in allowed:
@@ -689,7 +747,10 @@ def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any
         if dataclasses.is_dataclass(tp):
             out += all_fields(tp, name + ".")
         else:
-            out.append((name, tp, getattr(default, f.name), docs.get(f.name, "")))
+            doc = docs.get(f.name, "")
+            if name in FLOAT_RANGES:
+                doc += f" Allowed: [{FLOAT_RANGES[name][0]:g}, {FLOAT_RANGES[name][1]:g}]."
+            out.append((name, tp, getattr(default, f.name), doc))
     return out
 
 
@@ -721,15 +782,22 @@ def _yaml_value(raw: str, name: str) -> Any:
     """A YAML value given on the command line (a list or mapping), or ConfigError naming the option."""
     import yaml
 
+    from lmppo.yaml_input import YamlInputError, load
+
     try:
-        return yaml.safe_load(raw)
+        return load(raw)  # no duplicate keys, bounded alias expansion (lmppo.yaml_input)
     except yaml.YAMLError as err:
         raise ConfigError(name, raw, f"is not valid YAML: {getattr(err, 'problem', None) or err}") from None
+    except YamlInputError as err:
+        raise ConfigError(name, raw, f"is refused: {err}") from None
 
 
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Config from an optional YAML file plus dotted overrides; not yet validated."""
     import yaml
+
+    from lmppo.yaml_input import YamlInputError
+    from lmppo.yaml_input import load as load_yaml
 
     data: dict[str, Any] = {}
     if path:
@@ -737,7 +805,9 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
             raise ConfigError("config file", path, "no such file")
         try:
             with open(path, encoding="utf-8") as fh:
-                data = yaml.safe_load(fh) or {}
+                data = load_yaml(fh) or {}  # no duplicate keys, bounded alias expansion (lmppo.yaml_input)
+        except YamlInputError as err:
+            raise ConfigError("config file", path, str(err)) from None
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -19,7 +19,24 @@ class ConfigError(LmppoError, ValueError):
 
     def __init__(self, field: str, value: object, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"config field `{field}` = {_redact(repr(value))}: {allowed}")
+        super().__init__(f"config field `{field}` = {bounded_repr(value)}: {allowed}")
+
+
+def bounded_repr(value: object, limit: int = 300) -> str:
+    """repr of `value` for a message: bounded work and length whatever the value (a huge or deeply shared
+    structure from hostile input), credentials masked. Strings up to 10k characters are masked whole before
+    they are cut to `limit`."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring, r.maxother, r.maxlevel = 10_000, 400, 4
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 12
+    try:
+        text = r.repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails still gets its error message
+        text = f"<{type(value).__name__}>"
+    text = _redact(text)
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def _redact(text: str) -> str:
@@ -41,3 +58,11 @@ class CheckpointError(LmppoError, RuntimeError):
 
 class TrainingError(LmppoError, RuntimeError):
     """Training cannot go on (for example too many non-finite updates in a row)."""
+
+
+class StorageError(LmppoError, RuntimeError):
+    """Writing the run's state failed (full disk, read-only folder, ...); what was complete before is intact."""
+
+
+class RunLockedError(LmppoError, RuntimeError):
+    """Another lmppo process is using the output folder."""

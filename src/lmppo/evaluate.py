@@ -457,12 +457,9 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
 
 
 def _write_json(data: dict, path: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, default=_json_default)
-    os.replace(tmp, path)
+    from lmppo.storage import write_json
+
+    write_json(path, data, f"the evaluation ({os.path.basename(path)})", indent=2, default=_json_default)
 
 
 def _json_default(v: Any) -> Any:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from lmppo import storage
 from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
 
@@ -181,27 +182,29 @@ class MetricsLogger:
     def __init__(self, output_dir: str, trackers: list[Tracker], console=None, append: bool = False):
         self.path = os.path.join(output_dir, "metrics.jsonl")
         self.samples_path = os.path.join(output_dir, "samples.jsonl")
-        self._fh = open(self.path, "a" if append else "w", encoding="utf-8")
+        if not append:  # a new run starts an empty file (lmppo.storage: written atomically, failures named)
+            storage.write_text(self.path, "", "the metrics log (metrics.jsonl)")
         self.trackers = trackers
         self.console = console
+        self._keep = (f"the lines before are intact; free space (or fix the folder) and continue with "
+                      f"`lmppo train --resume {output_dir}`")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        self._fh.write(json.dumps({k: _jsonable(v) for k, v in metrics.items()}) + "\n")
-        self._fh.flush()
+        line = json.dumps({k: _jsonable(v) for k, v in metrics.items()})
+        storage.append_lines(self.path, [line], f"the metrics of iteration {metrics.get('iteration', '?')} "
+                             "(metrics.jsonl)", self._keep)  # whole or not at all
         for t in self.trackers:
             t.log(metrics, step)
 
     def log_samples(self, rows: list[dict[str, Any]], step: int, title: str) -> None:
-        with open(self.samples_path, "a", encoding="utf-8") as fh:
-            for r in rows:
-                fh.write(json.dumps({"episode": step, **r}, default=str) + "\n")
+        storage.append_lines(self.samples_path, [json.dumps({"episode": step, **r}, default=str) for r in rows],
+                             f"the sample table of episode {step} (samples.jsonl)", self._keep)
         for t in self.trackers:
             t.log_table(rows, step)
         if self.console is not None and rows:
             self.console.print(sample_table(rows, title))
 
     def close(self) -> None:
-        self._fh.close()
         for t in self.trackers:
             t.close()
 

@@ -49,7 +49,11 @@ def _check_loadable(path: str, field: str, mc: ModelConfig) -> None:
 def load_tokenizer(path: str, mc: ModelConfig):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=mc.trust_remote_code)
+    from lmppo.model_files import check_tokenizer_folder, loading
+
+    check_tokenizer_folder(path, "tokenizer")  # a missing or corrupt file: one error naming it
+    with loading("tokenizer", path):
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=mc.trust_remote_code)
     tok.padding_side = "left"
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
@@ -62,8 +66,12 @@ def load_policy(mc: ModelConfig, path: str, dtype: torch.dtype = torch.float32):
     """The policy as an HF causal LM (wrapped in PEFT when LoRA is on), in eval mode."""
     from transformers import AutoModelForCausalLM
 
+    from lmppo.model_files import check_model_folder, loading
+
     _check_loadable(path, "model.policy", mc)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_load_kwargs(mc))
+    check_model_folder(path, "policy model", mc.allow_pickle)  # a missing or corrupt file: one error naming it
+    with loading("policy model", path):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_load_kwargs(mc))
     return prepare_policy(model, mc)
 
 
@@ -142,9 +150,13 @@ def build_critic(policy: nn.Module, init_path: Optional[str], mc: ModelConfig, d
     from transformers import AutoModelForSequenceClassification
 
     if init_path is not None:
+        from lmppo.model_files import check_model_folder, loading
+
         _check_loadable(init_path, "value.init_from", mc)
-        model = AutoModelForSequenceClassification.from_pretrained(init_path, num_labels=1, dtype=dtype,
-                                                                   **_load_kwargs(mc))
+        check_model_folder(init_path, "critic's initial model (value.init_from)", mc.allow_pickle)
+        with loading("critic's initial model (value.init_from)", init_path):
+            model = AutoModelForSequenceClassification.from_pretrained(init_path, num_labels=1, dtype=dtype,
+                                                                       **_load_kwargs(mc))
     else:
         base = hf_model(policy)
         config = copy.deepcopy(base.config)

@@ -20,7 +20,6 @@ started at zero, as lmppo's do); a full-weights run gets no "before" column.
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
@@ -150,10 +149,10 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
 
 def write_summary(summary: dict[str, Any], path: str) -> str:
     """Write the summary as JSON (atomically: a temporary name, then renamed); returns the path."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
-    os.replace(tmp, path)
+    from lmppo.storage import write_json
+
+    write_json(path, summary, "the summary (summary.json)", "the trained model and checkpoints are complete",
+               indent=2)
     return path
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any, Iterator, Optional, Sequence
@@ -22,6 +23,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
+from lmppo import lock
 from lmppo.assembly import Components, build_components, prompts_per_iteration
 from lmppo.batch import Rollout
 from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
@@ -119,6 +121,8 @@ class PPOTrainer:
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
         self.progress = ProgressDisplay()
+        if self.accelerator.is_main_process:  # the run-folder lock (taken by the assembly) is held while this lives
+            weakref.finalize(self, lock.release, cfg.output_dir)
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> list[dict[str, float]]:
@@ -498,7 +502,9 @@ class PPOTrainer:
             if self.accelerator.is_main_process:
                 unwrap = self.accelerator.unwrap_model
                 export_model(directory, self.policy, self.tokenizer, value_head=unwrap(self.actor).value_head,
-                             value_model=unwrap(self.critic).model if self.critic is not None else None)
+                             value_model=unwrap(self.critic).model if self.critic is not None else None,
+                             keep="the checkpoint of the last iteration is complete: free space and run "
+                                  f"`lmppo train --resume {self.config.output_dir}` to write it again")
 
     def save_checkpoint(self) -> Optional[str]:
         return self.strategy.save_checkpoint(lambda: save_checkpoint(self))  # (not under DeepSpeed)

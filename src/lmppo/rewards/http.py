@@ -4,7 +4,9 @@ Request: ``POST <url>`` with body ``{"prompts": [...], "completions": [...]}`` (
 application/json``). Answer: HTTP 200 with ``{"scores": [...]}`` or a plain JSON list, one output per response,
 each in any form ``lmppo.rewards.placement`` accepts (a number, per-token numbers, [start, end, value] spans).
 
-Timeouts, refused connections, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; other
+``timeout`` is a total deadline per request (connecting, sending and the whole answer: a server that trickles its
+answer byte by byte cannot hold a run beyond it). Timeouts, refused connections, answers cut off before their
+announced length, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; other
 failures (4xx, an answer that is not JSON or has the wrong shape) are not, since asking again gives the same.
 Credentials written in the URL (``https://user:pass@host/...``) are sent as HTTP basic auth and never printed.
 """
@@ -12,8 +14,10 @@ Credentials written in the URL (``https://user:pass@host/...``) are sent as HTTP
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -74,10 +78,35 @@ class HttpSource(RewardSource):
         raise RewardError(f"HTTP reward {self.shown_url}: {last}{tries}")
 
     def _post(self, body: bytes) -> list:
+        """One request, answered in full within `timeout` seconds in total (connecting, sending, and every byte
+        of the answer: a server that trickles its answer cannot hold the run beyond it)."""
+        box: dict = {}
+
+        def attempt() -> None:
+            try:
+                box["answer"] = self._post_once(body)
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+                box["error"] = err
+
+        worker = threading.Thread(target=attempt, name="lmppo-http-reward", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():  # left behind: its socket timeout ends it; a daemon thread never blocks the exit
+            raise _Retryable(f"no complete answer within {self.timeout:g} s (timeout: a total deadline per request)")
+        if "error" in box:
+            raise box["error"]
+        return box["answer"]
+
+    def _post_once(self, body: bytes) -> list:
         request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                status, raw = response.status, response.read()
+                status = response.status
+                try:
+                    raw = response.read()
+                except http.client.IncompleteRead as err:
+                    expected = f" of {len(err.partial) + err.expected}" if err.expected is not None else ""
+                    raise _Retryable(f"the answer was cut off after {len(err.partial)}{expected} bytes") from None
         except urllib.error.HTTPError as err:
             text = _body_text(err.read() if err.fp else b"")
             msg = f"answered HTTP {err.code}: {text!r}"
@@ -95,6 +124,10 @@ class HttpSource(RewardSource):
             raise _Retryable(f"no answer within {self.timeout:g} s (timeout)") from None
         except ConnectionError as err:
             raise _Retryable(f"connection failed: {type(err).__name__}: {err}") from None
+        except http.client.HTTPException as err:  # a malformed or cut-off status line or headers
+            raise _Retryable(f"the answer was cut off or malformed ({type(err).__name__}: {str(err)[:200]})") from None
+        except OSError as err:
+            raise _Retryable(f"connection failed: {err.strerror or err}") from None
         if status != 200:
             raise RewardError(f"HTTP reward {self.shown_url}: answered HTTP {status} (expected 200): "
                               f"{_body_text(raw)!r}")

@@ -48,6 +48,13 @@ class ModelSource(RewardSource):
                                   "run arbitrary code; convert them to safetensors or set model.allow_pickle")
             if not pickles:
                 raise RewardError(f"{where}: holds no weights (*.safetensors)")
+        from lmppo.model_files import ModelFolderError, check_model_folder, check_tokenizer_folder
+
+        try:  # a missing, empty, truncated or garbage file: one error naming it
+            check_model_folder(path, "reward model", ctx.allow_pickle)
+            check_tokenizer_folder(path, "reward model's tokenizer")
+        except ModelFolderError as err:
+            raise RewardError(str(err)) from None
         try:
             mcfg = AutoConfig.from_pretrained(path, trust_remote_code=ctx.trust_remote_code)
         except Exception as err:

@@ -106,6 +106,15 @@ def register_reward_source(kind: str) -> Callable[[type[RewardSource]], type[Rew
     return deco
 
 
+def _raised(err: BaseException) -> str:
+    """`Type: message` of an exception from user code, bounded; SystemExit says it was an exit."""
+    if isinstance(err, SystemExit):
+        return (f"SystemExit (it called sys.exit({err.code!r:.60}) or exit(); user code must return or raise, "
+                "not end the process)")
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text if len(text) <= 300 else text[:300] + ' ...'}"
+
+
 def mask_url(url: str) -> str:
     """The URL with any `user:password@` replaced by `***@` (safe to print)."""
     return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@", r"\1***@", url)
@@ -187,10 +196,10 @@ def import_callable(spec: str) -> Callable:
             module = importlib.util.module_from_spec(loader_spec)  # type: ignore[arg-type]
             sys.modules[mod_name] = module
             loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
-        except Exception as err:
+        except (Exception, SystemExit) as err:  # SystemExit: a module that exits when imported
             sys.modules.pop(mod_name, None)
             raise RewardError(f"reward function `{spec}`: loading `{target}` failed with "
-                              f"{type(err).__name__}: {err}") from err
+                              f"{_raised(err)}") from err
     else:
         try:
             module = importlib.import_module(target)
@@ -200,9 +209,9 @@ def import_callable(spec: str) -> Callable:
                                   f"`{err.name}`, which is not installed") from err
             raise RewardError(f"reward function `{spec}`: no module named `{target}` (is it installed, or on "
                               "PYTHONPATH? a file can be given as `path/to/file.py:function`)") from err
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise RewardError(f"reward function `{spec}`: importing `{target}` failed with "
-                              f"{type(err).__name__}: {err}") from err
+                              f"{_raised(err)}") from err
     if not hasattr(module, attr):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
         hint = difflib.get_close_matches(attr, names, n=1)
@@ -337,8 +346,8 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
                 outputs = source(list(prompts_text), list(completions_text), completion_ids=ids)
             else:
                 outputs = source(list(prompts_text), list(completions_text))
-        except Exception as err:  # noqa: BLE001 - any failure of user code is reported, not re-thrown raw
-            bad(source, None, f"raised {type(err).__name__}: {err}", err)
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - any failure of user code is reported, not re-thrown raw
+            bad(source, None, f"raised {_raised(err)}", err)
             continue
         if isinstance(outputs, torch.Tensor) or type(outputs).__module__ == "numpy":
             outputs = outputs.tolist()
