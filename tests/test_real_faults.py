@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import lmppo.checkpoint as checkpoint_module
+import lmppo.trainer as trainer_module
 from lmppo.cli import main
 from train_worker import read_jsonl
 
@@ -110,7 +111,7 @@ def fill_after_checkpoint(monkeypatch, disk: str, at_iteration: int, leave, pad:
             state["filler"] = fill(disk, leave(folder))
         return folder
 
-    monkeypatch.setattr(checkpoint_module, "save_checkpoint", save_then_fill)
+    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_fill)  # the name the trainer calls
     return state
 
 
