@@ -88,12 +88,9 @@ def run_trl(cache: Path, s: dict, out: Path):
 
 def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
     """One lmppo run over the same prompts whose sampler returns TRL's responses, iteration by iteration."""
-    import torch
     from transformers import AutoModelForCausalLM
 
     from lmppo.assembly import build_components
-    from lmppo.core.masking import stop_token_mask
-    from lmppo.engines import SamplingEngine
     from lmppo.trainer import PPOTrainer
 
     pad = tok.pad_token_id
@@ -102,23 +99,13 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
         prompt_lists += [q[q != pad].tolist() for q in queries]
     replay = iter(rollouts)
 
-    class ReplayEngine(SamplingEngine):
-        """A sampling engine that returns TRL's responses, iteration by iteration."""
-
-        def sample(self, model, prompts):
-            queries, responses = next(replay)
-            assert torch.equal(prompts.ids, queries), "lmppo's prompts differ from TRL's"
-            mask, terminated = stop_token_mask(responses, self.stop_ids)
-            responses = torch.where(mask, responses, torch.full_like(responses, self.pad_id))
-            return responses, mask, terminated, ~terminated & (mask.sum(1) >= self.config.rollout.max_new_tokens)
-
     c = compare_trl.lmppo_config(s, out / "lmppo")
     c.data.shuffle = False  # the prompts are TRL's, in TRL's order
     c.ppo.reuse_rollout_forward = not s.get("plain_first_epoch", False)
     policy = AutoModelForCausalLM.from_pretrained(cache / "policy")
     parts = build_components(c, policy=policy, tokenizer=tok, prompts=prompt_lists)
-    parts.sampling_engines[c.rollout.backend] = ReplayEngine(c, parts.stop_ids, parts.tokenizer.pad_token_id,
-                                                             parts.accelerator)
+    parts.sampling_engines[c.rollout.backend] = replay_engine(replay, c, parts.stop_ids, parts.tokenizer.pad_token_id,
+                                                              parts.accelerator)
     trainer = PPOTrainer(c, components=parts)
     history = trainer.train()
     return history, trainer.policy, trainer.accelerator.unwrap_model(trainer.critic).model
@@ -130,7 +117,6 @@ def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    import lmppo.trainer as lt
     from lmppo.data import PromptStream
     from lmppo.trl import PPOConfig, PPOTrainer
 
@@ -139,36 +125,36 @@ def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
     for queries, _ in rollouts:
         prompt_lists += [q[q != pad].tolist() for q in queries]
     replay = iter(rollouts)
-    sampler = _replaying_sampler(replay)
     args = compare_trl.trl_args(s, out / "dropin", config_cls=PPOConfig, max_grad_norm=0.0)
     trainer = PPOTrainer(args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
                          ref_model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
                          reward_model=AutoModelForSequenceClassification.from_pretrained(cache / "reward"),
                          value_model=AutoModelForSequenceClassification.from_pretrained(cache / "critic"),
                          train_dataset=Dataset.from_dict({"input_ids": prompt_lists}))
-    engine = trainer.lmppo  # the prompts are TRL's, in TRL's order
-    engine.stream = PromptStream(len(engine.prompt_set.ids), engine.prompts_per_iteration, engine.config.seed, False)
-    original, lt.sample_native = lt.sample_native, sampler
-    try:
-        trainer.train()
-    finally:
-        lt.sample_native = original
+    lm = trainer.lmppo  # the prompts are TRL's, in TRL's order
+    lm.stream = PromptStream(len(lm.prompt_set.ids), lm.prompts_per_iteration, lm.config.seed, False)
+    lm.sampling_engines[lm.config.rollout.backend] = replay_engine(replay, lm.config, lm.stop_ids,
+                                                                   lm.tokenizer.pad_token_id, lm.accelerator)
+    trainer.train()
     return trainer.state.log_history, trainer.model.policy, trainer.model.value_model
 
 
-def _replaying_sampler(replay):
+def replay_engine(replay, *engine_args):
+    """A sampling engine (lmppo.engines) that returns TRL's responses, iteration by iteration."""
     import torch
 
     from lmppo.core.masking import stop_token_mask
+    from lmppo.engines import SamplingEngine
 
-    def replayed_sampler(model, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds):
-        queries, responses = next(replay)
-        assert torch.equal(prompt_ids, queries), "lmppo's prompts differ from TRL's"
-        mask, terminated = stop_token_mask(responses, stop_ids)
-        responses = torch.where(mask, responses, torch.full_like(responses, pad_id))
-        return responses, mask, terminated, ~terminated & (mask.sum(1) >= max_new_tokens)
+    class ReplayEngine(SamplingEngine):
+        def sample(self, model, prompts):
+            queries, responses = next(replay)
+            assert torch.equal(prompts.ids, queries), "lmppo's prompts differ from TRL's"
+            mask, terminated = stop_token_mask(responses, self.stop_ids)
+            responses = torch.where(mask, responses, torch.full_like(responses, self.pad_id))
+            return responses, mask, terminated, ~terminated & (mask.sum(1) >= self.config.rollout.max_new_tokens)
 
-    return replayed_sampler
+    return ReplayEngine(*engine_args)
 
 
 def relative_update_difference(start, a, b) -> float:
