@@ -33,7 +33,7 @@ from lmppo.models import (Actor, ValueHead, hf_model, hidden_size, load_policy, 
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
 from lmppo.reference import ReferencePolicy
-from lmppo.rewards import RewardSource, SourceContext, build_reward_sources
+from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
 from lmppo.rollout import warn_distorting_once
 from lmppo.sampling_settings import check_generation_kwargs
 from lmppo.strategy import Strategy, make_strategy
@@ -124,6 +124,7 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
         batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
         autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
     _check_token_input(reward_sources, tokenizer)
+    check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
 
     # --- optimisation
     actor = Actor(policy, value_head)

@@ -79,12 +79,14 @@ class ValueConfig:
 class DataConfig:
     prompts: str = "builtin:reviews"
     """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), or a built-in set
-    (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles)."""
+    (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles;
+    `builtin:arithmetic`: small arithmetic problems with a `solution` column)."""
     format: str = "auto"
     """File format: `auto` (from the extension), `jsonl`, `csv` or `text`."""
     field: str = "prompt"
     """The JSONL/CSV column that holds each prompt: a string, a list of chat messages
-    ({"role", "content"}), or a list of token ids."""
+    ({"role", "content"}), or a list of token ids. The other columns travel with the prompt to the reward
+    functions that take them by name (e.g. `solution`)."""
     chat_template: bool = False
     """Wrap plain-text prompts as one user message and apply the tokenizer's chat template. Prompts given as
     message lists always get the chat template."""
@@ -395,7 +397,7 @@ class Config:
         _non_negative(c.data.holdout, "data.holdout")
         if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
             raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file or "
-                              "`builtin:reviews` / `builtin:news`")
+                              "`builtin:reviews` / `builtin:news` / `builtin:arithmetic`")
         r = c.rollout
         _positive(r.batch_size, "rollout.batch_size")
         _positive(r.max_new_tokens, "rollout.max_new_tokens")

@@ -43,7 +43,7 @@ from lmppo.config import BUILTIN_MODELS, load_config, parse_overrides, recipe_pa
 from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.core.masking import masked_sum
-from lmppo.data import load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.data import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import LmppoError
 from lmppo.models import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.precision import choose_precision
@@ -104,7 +104,7 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
                      tokenizer: Any, sources: Sequence[Any], temperature: float, max_new_tokens: int,
                      stop_ids: torch.Tensor, seed: int, backend: str = "native", batch_size: int = 16,
                      reference_logprobs: Optional[RefLogprobs] = None, autocast: Callable[[], Any] = nullcontext,
-                     first_position: int = 0) -> PolicyEval:
+                     first_position: int = 0, columns: Optional[Sequence[dict]] = None) -> PolicyEval:
     """Sample one response per prompt from `policy` by pure sampling at `temperature`, score it with every reward
     source, and, given `reference_logprobs`, measure its KL to the reference (k1 and k3, summed per response).
 
@@ -112,6 +112,7 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
     `native`), so two policies given the same seed and prompts are compared on common random numbers. With backend
     `hf`, transformers' generate runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
     `autocast` is the precision context of the log-probability passes (as in training); sampling runs outside it.
+    `columns`: per prompt, its record's other fields, for reward functions that take them by name.
     """
 
     if len(prompt_ids) != len(prompt_texts):
@@ -133,7 +134,8 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
         completions = [decode_completion(tokenizer, (r[m][:-1] if t else r[m]).tolist())
                        for r, m, t in zip(resp, resp_mask, terminated)]
         result = score_rollout(sources, texts, completions, resp.cpu(), resp_mask.cpu(), tokenizer, "error",
-                               terminated=terminated.cpu(), prompt_ids=ids_list)
+                               terminated=terminated.cpu(), prompt_ids=ids_list,
+                               columns=list(columns[start:start + batch_size]) if columns else None)
         for name, values in result.per_source.items():
             per_source.setdefault(name, []).append(values.float().cpu())
         totals.append(result.token_scores.sum(1).float().cpu())
@@ -177,6 +179,11 @@ def repeat_prompts(ids: Sequence[Sequence[int]], texts: Sequence[str], k: int) -
     if k < 1:
         raise LmppoError(f"samples per prompt = {k}: must be >= 1")
     return [x for x in ids for _ in range(k)], [t for t in texts for _ in range(k)]
+
+
+def repeat_columns(columns: Sequence[dict], k: int) -> Optional[list[dict]]:
+    """The prompts' columns repeated like `repeat_prompts` repeats the prompts; None when there are none."""
+    return [c for c in columns for _ in range(k)] if columns else None
 
 
 def compare(trained: PolicyEval, start: PolicyEval) -> dict[str, float]:
@@ -306,6 +313,12 @@ def stop_token_ids(tokenizer: Any, stop_token: str) -> torch.Tensor:
 def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[int]], list[str], bool]:
     """(ids, texts, held_out): the run's held-out prompts (`data.holdout`, the same seeded split as in training),
     or, when the run kept none out, `num_prompts` training prompts picked by a seeded permutation."""
+    prompts, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
+    return prompts.ids, prompts.texts, held_out
+
+
+def eval_prompt_set(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[PromptSet, bool]:
+    """(prompts with their columns, held_out): the prompts of `eval_prompts`."""
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # long prompts were reported at training time
@@ -313,10 +326,11 @@ def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[
     if cfg.data.holdout > 0:
         _, held = split_holdout(prompts, cfg.data.holdout, cfg.seed)
         n = min(num_prompts, len(held.ids)) if num_prompts > 0 else len(held.ids)
-        return held.ids[:n], held.texts[:n], True
+        return PromptSet(held.ids[:n], held.texts[:n], held.columns[:n]), True
     order = torch.randperm(len(prompts.ids), generator=torch.Generator().manual_seed(cfg.seed + 11)).tolist()
     pick = order[:num_prompts if num_prompts > 0 else 64]
-    return [prompts.ids[i] for i in pick], [prompts.texts[i] for i in pick], False
+    return PromptSet([prompts.ids[i] for i in pick], [prompts.texts[i] for i in pick],
+                     prompts.columns_of(pick) if prompts.columns else []), False
 
 
 # ----------------------------------------------------------------------------- the command
@@ -412,9 +426,10 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
     device = next(models.policy.parameters()).device
     weights = {s.name: float(s.weight) for s in sources}
     judge = choose_judge(sources, judge)
-    ids, texts, held_out = eval_prompts(cfg, tokenizer, num_prompts)
-    num = len(ids)
-    ids, texts = repeat_prompts(ids, texts, samples_per_prompt)
+    prompt_set, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
+    num = len(prompt_set.ids)
+    ids, texts = repeat_prompts(prompt_set.ids, prompt_set.texts, samples_per_prompt)
+    columns = repeat_columns(prompt_set.columns, samples_per_prompt)
     if not held_out:
         warnings.warn("the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts",
                       stacklevel=2)
@@ -425,7 +440,7 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
         if precision == "bf16" else nullcontext
     common = dict(tokenizer=tokenizer, sources=sources, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
                   stop_ids=stop, seed=seed, backend="hf" if r.backend == "hf" else "native",
-                  batch_size=r.forward_batch_size or r.batch_size, autocast=autocast)
+                  batch_size=r.forward_batch_size or r.batch_size, autocast=autocast, columns=columns)
     policy = models.policy
 
     def start_logprobs(input_ids, attention, P, resp):

@@ -195,7 +195,8 @@ class PPOTrainer:
             values=torch.where(response_mask, all_values[:, :-1], zeros), final_values=final_values,
             terminated=terminated, truncated=truncated, group_ids=group_ids,
             prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text,
-            entropy=torch.cat(entropies).clone() if entropies else None)
+            entropy=torch.cat(entropies).clone() if entropies else None,
+            prompt_columns=self.prompt_set.columns_of(index) if self.prompt_set.columns else None)
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
         """The engine of `rollout.backend` (or `name`), built from the registry (lmppo.engines) on first use."""
@@ -241,7 +242,8 @@ class PPOTrainer:
             prompt_ids = [ids[mask].tolist() for ids, mask in zip(rollout.prompt_ids.cpu(), rollout.prompt_mask.cpu())]
         result = score_rollout(self.reward_sources, rollout.prompts_text, rollout.responses_text,
                                rollout.response_ids.cpu(), rollout.response_mask.cpu(), self.tokenizer,
-                               rc.on_bad_output, terminated=rollout.terminated.cpu(), prompt_ids=prompt_ids)
+                               rc.on_bad_output, terminated=rollout.terminated.cpu(), prompt_ids=prompt_ids,
+                               columns=rollout.prompt_columns)
         token_scores = placed = result.token_scores.to(self.device, torch.float32)
         raw = token_scores.sum(1)
         mask, valid = rollout.response_mask, result.valid.to(self.device)
