@@ -299,6 +299,10 @@ class LogConfig:
     """Add per-token KL and entropy columns to the sample table (to see where the policy drifts)."""
     progress: bool = True
     """Show a live progress bar with the score and KL on the console."""
+    eval_every: int = 0
+    """Every this many iterations, sample one response per held-out prompt (`data.holdout`) from the current
+    policy and log its score, every reward source (the weight-0 judge included), KL to the reference and length as
+    `eval/*` metrics in that iteration's record (drawn by `lmppo plot`). 0: only before/after, at the end."""
 
 
 @dataclass
@@ -486,6 +490,10 @@ class Config:
         for t in c.log.trackers:
             _one_of(t, "log.trackers", ("tensorboard", "wandb", "trackio"))
         _non_negative(c.log.sample_every, "log.sample_every")
+        _non_negative(c.log.eval_every, "log.eval_every")
+        if c.log.eval_every and not c.data.holdout:
+            raise ConfigError("log.eval_every", c.log.eval_every, "needs held-out prompts to evaluate on: set "
+                              "data.holdout > 0 (or log.eval_every = 0)")
         _non_negative(c.log.num_samples, "log.num_samples")
         _non_negative(c.checkpoint.every, "checkpoint.every")
         _positive(c.checkpoint.keep_last, "checkpoint.keep_last")
