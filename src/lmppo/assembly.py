@@ -28,8 +28,8 @@ from lmppo.data import PromptSet, PromptStream, load_prompt_records, split_holdo
 from lmppo.distributed import accelerator_kwargs
 from lmppo.engines import SamplingEngine, check_sampling_engine
 from lmppo.errors import ConfigError
-from lmppo.models import (Actor, ValueHead, hf_model, hidden_size, load_policy, load_tokenizer, prepare_policy,
-                          resolve_model_path)
+from lmppo.models import (WEIGHT_DTYPES, Actor, ValueHead, check_memory_options, hf_model, hidden_size, load_policy,
+                          load_tokenizer, prepare_policy, resolve_model_path)
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
 from lmppo.reference import ReferencePolicy
@@ -89,13 +89,15 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     prepare_output_dir(cfg, accelerator.is_main_process, resuming, comments=[f"precision: {precision.reason}"])
 
     # --- models
+    check_memory_options(cfg.model, device.type)  # 4-bit, flash attention: where this machine runs them
     path = resolve_model_path(cfg.model.policy) if policy is None or tokenizer is None else None
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
         resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else path, cfg.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    policy = load_policy(cfg.model, path) if policy is None else prepare_policy(policy, cfg.model)
+    policy = load_policy(cfg.model, path, WEIGHT_DTYPES[cfg.model.dtype]) if policy is None \
+        else prepare_policy(policy, cfg.model)
     _check_context_length(cfg, policy)
     stop_ids = stop_token_ids(cfg, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
@@ -107,11 +109,15 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
                                 model=strategy.reference_model(policy, path, cfg.model))
     if reference.model is not None:
         reference.model.to(device)
-    if device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention); freed memory
-        keep_freed_memory()  # reused, not faulted in again every iteration (lmppo.cpu_memory)
-        for model in (hf_model(policy), critic.model if critic is not None else None, reference.model):
-            if model is not None:
-                use_cpu_attention(model)
+    if device.type == "cpu":  # freed memory reused, not faulted in again every iteration (lmppo.cpu_memory)
+        keep_freed_memory()
+    for model in (hf_model(policy), critic.model if critic is not None else None, reference.model):
+        if model is None:
+            continue
+        if cfg.model.attn_implementation != "auto":  # the user's kernel for every model
+            hf_model(model).set_attn_implementation(cfg.model.attn_implementation)
+        elif device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention)
+            use_cpu_attention(model)
     strategy.models_built()  # (DeepSpeed: reward models load whole, never partitioned)
 
     # --- data and rewards

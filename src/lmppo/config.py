@@ -48,6 +48,10 @@ class LoraConfig:
     """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
 
 
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flex_attention")
+"""Allowed values of `model.attn_implementation` (`auto`: lmppo's choice; the others are transformers' names)."""
+
+
 @dataclass
 class ModelConfig:
     policy: str = "smollm2"
@@ -62,6 +66,18 @@ class ModelConfig:
     unless set."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / PEFT training."""
+    dtype: str = "float32"
+    """Weights of the policy as loaded: `float32`, or `bfloat16` (half the memory). With LoRA the adapters stay
+    float32 (peft keeps them so) on a bf16 base; without LoRA every trained weight and its optimizer state are bf16,
+    where small updates round away: prefer LoRA. Independent of `precision` (autocast of the passes)."""
+    attn_implementation: str = "auto"
+    """Attention kernel of the policy and the models made from it: `auto` (lmppo's choice: on CPU eager attention
+    for short bf16 passes and SDPA otherwise, see `lmppo.attention`; elsewhere the model's default), or one of
+    transformers' `eager`, `sdpa`, `flash_attention_2`, `flex_attention` (flash attention: CUDA only)."""
+    load_in_4bit: bool = False
+    """QLoRA: load the policy's base weights in 4-bit NF4 with bitsandbytes and train LoRA adapters on them (bf16
+    compute). Needs `lora.enabled`, a CUDA GPU and the `bitsandbytes` package; refused with a message elsewhere.
+    Not yet run on a GPU."""
 
 
 @dataclass
@@ -395,6 +411,11 @@ class Config:
             if not any(s.kind == "model" for s in c.reward.sources):
                 raise ConfigError("value.init_from", "reward_model", "needs a reward source of kind `model`; "
                                   "use `policy` or `auto`")
+        _one_of(c.model.dtype, "model.dtype", ("float32", "bfloat16"))
+        _one_of(c.model.attn_implementation, "model.attn_implementation", ATTN_IMPLEMENTATIONS)
+        if c.model.load_in_4bit and not c.model.lora.enabled:
+            raise ConfigError("model.load_in_4bit", True, "trains LoRA adapters on frozen 4-bit weights: set "
+                              "model.lora.enabled = true")
         _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text"))
         _one_of(c.data.long_prompts, "data.long_prompts", ("truncate_left", "error"))
         _positive(c.data.max_prompt_length, "data.max_prompt_length")
