@@ -48,6 +48,9 @@ class LoraConfig:
     """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
 
 
+TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+"""Allowed values of `log.trackers` (`lmppo.metrics.TRACKERS`: the first three are lmppo's own classes, the others
+accelerate's trackers)."""
 ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flex_attention")
 """Allowed values of `model.attn_implementation` (`auto`: lmppo's choice; the others are transformers' names)."""
 
@@ -306,7 +309,8 @@ class PPOConfig:
 @dataclass
 class LogConfig:
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`."""
+    """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`, and through
+    accelerate's tracker API `aim`, `comet_ml`, `mlflow`, `clearml`, `dvclive`, `swanlab` (each needs its package)."""
     sample_every: int = 10
     """Print a table of sample completions every this many iterations (0: never)."""
     num_samples: int = 4
@@ -509,7 +513,7 @@ class Config:
             raise ConfigError("ppo.advantage_estimator", p.advantage_estimator,
                               "compares responses to the same prompt: set rollout.num_samples_per_prompt >= 2")
         for t in c.log.trackers:
-            _one_of(t, "log.trackers", ("tensorboard", "wandb", "trackio"))
+            _one_of(t, "log.trackers", TRACKER_NAMES)
         _non_negative(c.log.sample_every, "log.sample_every")
         _non_negative(c.log.eval_every, "log.eval_every")
         if c.log.eval_every and not c.data.holdout:
