@@ -176,12 +176,14 @@ def _lines(text: str) -> list[str]:
 
 def _records(items: list, source: str, locations: list[str], columns: list[dict] | None = None,
              field_name: str = "prompt") -> PromptRecords:
-    """Checked records; a dict item (API, built-in sets) is split into its prompt (`field_name`) and columns."""
+    """Checked records. Without `columns` (API, built-in sets) a dict item is a record: its `field_name` is the
+    prompt and its other keys are the columns; a file reader has taken the prompt out already (`columns` given)."""
     if not items:
         raise DataError(f"{source}: holds no prompts")
+    split = columns is None
     columns = list(columns) if columns is not None else [{} for _ in items]
     for i, x in enumerate(items):
-        if isinstance(x, dict) and not _is_message(x):
+        if split and isinstance(x, dict) and not _is_message(x):
             if field_name not in x:
                 raise DataError(f"{source}, {locations[i]}: the record has no field `{field_name}` (it has "
                                 f"{_names(x)}{_close(field_name, list(x))}); data.field names the field that holds "
