@@ -74,6 +74,7 @@ def test_api_list_and_builtin(monkeypatch):
     assert recs == ["a b", [1, 2]]
     fake = types.ModuleType("lmppo.assets")
     fake.builtin_prompts = lambda name: [f"{name} one", f"{name} two"]
+    fake.builtin_records = fake.builtin_prompts  # (data reads a built-in set's records through this one)
     monkeypatch.setitem(sys.modules, "lmppo.assets", fake)
     monkeypatch.setattr(lmppo, "assets", fake, raising=False)
     assert load_prompt_records(cfg("builtin:reviews")) == ["reviews one", "reviews two"]

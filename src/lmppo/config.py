@@ -26,6 +26,7 @@ from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from lmppo.errors import ConfigError
 from lmppo.sampling_settings import check_generation_kwargs
+from lmppo.yaml_input import YamlInputError, load as load_yaml
 
 BUILTIN_MODELS = ("smollm2",)
 """Model names resolved by lmppo itself (see ``lmppo.assets``) rather than as a folder."""
@@ -48,6 +49,13 @@ class LoraConfig:
     """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
 
 
+TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+"""Allowed values of `log.trackers` (`lmppo.metrics.TRACKERS`: the first three are lmppo's own classes, the others
+accelerate's trackers)."""
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flex_attention")
+"""Allowed values of `model.attn_implementation` (`auto`: lmppo's choice; the others are transformers' names)."""
+
+
 @dataclass
 class ModelConfig:
     policy: str = "smollm2"
@@ -62,6 +70,18 @@ class ModelConfig:
     unless set."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / PEFT training."""
+    dtype: str = "float32"
+    """Weights of the policy as loaded: `float32`, or `bfloat16` (half the memory). With LoRA the adapters stay
+    float32 (peft keeps them so) on a bf16 base; without LoRA every trained weight and its optimizer state are bf16,
+    where small updates round away: prefer LoRA. Independent of `precision` (autocast of the passes)."""
+    attn_implementation: str = "auto"
+    """Attention kernel of the policy and the models made from it: `auto` (lmppo's choice: on CPU eager attention
+    for short bf16 passes and SDPA otherwise, see `lmppo.attention`; elsewhere the model's default), or one of
+    transformers' `eager`, `sdpa`, `flash_attention_2`, `flex_attention` (flash attention: CUDA only)."""
+    load_in_4bit: bool = False
+    """QLoRA: load the policy's base weights in 4-bit NF4 with bitsandbytes and train LoRA adapters on them (bf16
+    compute). Needs `lora.enabled`, a CUDA GPU and the `bitsandbytes` package; refused with a message elsewhere.
+    Not yet run on a GPU."""
 
 
 @dataclass
@@ -80,14 +100,16 @@ class DataConfig:
     prompts: str = "builtin:reviews"
     """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), a Hugging Face dataset (a folder
     written by `Dataset.save_to_disk`, a `.parquet` or `.arrow` file; needs `pip install lmppo[datasets]`), or a
-    built-in set (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles)."""
+    built-in set (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles;
+    `builtin:arithmetic`: small arithmetic problems with a `solution` column)."""
     format: str = "auto"
     """File format: `auto` (from the extension; a folder is a `save_to_disk` dataset), `jsonl`, `csv`, `text`,
     `dataset` (a `save_to_disk` folder), `parquet` or `arrow` (a file, or a folder of such files)."""
     field: str = "prompt"
     """The JSONL/CSV/dataset column that holds each prompt: a string, a list of chat messages
     ({"role", "content"}), or a list of token ids. For a dataset without a `prompt` column, the default falls back
-    to its `messages`, `input_ids` or `text` column (the first it has)."""
+    to its `messages`, `input_ids` or `text` column (the first it has). The other columns travel with the prompt
+    to the reward functions that take them by name (e.g. `solution`)."""
     chat_template: bool = False
     """Wrap plain-text prompts as one user message and apply the tokenizer's chat template. Prompts given as
     message lists always get the chat template."""
@@ -295,7 +317,8 @@ class PPOConfig:
 @dataclass
 class LogConfig:
     trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
-    """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`."""
+    """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`, and through
+    accelerate's tracker API `aim`, `comet_ml`, `mlflow`, `clearml`, `dvclive`, `swanlab` (each needs its package)."""
     sample_every: int = 10
     """Print a table of sample completions every this many iterations (0: never)."""
     num_samples: int = 4
@@ -304,6 +327,10 @@ class LogConfig:
     """Add per-token KL and entropy columns to the sample table (to see where the policy drifts)."""
     progress: bool = True
     """Show a live progress bar with the score and KL on the console."""
+    eval_every: int = 0
+    """Every this many iterations, sample one response per held-out prompt (`data.holdout`) from the current
+    policy and log its score, every reward source (the weight-0 judge included), KL to the reference and length as
+    `eval/*` metrics in that iteration's record (drawn by `lmppo plot`). 0: only before/after, at the end."""
 
 
 @dataclass
@@ -404,13 +431,19 @@ class Config:
             if not any(s.kind == "model" for s in c.reward.sources):
                 raise ConfigError("value.init_from", "reward_model", "needs a reward source of kind `model`; "
                                   "use `policy` or `auto`")
+        _one_of(c.model.dtype, "model.dtype", ("float32", "bfloat16"))
+        _one_of(c.model.attn_implementation, "model.attn_implementation", ATTN_IMPLEMENTATIONS)
+        if c.model.load_in_4bit and not c.model.lora.enabled:
+            raise ConfigError("model.load_in_4bit", True, "trains LoRA adapters on frozen 4-bit weights: set "
+                              "model.lora.enabled = true")
         _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text", "dataset", "parquet", "arrow"))
         _one_of(c.data.long_prompts, "data.long_prompts", ("truncate_left", "error"))
         _positive(c.data.max_prompt_length, "data.max_prompt_length")
         _non_negative(c.data.holdout, "data.holdout")
         if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
             raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file, a "
-                              "dataset (save_to_disk folder, .parquet, .arrow) or `builtin:reviews` / `builtin:news`")
+                              "dataset (save_to_disk folder, .parquet, .arrow) or `builtin:reviews` / `builtin:news` / "
+                              "`builtin:arithmetic`")
         r = c.rollout
         _positive(r.batch_size, "rollout.batch_size")
         _positive(r.max_new_tokens, "rollout.max_new_tokens")
@@ -498,8 +531,12 @@ class Config:
             raise ConfigError("ppo.advantage_estimator", p.advantage_estimator,
                               "compares responses to the same prompt: set rollout.num_samples_per_prompt >= 2")
         for t in c.log.trackers:
-            _one_of(t, "log.trackers", ("tensorboard", "wandb", "trackio"))
+            _one_of(t, "log.trackers", TRACKER_NAMES)
         _non_negative(c.log.sample_every, "log.sample_every")
+        _non_negative(c.log.eval_every, "log.eval_every")
+        if c.log.eval_every and not c.data.holdout:
+            raise ConfigError("log.eval_every", c.log.eval_every, "needs held-out prompts to evaluate on: set "
+                              "data.holdout > 0 (or log.eval_every = 0)")
         _non_negative(c.log.num_samples, "log.num_samples")
         _non_negative(c.checkpoint.every, "checkpoint.every")
         _positive(c.checkpoint.keep_last, "checkpoint.keep_last")
@@ -782,10 +819,9 @@ def _yaml_value(raw: str, name: str) -> Any:
     """A YAML value given on the command line (a list or mapping), or ConfigError naming the option."""
     import yaml
 
-    from lmppo.yaml_input import YamlInputError, load
 
     try:
-        return load(raw)  # no duplicate keys, bounded alias expansion (lmppo.yaml_input)
+        return load_yaml(raw)  # no duplicate keys, bounded alias expansion (lmppo.yaml_input)
     except yaml.YAMLError as err:
         raise ConfigError(name, raw, f"is not valid YAML: {getattr(err, 'problem', None) or err}") from None
     except YamlInputError as err:
@@ -796,8 +832,6 @@ def load_config(path: str | None = None, overrides: dict[str, Any] | None = None
     """Config from an optional YAML file plus dotted overrides; not yet validated."""
     import yaml
 
-    from lmppo.yaml_input import YamlInputError
-    from lmppo.yaml_input import load as load_yaml
 
     data: dict[str, Any] = {}
     if path:

@@ -3,7 +3,9 @@
 * ``load_prompt_records`` reads a local ``.jsonl`` / ``.csv`` / ``.txt`` file, a built-in set, a Python list, or a
   Hugging Face dataset (a ``datasets.Dataset``, a ``save_to_disk`` folder, Parquet / Arrow files: ``lmppo.hf_datasets``).
   A record is a string, a list of chat messages (``{"role", "content"}``) or a list of token ids. Every problem
-  is a one-line ``DataError`` naming the file, the line, the value and what is allowed.
+  is a one-line ``DataError`` naming the file, the line, the value and what is allowed. The other fields of a
+  JSONL line or CSV row (a reference answer, metadata), and of a dict record passed through the API, are kept
+  as the prompt's *columns*: they travel with the prompt to every reward function that asks for them by name.
 * ``tokenize_prompts`` turns records into token ids the policy is conditioned on (``PromptSet``).
 * ``PromptStream`` yields batches of prompt indices: a seeded permutation per pass over the data, wrapping around
   across passes, resumable exactly from ``state_dict()``, and split into disjoint per-rank slices of one global
@@ -27,6 +29,7 @@ import numbers
 import os
 import warnings
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Sequence
 
 import torch
@@ -34,6 +37,7 @@ import torch
 import lmppo.assets
 from lmppo.config import DataConfig
 from lmppo.errors import ConfigError, DataError
+from lmppo.hf_datasets import dataset_format, dataset_records, is_hf_dataset, load_dataset_path
 
 FORMATS = ("jsonl", "csv", "text")
 EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".txt": "text", ".text": "text"}
@@ -46,6 +50,8 @@ class PromptRecords(list):
     """The file (or `builtin:NAME`, or `prompts passed to the API`)."""
     locations: list[str]
     """Per record: `line 7`, or `item 3` for lists."""
+    columns: list[dict[str, Any]]
+    """Per record: its fields other than the prompt (empty dicts when there are none)."""
 
     def where(self, index: int) -> str:
         locs = getattr(self, "locations", None)
@@ -62,31 +68,29 @@ def _where(records: Sequence[Any], index: int) -> str:
 def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = None) -> PromptRecords:
     """The prompt records of ``data_cfg.prompts`` (a file or ``builtin:NAME``), or of ``prompts`` when given."""
     if prompts is not None:
-        from lmppo.hf_datasets import is_hf_dataset
 
         if is_hf_dataset(prompts):  # a datasets.Dataset object: its `data.field` column
             return _load_dataset(prompts, data_cfg, "the datasets.Dataset passed to the API")
         if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
             raise DataError(f"prompts passed to the API must be a list of records, got a {type(prompts).__name__}")
-        return _records(list(prompts), "prompts passed to the API", [f"item {i}" for i in range(len(prompts))])
+        return _records(list(prompts), "prompts passed to the API", [f"item {i}" for i in range(len(prompts))],
+                        field_name=data_cfg.field)
     spec = data_cfg.prompts
     if spec.startswith("builtin:"):
         name = spec[len("builtin:"):]
-        items = list(lmppo.assets.builtin_prompts(name))
-        return _records(items, spec, [f"item {i}" for i in range(len(items))])
+        items = list(lmppo.assets.builtin_records(name))
+        return _records(items, spec, [f"item {i}" for i in range(len(items))], field_name="prompt")
     return _load_file(spec, data_cfg)
 
 
 def _load_dataset(ds: Any, data_cfg: DataConfig, source: str) -> PromptRecords:
     """Records of a Hugging Face dataset's prompt column (``lmppo.hf_datasets``)."""
-    from lmppo.hf_datasets import dataset_records
 
     items, locations, column = dataset_records(ds, data_cfg.field, source)
     return _records(items, f"{source}, column `{column}`", locations)
 
 
 def _load_file(path: str, data_cfg: DataConfig) -> PromptRecords:
-    from lmppo.hf_datasets import dataset_format, load_dataset_path
 
     hf_format = dataset_format(path, data_cfg.format) if os.path.exists(path) else None
     if hf_format is not None:  # a save_to_disk folder, Parquet or Arrow: read through `datasets`
@@ -118,21 +122,21 @@ def _load_file(path: str, data_cfg: DataConfig) -> PromptRecords:
     if not text.strip():
         raise DataError(f"prompt file `{path}` is empty")
     reader = {"jsonl": _read_jsonl, "csv": _read_csv, "text": _read_text}[fmt]
-    items, locations = reader(text, path, data_cfg.field)
-    return _records(items, path, locations)
+    items, locations, columns = reader(text, path, data_cfg.field)
+    return _records(items, path, locations, columns)
 
 
-def _read_text(text: str, path: str, field_name: str) -> tuple[list, list[str]]:
+def _read_text(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
     items, locations = [], []
     for n, line in enumerate(_lines(text), start=1):
         if line.strip():
             items.append(line)
             locations.append(f"line {n}")
-    return items, locations
+    return items, locations, [{} for _ in items]
 
 
-def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str]]:
-    items, locations = [], []
+def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
+    items, locations, columns = [], [], []
     for n, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
@@ -151,23 +155,24 @@ def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str]]
                             f"{_close(field_name, list(row))}; data.field names the field that holds the prompt")
         items.append(row[field_name])
         locations.append(f"line {n}")
-    return items, locations
+        columns.append({k: v for k, v in row.items() if k != field_name})
+    return items, locations, columns
 
 
-def _read_csv(text: str, path: str, field_name: str) -> tuple[list, list[str]]:
+def _read_csv(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
     try:
         return _read_csv_rows(text, path, field_name)
     except csv.Error as err:
         raise DataError(f"{path}: not readable as CSV ({err}); check quoting, or use a .jsonl file") from None
 
 
-def _read_csv_rows(text: str, path: str, field_name: str) -> tuple[list, list[str]]:
+def _read_csv_rows(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
     reader = csv.DictReader(io.StringIO(text, newline=""))
     columns = reader.fieldnames or []
     if field_name not in columns:
         raise DataError(f"{path}, line 1: no column `{field_name}`; the header has columns {_names(columns)}"
                         f"{_close(field_name, columns)}; data.field names the column that holds the prompt")
-    items, locations = [], []
+    items, locations, columns = [], [], []
     line = reader.line_num
     for row in reader:
         start, line = line + 1, reader.line_num
@@ -177,7 +182,8 @@ def _read_csv_rows(text: str, path: str, field_name: str) -> tuple[list, list[st
                             f"({len(row) - (None in row)} columns, the header has {len(columns)})")
         items.append(value)
         locations.append(f"line {start}")
-    return items, locations
+        columns.append({k: v for k, v in row.items() if k != field_name and k is not None})
+    return items, locations, columns
 
 
 def _lines(text: str) -> list[str]:
@@ -185,12 +191,29 @@ def _lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
-def _records(items: list, source: str, locations: list[str]) -> PromptRecords:
+def _records(items: list, source: str, locations: list[str], columns: list[dict] | None = None,
+             field_name: str = "prompt") -> PromptRecords:
+    """Checked records. Without `columns` (API, built-in sets) a dict item is a record: its `field_name` is the
+    prompt and its other keys are the columns; a file reader has taken the prompt out already (`columns` given)."""
     if not items:
         raise DataError(f"{source}: holds no prompts")
+    split = columns is None
+    columns = list(columns) if columns is not None else [{} for _ in items]
+    for i, x in enumerate(items):
+        if split and isinstance(x, dict) and not _is_message(x):
+            if field_name not in x:
+                raise DataError(f"{source}, {locations[i]}: the record has no field `{field_name}` (it has "
+                                f"{_names(x)}{_close(field_name, list(x))}); data.field names the field that holds "
+                                "the prompt, the other fields are passed to reward functions by name")
+            items[i], columns[i] = x[field_name], {k: v for k, v in x.items() if k != field_name}
     out = PromptRecords(_check_record(x, f"{source}, {loc}") for x, loc in zip(items, locations))
-    out.source, out.locations = source, locations
+    out.source, out.locations, out.columns = source, locations, columns
     return out
+
+
+def _is_message(x: dict) -> bool:
+    """A lone chat message given where a record was expected (refused by `_check_record` with its message)."""
+    return "role" in x and "content" in x and len(x) <= 3
 
 
 def _check_record(value: Any, where: str) -> Any:
@@ -232,9 +255,16 @@ class PromptSet:
     """Per prompt, the token ids the policy is conditioned on (after truncation)."""
     texts: list[str]
     """Per prompt, the decoded ids (special tokens and chat template included): what the policy sees."""
+    columns: list[dict[str, Any]] = dc_field(default_factory=list)
+    """Per prompt, the record's other fields (a reference answer, metadata), for reward functions that take them
+    by name; empty when the records had none."""
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def columns_of(self, index: Sequence[int]) -> list[dict[str, Any]]:
+        """The columns of prompts `index` (empty dicts when the set has none)."""
+        return [self.columns[i] if i < len(self.columns) else {} for i in index]
 
 
 def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfig) -> PromptSet:
@@ -282,7 +312,8 @@ def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfi
                       f"{limit} tokens (the longest has {longest}) and were cut on the left, keeping their end",
                       UserWarning, stacklevel=2)
     texts = tokenizer.batch_decode(ids_all, skip_special_tokens=False) if ids_all else []
-    return PromptSet(ids=ids_all, texts=texts)
+    columns = list(getattr(records, "columns", None) or [])
+    return PromptSet(ids=ids_all, texts=texts, columns=columns if any(columns) else [])
 
 
 def _apply_template(tokenizer: Any, messages: list[dict], where: str, wrapped: bool) -> list[int]:
@@ -425,6 +456,7 @@ def split_holdout(prompts, holdout: int, seed: int):
 
     def pick(keep):
         idx = [i for i in range(n) if (i in held) == keep]
-        return PromptSet(ids=[prompts.ids[i] for i in idx], texts=[prompts.texts[i] for i in idx])
+        return PromptSet(ids=[prompts.ids[i] for i in idx], texts=[prompts.texts[i] for i in idx],
+                         columns=prompts.columns_of(idx) if prompts.columns else [])
 
     return pick(False), pick(True)

@@ -20,6 +20,7 @@ import time
 from typing import Optional
 
 from lmppo.errors import RunLockedError, StorageError
+from lmppo.storage import reason
 
 LOCK_NAME = ".lmppo.lock"
 _held: dict[str, list[int]] = {}  # real path of the folder -> [pid that took it, fd, holders in this process]
@@ -76,7 +77,6 @@ def acquire(output_dir: str) -> str:
         os.makedirs(key, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as err:
-        from lmppo.storage import reason
 
         raise StorageError(f"could not write the run lock {path}: {reason(err, path)}") from None
     if fcntl is not None:

@@ -1,7 +1,8 @@
 """Metrics: an accumulator, trackers in a registry, and the table of sample completions.
 
 `OUTPUT_DIR/metrics.jsonl` (one JSON object per iteration) is always written and flushed each iteration, so
-a run killed at any point keeps every metric it logged. Trackers (tensorboard, wandb, trackio) are optional.
+a run killed at any point keeps every metric it logged. Trackers (tensorboard, wandb, trackio, and through
+accelerate's tracker API aim, comet_ml, mlflow, clearml, dvclive, swanlab) are optional.
 """
 
 from __future__ import annotations
@@ -147,6 +148,57 @@ class TrackioTracker(Tracker):
 
 def _cell(v: Any) -> Any:
     return v if isinstance(v, (int, float, str)) else str(v)
+
+
+ACCELERATE_TRACKERS = ("aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+"""Trackers driven through accelerate's tracker API (`accelerate.tracking.LOGGER_TYPE_TO_CLASS`). tensorboard, wandb
+and trackio, which accelerate also supports, keep the classes above: they send the sample tables as native
+tables, which accelerate's `log` cannot."""
+
+
+class AccelerateTracker(Tracker):
+    """One of accelerate's trackers, as `Accelerator.init_trackers` starts it: constructed with the run name as its
+    project (and `OUTPUT_DIR/<name>` as its folder when it needs one), `start()`, the config (flattened to dotted
+    keys) given to `store_init_configuration`; metrics through `log(values, step=episode)`, `finish()` at the end.
+    Sample tables are not sent (they are in `samples.jsonl`). Each tracker reads its own settings from its usual
+    environment variables (MLFLOW_TRACKING_URI, COMET_API_KEY, ...)."""
+
+    name = ""
+
+    def __init__(self, output_dir: str, config: dict, run_name: str):
+        from accelerate import tracking
+
+        if not getattr(tracking, f"is_{self.name}_available", lambda: True)():
+            raise ImportError(f"{self.name} is not installed", name=self.name)
+        cls = tracking.LOGGER_TYPE_TO_CLASS[self.name]
+        if getattr(cls, "requires_logging_directory", False):
+            self.tracker = cls(run_name, os.path.join(output_dir, self.name))
+        else:
+            self.tracker = cls(run_name)
+        self.tracker.start()
+        self.tracker.store_init_configuration(_flatten(config))
+
+    def log(self, metrics, step):
+        self.tracker.log({k: v for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)},
+                         step=step)
+
+    def close(self):
+        self.tracker.finish()
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """{"ppo": {"lr": 1}} -> {"ppo.lr": 1}; lists and other values as strings unless plain numbers/strings."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (bool, int, float, str)) or v is None else str(v)
+    return out
+
+
+for _name in ACCELERATE_TRACKERS:
+    register_tracker(_name)(type(f"Accelerate_{_name}_Tracker", (AccelerateTracker,), {"name": _name}))
 
 
 def make_trackers(names: list[str], output_dir: str, config: dict, run_name: str) -> list[Tracker]:

@@ -11,6 +11,7 @@ Departures from the usual HF usage, on purpose:
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 from dataclasses import dataclass
 from typing import Optional
@@ -21,6 +22,7 @@ from torch import nn
 from lmppo.assets import resolve_model
 from lmppo.config import BUILTIN_MODELS, Config, ModelConfig
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.model_files import check_model_folder, check_tokenizer_folder, loading
 
 
 def resolve_model_path(name_or_path: str) -> str:
@@ -49,7 +51,6 @@ def _check_loadable(path: str, field: str, mc: ModelConfig) -> None:
 def load_tokenizer(path: str, mc: ModelConfig):
     from transformers import AutoTokenizer
 
-    from lmppo.model_files import check_tokenizer_folder, loading
 
     check_tokenizer_folder(path, "tokenizer")  # a missing or corrupt file: one error naming it
     with loading("tokenizer", path):
@@ -62,24 +63,56 @@ def load_tokenizer(path: str, mc: ModelConfig):
     return tok
 
 
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+"""`model.dtype` -> the torch dtype the policy's weights are loaded in."""
+
+
+def check_memory_options(mc: ModelConfig, device_type: str) -> None:
+    """ConfigError, before any model is loaded, for memory options this machine cannot run: 4-bit loading
+    (bitsandbytes' CUDA kernels) off a CUDA device or without the package; flash attention off CUDA."""
+    if mc.load_in_4bit:
+        if device_type != "cuda":
+            raise ConfigError("model.load_in_4bit", True, f"4-bit QLoRA needs bitsandbytes on a CUDA GPU; this run's "
+                              f"device is {device_type} (model.dtype = bfloat16 with LoRA halves the weights' memory "
+                              "here)")
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise ConfigError("model.load_in_4bit", True, "needs the package `bitsandbytes` (pip install "
+                              "bitsandbytes)")
+    if mc.attn_implementation.startswith("flash_attention") and device_type != "cuda":
+        raise ConfigError("model.attn_implementation", mc.attn_implementation, f"runs on CUDA GPUs only; this run's "
+                          f"device is {device_type} (use `auto`, `sdpa` or `eager`)")
+
+
+def _quantization(mc: ModelConfig) -> dict:
+    """from_pretrained arguments for `model.load_in_4bit` (QLoRA: NF4, double quantisation, bf16 compute)."""
+    if not mc.load_in_4bit:
+        return {}
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                      bnb_4bit_use_double_quant=True,
+                                                      bnb_4bit_compute_dtype=torch.bfloat16)}
+
+
 def load_policy(mc: ModelConfig, path: str, dtype: torch.dtype = torch.float32):
     """The policy as an HF causal LM (wrapped in PEFT when LoRA is on), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from lmppo.model_files import check_model_folder, loading
 
     _check_loadable(path, "model.policy", mc)
     check_model_folder(path, "policy model", mc.allow_pickle)  # a missing or corrupt file: one error naming it
     with loading("policy model", path):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_load_kwargs(mc))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_load_kwargs(mc), **_quantization(mc))
     return prepare_policy(model, mc)
 
 
 def prepare_policy(model: nn.Module, mc: ModelConfig) -> nn.Module:
     """Apply LoRA if configured and put the model in eval mode (dropout off)."""
     if mc.lora.enabled and not hasattr(model, "disable_adapter"):
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
+        if getattr(model, "is_loaded_in_4bit", False):  # QLoRA: norms in fp32, inputs that carry gradients
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
         targets = mc.lora.target_modules
         lora = LoraConfig(r=mc.lora.r, lora_alpha=mc.lora.alpha, lora_dropout=mc.lora.dropout,
                           target_modules="all-linear" if targets == ["all-linear"] else targets,
@@ -150,7 +183,6 @@ def build_critic(policy: nn.Module, init_path: Optional[str], mc: ModelConfig, d
     from transformers import AutoModelForSequenceClassification
 
     if init_path is not None:
-        from lmppo.model_files import check_model_folder, loading
 
         _check_loadable(init_path, "value.init_from", mc)
         check_model_folder(init_path, "critic's initial model (value.init_from)", mc.allow_pickle)

@@ -7,7 +7,8 @@ after ``objective/scores``), x = ``episode``, runs overlaid and named by their d
 average (``SMOOTHING``), so trends are readable without hiding the noise (quantities set by lmppo itself, such as
 the KL coefficient, are drawn as they are). When a run holds ``summary.json`` (the end-of-run summary), its
 held-out measurements before and after training are drawn as two crosses, at episode 0 and at the run's last
-episode, on the panels they belong to. A ``reward/<name>`` panel that would repeat ``objective/scores`` exactly
+episode, on the panels they belong to; the held-out evaluations during training (``log.eval_every``: the
+``eval/*`` metrics) are drawn on the same panels as a dashed line with dots. A ``reward/<name>`` panel that would repeat ``objective/scores`` exactly
 (a single reward source) is left out. Lines that are not valid JSON objects (a run killed mid-write) are
 skipped and counted.
 """
@@ -49,6 +50,13 @@ NOT_SMOOTHED = ("objective/kl_coef", "lr")
 """Deterministic quantities (set by a controller or a schedule, not measured on a batch): never smoothed."""
 HELDOUT = {"objective/scores": "score", "objective/kl": "kl", "response/length_mean": "length"}
 """Panel -> field of `summary.json`'s `before` / `after` (plus every `reward/<name>`, under its own name)."""
+DURING = {"objective/scores": "eval/score", "objective/kl": "eval/kl", "response/length_mean": "eval/length"}
+"""Panel -> the `eval/*` metric of `log.eval_every` drawn on it (plus `eval/reward/<name>` on `reward/<name>`)."""
+
+
+def eval_key(panel: str) -> str | None:
+    """The held-out metric logged during training that belongs on `panel`, if any."""
+    return DURING.get(panel) or ("eval/" + panel if panel.startswith("reward/") else None)
 
 
 def read_metrics(run_dir: str) -> tuple[list[dict], int]:
@@ -219,6 +227,12 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                     (line,) = ax.plot(xs, ys, label=label, linewidth=1.3, color=color,
                                       marker="." if len(xs) < 30 else None)
                 legend.setdefault(label, line)
+                during = [(_number(row.get(X_KEY)), _number(row.get(eval_key(key) or ""))) for row in rows]
+                during = [(x, y) for x, y in during if x is not None and y is not None]
+                if during:
+                    (dots,) = ax.plot([x for x, _ in during], [y for _, y in during], linestyle="--", marker="o",
+                                      markersize=3, linewidth=1.0, color=color)
+                    legend.setdefault("held-out during training (eval/*)", dots)
                 field = HELDOUT.get(key, key if key.startswith("reward/") else None)
                 summary = summaries[r]
                 if field and summary is not None:

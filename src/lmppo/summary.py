@@ -24,8 +24,9 @@ import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from lmppo.evaluate import (PolicyEval, compare, default_judge, metric_rows, repeat_prompts, sample_and_score,
-                            sample_comparison)
+from lmppo.evaluate import (PolicyEval, compare, default_judge, metric_rows, repeat_columns, repeat_prompts,
+                            sample_and_score, sample_comparison)
+from lmppo.storage import write_json
 
 NUM_SAMPLES = 3
 """Held-out prompts shown with their response before and after training."""
@@ -68,7 +69,7 @@ def heldout_summary(trainer: Any, num_samples: int = NUM_SAMPLES,
     common = dict(tokenizer=trainer.tokenizer, sources=trainer.reward_sources, temperature=r.temperature,
                   max_new_tokens=r.max_new_tokens, stop_ids=trainer.stop_ids, seed=cfg.seed,
                   backend="hf" if r.backend == "hf" else "native", batch_size=r.forward_batch_size or r.batch_size,
-                  autocast=trainer._autocast)
+                  autocast=trainer._autocast, columns=repeat_columns(held.columns, samples_per_prompt))
     policy = trainer.policy
 
     def reference_logprobs(input_ids, attention, P, resp):
@@ -149,7 +150,6 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
 
 def write_summary(summary: dict[str, Any], path: str) -> str:
     """Write the summary as JSON (atomically: a temporary name, then renamed); returns the path."""
-    from lmppo.storage import write_json
 
     write_json(path, summary, "the summary (summary.json)", "the trained model and checkpoints are complete",
                indent=2)

@@ -26,6 +26,7 @@ from torch import nn
 from lmppo import lock
 from lmppo.assembly import Components, build_components, prompts_per_iteration
 from lmppo.batch import Rollout
+from lmppo.callbacks import callback_list
 from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
 from lmppo.config import Config
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
@@ -38,6 +39,7 @@ from lmppo.core.rewards import (RunningMoments, bootstrap_truncated, kl_penalize
 from lmppo.data import split_holdout  # noqa: F401  (re-exported: its home was here)
 from lmppo.engines import PromptBatch, SamplingEngine, build_sampling_engine
 from lmppo.errors import TrainingError
+from lmppo.heldout import sample_and_score
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers, warn_negative_kl
 from lmppo.models import PolicyOutput
 from lmppo.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
@@ -85,7 +87,8 @@ class PPOTrainer:
     addition to the config's reward sources (the config's default source is dropped when any are given);
     value_model: a decoder `*ForSequenceClassification` model (one label) used as the critic as given, its backbone
     and `score` head (needs value.mode `critic`); ref_model: the reference policy's model, used as given and frozen
-    (reference.mode `frozen`), instead of a copy of the initial policy.
+    (reference.mode `frozen`), instead of a copy of the initial policy;
+    callbacks: objects with some of the hooks of `lmppo.callbacks.Callback` (on_log, on_iteration_end, on_save, ...).
 
     Construction from the config is the assembly step (`lmppo.assembly.build_components`); `components=` takes
     ready ones instead (then `config` is `components.config` and the other objects are not used). `resuming`:
@@ -95,7 +98,8 @@ class PPOTrainer:
     def __init__(self, config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
                  prompts: Optional[Sequence] = None, reward_functions: Any = None, console: Any = None,
                  value_model: Optional[nn.Module] = None, ref_model: Optional[nn.Module] = None,
-                 resuming: bool = False, components: Optional[Components] = None):
+                 resuming: bool = False, components: Optional[Components] = None,
+                 callbacks: Optional[Sequence[Any]] = None):
         if components is None:  # the assembly step (lmppo.assembly): models, data, rewards, optimizer from config
             components = build_components(config, policy=policy, tokenizer=tokenizer, prompts=prompts,
                                           reward_functions=reward_functions, value_model=value_model,
@@ -121,6 +125,8 @@ class PPOTrainer:
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
         self.progress = ProgressDisplay()
+        self.callbacks = callback_list(callbacks)
+        self.stop_requested = False  # set by `stop()` (a callback): the loop ends after the current iteration
         if self.accelerator.is_main_process:  # the run-folder lock (taken by the assembly) is held while this lives
             weakref.finalize(self, lock.release, cfg.output_dir)
 
@@ -129,9 +135,10 @@ class PPOTrainer:
         """Run the remaining iterations; returns the metrics of every iteration."""
         cfg = self.config
         self._open_logger()
+        self.callbacks.call("on_train_begin", self)
         started = time.perf_counter() - self.train_seconds
         try:
-            while self.iteration < cfg.num_iterations:
+            while self.iteration < cfg.num_iterations and not self.stop_requested:
                 timer, stats = PhaseTimer(), MetricsAccumulator()
                 with timer("rollout"):
                     rollout = self.collect_rollout()  # 1. generate, logprobs, reference, values
@@ -150,7 +157,12 @@ class PPOTrainer:
                 self.logger.close()
                 self.logger = None
         self.save_model(os.path.join(cfg.output_dir, "final"))
+        self.callbacks.call("on_train_end", self, self.history)
         return self.history
+
+    def stop(self) -> None:
+        """End training after the current iteration (its checkpoint and the final model are written as usual)."""
+        self.stop_requested = True
 
     # ------------------------------------------------------------------ 1. rollout
     @property
@@ -205,7 +217,8 @@ class PPOTrainer:
             values=torch.where(response_mask, all_values[:, :-1], zeros), final_values=final_values,
             terminated=terminated, truncated=truncated, group_ids=group_ids,
             prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text,
-            entropy=torch.cat(entropies).clone() if entropies else None)
+            entropy=torch.cat(entropies).clone() if entropies else None,
+            prompt_columns=self.prompt_set.columns_of(index) if self.prompt_set.columns else None)
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
         """The engine of `rollout.backend` (or `name`), built from the registry (lmppo.engines) on first use."""
@@ -251,7 +264,8 @@ class PPOTrainer:
             prompt_ids = [ids[mask].tolist() for ids, mask in zip(rollout.prompt_ids.cpu(), rollout.prompt_mask.cpu())]
         result = score_rollout(self.reward_sources, rollout.prompts_text, rollout.responses_text,
                                rollout.response_ids.cpu(), rollout.response_mask.cpu(), self.tokenizer,
-                               rc.on_bad_output, terminated=rollout.terminated.cpu(), prompt_ids=prompt_ids)
+                               rc.on_bad_output, terminated=rollout.terminated.cpu(), prompt_ids=prompt_ids,
+                               columns=rollout.prompt_columns)
         token_scores = placed = result.token_scores.to(self.device, torch.float32)
         raw = token_scores.sum(1)
         mask, valid = rollout.response_mask, result.valid.to(self.device)
@@ -408,6 +422,8 @@ class PPOTrainer:
         self.iteration += 1
         self.episode += cfg.rollout.batch_size  # global: every process's responses
         metrics = self.iteration_metrics(rollout, scored, rewards, stats, timer)
+        if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
+            metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
         self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
@@ -417,12 +433,41 @@ class PPOTrainer:
         if self.logger is not None:  # the main process writes metrics, samples and the console
             self.logger.log(metrics, self.episode)
             self._print_progress(metrics)
+            self.callbacks.call("on_log", self, dict(metrics))
         if self.logger is not None and cfg.log.sample_every and cfg.log.num_samples and (
                 self.iteration % cfg.log.sample_every == 0 or self.iteration == 1):
             self.logger.log_samples(self.sample_rows(rollout, scored, rewards), self.episode,
                                     f"samples at episode {self.episode}")
-        if (cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0) or self.iteration == cfg.num_iterations:
+        self.callbacks.call("on_iteration_end", self, metrics)
+        if (cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0) or self.iteration == cfg.num_iterations \
+                or self.stop_requested:
             self.save_checkpoint()  # always after the last iteration, so a finished run can be extended
+
+    def evaluate_heldout(self) -> dict[str, float]:
+        """`eval/*`: one response per held-out prompt from the current policy, sampled on the evaluation's own
+        random streams (the training draws are untouched), scored by every source, with its KL to the reference
+        and its length (`lmppo.heldout`); {} without held-out prompts and on processes other than the main one."""
+        held, r = self.holdout_set, self.config.rollout
+        if held is None or not len(held.ids):
+            return {}
+        policy = self.policy
+
+        def reference_logprobs(input_ids, attention, P, resp):
+            return self.reference.logprobs(policy, input_ids, attention, P, resp, r.temperature)
+
+        with self.strategy.full_weights(self.actor):  # ZeRO-3: the full weights, as for the end-of-run summary
+            if not self.accelerator.is_main_process:
+                return {}
+            result = sample_and_score(policy, held.ids, held.texts, tokenizer=self.tokenizer,
+                                      sources=self.reward_sources, temperature=r.temperature,
+                                      max_new_tokens=r.max_new_tokens, stop_ids=self.stop_ids, seed=self.config.seed,
+                                      backend="hf" if r.backend == "hf" else "native",
+                                      batch_size=r.forward_batch_size or r.batch_size,
+                                      reference_logprobs=reference_logprobs, autocast=self._autocast,
+                                      columns=held.columns or None)
+        metrics = {f"eval/{k}": v for k, v in result.means().items() if v is not None}
+        self.callbacks.call("on_evaluate", self, dict(metrics))
+        return metrics
 
     def iteration_metrics(self, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards,
                           stats: MetricsAccumulator, timer: PhaseTimer) -> dict[str, float]:
@@ -505,9 +550,13 @@ class PPOTrainer:
                              value_model=unwrap(self.critic).model if self.critic is not None else None,
                              keep="the checkpoint of the last iteration is complete: free space and run "
                                   f"`lmppo train --resume {self.config.output_dir}` to write it again")
+                self.callbacks.call("on_save", self, directory)
 
     def save_checkpoint(self) -> Optional[str]:
-        return self.strategy.save_checkpoint(lambda: save_checkpoint(self))  # (not under DeepSpeed)
+        path = self.strategy.save_checkpoint(lambda: save_checkpoint(self))  # (not under DeepSpeed)
+        if path and self.accelerator.is_main_process:
+            self.callbacks.call("on_save", self, path)
+        return path
 
     # ------------------------------------------------------------------ helpers
     def _completion_text(self, ids: torch.Tensor, terminated: bool) -> str:

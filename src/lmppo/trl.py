@@ -34,7 +34,14 @@ from torch import nn
 from transformers import HfArgumentParser, TrainingArguments
 
 from lmppo.config import Config, DataConfig, field_docs
+from lmppo.data import load_prompt_records
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.hf_datasets import is_hf_dataset
+from lmppo.models import hf_model
+from lmppo.rewards import ModelSource, SourceContext
+from lmppo.rollout import left_pad
+from lmppo.sampling import response_seed, sample_native
+from lmppo.trainer import PPOTrainer as LmppoTrainer
 
 TRL_LOG_KEYS = ("eps", "objective/kl", "objective/entropy", "objective/non_score_reward", "objective/rlhf_reward",
                 "objective/scores", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
@@ -369,7 +376,6 @@ class PPOTrainer:
         from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
         from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 
-        from lmppo.rewards import ModelSource, SourceContext
 
         if not isinstance(args, TrainingArguments):
             raise LmppoError(f"args must be an lmppo.trl.PPOConfig, got a {type(args).__name__}")
@@ -517,8 +523,6 @@ class PPOTrainer:
         first 5 rows and returns every row ({"query", "model response", "score"}). `sampling`: the first batch only."""
         if self.eval_dataset is None:
             return None
-        from lmppo.rollout import left_pad
-        from lmppo.sampling import response_seed, sample_native
 
         engine, tok = self.lmppo, self.lmppo.tokenizer
         prompts = [list(r) for r in _input_ids(self.eval_dataset)]
@@ -575,7 +579,6 @@ class PPOTrainer:
 
 
 def _engine_class():
-    from lmppo.trainer import PPOTrainer as LmppoTrainer
 
     class Engine(LmppoTrainer):
         """lmppo's trainer, calling `on_iteration(metrics)` after each iteration's phase 6."""
@@ -597,8 +600,6 @@ def _Engine(*args: Any, **kwargs: Any):
 def _input_ids(dataset: Any) -> list:
     """The prompt token ids of a TRL dataset: its `input_ids` column (a `datasets.Dataset`, or any sequence of rows
     {"input_ids": [...]}), checked as every lmppo prompt source."""
-    from lmppo.data import load_prompt_records
-    from lmppo.hf_datasets import is_hf_dataset
 
     if not is_hf_dataset(dataset):
         rows = list(dataset)
@@ -622,7 +623,6 @@ def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
     """The tokenizer lmppo pads with: the one given, or a copy padding with eos when its pad id is outside the
     policy's embedding table (TRL scripts add a `[PAD]` token the model never learnt; TRL replaces padding by id 0
     before each forward pass, lmppo pads with an id the model has)."""
-    from lmppo.models import hf_model
 
     rows = hf_model(model).get_input_embeddings().weight.shape[0]
     pad = tokenizer.pad_token_id

@@ -12,6 +12,7 @@ from lmppo.rewards.sources import (  # noqa: F401  (the registry must be defined
     RewardSource,
     SourceContext,
     build_reward_sources,
+    check_source_arguments,
     import_callable,
     mask_url,
     register_reward_source,
@@ -28,6 +29,6 @@ from lmppo.rewards.placement import (  # noqa: F401,E402
 
 __all__ = [
     "REWARD_SOURCES", "FunctionSource", "HttpSource", "ModelSource", "RewardResult", "RewardSource",
-    "SourceContext", "build_reward_sources", "decode_completion", "import_callable", "mask_url",
+    "SourceContext", "build_reward_sources", "check_source_arguments", "decode_completion", "import_callable", "mask_url",
     "parse_output", "place_scores", "register_reward_source", "score_rollout", "token_char_offsets",
 ]

@@ -1,6 +1,12 @@
-"""Built-in reward functions, each ``fn(prompts, completions) -> list[float]`` (one float per completion).
+"""Built-in reward functions, each returning one float per completion.
 
 Use one as a reward source of kind `function`, e.g. ``path: lmppo.rewards.builtin:vader_sentiment``.
+
+- ``exact_match(completions, solution, **kwargs)``: a verifiable reward, TRL's keyword convention: 1.0 when the
+  completion's final answer equals the prompt's ``solution`` column, else 0.0. The final answer is what follows
+  the last ``####`` (GSM8K), else the content of the last ``\\boxed{...}`` (MATH), else the last number in the
+  text, else the whole text; numbers compare as numbers (``12``, ``12.0``, ``1,200`` = ``1200``), other text
+  after trimming, case and surrounding punctuation.
 
 - ``vader_sentiment``: VADER's compound score of the completion, in [-1, 1]. Fast, lexicon-based, easy to
   game (it rewards words like "great", "love", exclamation marks and capitals), which makes it a good first
@@ -33,7 +39,8 @@ from lmppo.errors import LmppoError, RewardError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["vader_sentiment", "minilm_sentiment", "minilm_summary", "minilm_sentiment_info", "embed"]
+__all__ = ["exact_match", "final_answer", "vader_sentiment", "minilm_sentiment", "minilm_summary",
+           "minilm_sentiment_info", "embed"]
 
 MAX_TOKENS = 256
 """MiniLM input length in word pieces (all-MiniLM-L6-v2 was trained with 256); longer text is cut."""
@@ -56,6 +63,49 @@ _PRIOR_POS = ("This movie is wonderful, I loved it.", "A great, moving and beaut
 _PRIOR_NEG = ("This movie is terrible, I hated it.", "A boring, dull and ugly film.",
               "Awful acting and a stupid story.", "I really disliked it, a waste of time.",
               "A tedious, silly and pointless comedy.", "One of the worst films of the year.")
+
+
+# ----------------------------------------------------------------------------- verifiable: exact match
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def final_answer(text: str) -> str:
+    """The final answer of a completion: after the last `####`, else inside the last `\\boxed{...}`, else the last
+    number, else the whole text (stripped)."""
+    if "####" in text:
+        return text.rsplit("####", 1)[1].strip()
+    boxed = re.findall(r"\\boxed\{([^{}]*)\}", text)
+    if boxed:
+        return boxed[-1].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else text.strip()
+
+
+def _normalize_answer(answer: str) -> str:
+    a = answer.strip().strip(" .,;:!\"'`$").lower()
+    number = _NUMBER.fullmatch(a)
+    if number:
+        try:
+            v = float(a.replace(",", ""))
+            return repr(int(v)) if v.is_integer() else repr(v)
+        except ValueError:
+            pass
+    return " ".join(a.split())
+
+
+def exact_match(completions: list[str], solution: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 where the completion's final answer (``final_answer``) equals the prompt's ``solution``, else 0.0.
+
+    Called by keyword (TRL's convention): ``solution`` is the column of that name of the prompt data."""
+    if len(solution) != len(completions):
+        raise RewardError(f"exact_match: {len(completions)} completions but {len(solution)} solutions")
+    out = []
+    for c, sol in zip(completions, solution):
+        got = _normalize_answer(final_answer(c))
+        want = _normalize_answer(final_answer(str(sol)) if isinstance(sol, str) else str(sol))
+        out.append(1.0 if got and got == want else 0.0)
+    return out
 
 
 # ----------------------------------------------------------------------------- VADER

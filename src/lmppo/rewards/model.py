@@ -23,6 +23,7 @@ from lmppo.attention import use_cpu_attention
 from lmppo.config import RewardSourceConfig
 from lmppo.errors import RewardError
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
+from lmppo.model_files import ModelFolderError, check_model_folder, check_tokenizer_folder
 
 PICKLE_EXTENSIONS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -48,7 +49,6 @@ class ModelSource(RewardSource):
                                   "run arbitrary code; convert them to safetensors or set model.allow_pickle")
             if not pickles:
                 raise RewardError(f"{where}: holds no weights (*.safetensors)")
-        from lmppo.model_files import ModelFolderError, check_model_folder, check_tokenizer_folder
 
         try:  # a missing, empty, truncated or garbage file: one error naming it
             check_model_folder(path, "reward model", ctx.allow_pickle)

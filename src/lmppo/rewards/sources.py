@@ -11,6 +11,11 @@ So a source whose ``wants_completion_ids`` is True is also given ``completion_id
 stop token included, one per entry of a per-token list. A Python function gets them when it has a parameter
 named ``completion_ids`` or a ``**kwargs`` (the name TRL's GRPOTrainer uses for the same thing).
 
+The prompt data's other columns (a reference answer, metadata: ``PromptSet.columns``) travel with each prompt; a
+source whose ``wants_columns`` is True gets them as ``columns=`` (one dict per response). How a Python function is
+called is decided from its signature (``FunctionSource``): by keyword, TRL's convention, when it has a parameter
+named ``completions`` or cannot take two positional arguments; otherwise by position, ``fn(prompts, completions)``.
+
 Kinds: ``function`` (a Python callable, here), ``model`` (``lmppo.rewards.model``), ``http``
 (``lmppo.rewards.http``). A new kind is a subclass registered with ``@register_reward_source("kind")`` whose
 constructor is ``(cfg: RewardSourceConfig, ctx: SourceContext)``.
@@ -75,6 +80,8 @@ class RewardSource:
     kind: str = ""
     wants_completion_ids: bool = False
     wants_token_ids: bool = False
+    wants_columns: bool = False
+    """Called with ``columns=``: per response, its prompt's other columns (a dict)."""
 
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         self.cfg = cfg
@@ -135,11 +142,25 @@ def default_name(cfg: RewardSourceConfig) -> str:
 
 # ----------------------------------------------------------------------------- function sources
 
+KEYWORDS = ("prompts", "completions", "completion_ids")
+"""The arguments lmppo itself provides to a reward function; every other name is a column of the prompt data."""
+
+
 @register_reward_source("function")
 class FunctionSource(RewardSource):
-    """A Python callable ``fn(prompts: list[str], completions: list[str]) -> list``, or
-    ``fn(prompts, completions, completion_ids)`` (also ``**kwargs``) to get each response's token ids (stop token
-    included), which a per-token list must match one for one.
+    """A Python callable returning one output per response. How it is called is read from its signature:
+
+    * **by keyword** (TRL's convention) when it has a parameter named ``completions``, or cannot take two
+      positional arguments (``def f(**kwargs)``): ``fn(prompts=..., completions=..., completion_ids=..., <column>=...)``
+      with each of these it names, and all of them when it has ``**kwargs``. E.g.
+      ``def accuracy(completions, solution, **kwargs)`` gets the ``solution`` column of the prompt data.
+    * **by position** otherwise: ``fn(prompts, completions)`` (``lambda p, c: ...``), plus by keyword
+      ``completion_ids`` and the columns it names (all of them with ``**kwargs``).
+
+    Every value is a list with one entry per response: ``prompts`` and ``completions`` are strings,
+    ``completion_ids`` each response's token ids (stop token included, one per entry of a per-token list), a
+    column the value of that field of the response's prompt record (None where a record lacks it). A required
+    parameter that is none of these is refused before training (``check_arguments``).
 
     ``cfg.path`` is ``module.sub:function`` (imported) or ``path/to/file.py:function`` (loaded from the file).
     """
@@ -149,7 +170,15 @@ class FunctionSource(RewardSource):
         self.fn = fn if fn is not None else import_callable(cfg.path)
         if not callable(self.fn):
             raise RewardError(f"reward function `{cfg.path or self.name}` is a {type(self.fn).__name__}, not callable")
-        self.wants_completion_ids = _accepts_keyword(self.fn, "completion_ids")
+        params, self.takes_kwargs, positional = _signature(self.fn)
+        self.by_keyword = "completions" in params or len(positional) < 2
+        if not self.by_keyword:  # its first two positional parameters take prompts and completions
+            params = {p: required for p, required in params.items() if p not in positional[:2]}
+        self.params = params
+        """Parameters given by keyword (name -> whether required)."""
+        self.wants_completion_ids = "completion_ids" in params or self.takes_kwargs
+        self.wants_columns = self.takes_kwargs or any(p not in KEYWORDS for p in params)
+        self.required = [p for p, required in params.items() if required and p not in KEYWORDS]
 
     @classmethod
     def from_callable(cls, fn: Callable, name: str = "", weight: float = 1.0,
@@ -163,21 +192,54 @@ class FunctionSource(RewardSource):
         cfg = RewardSourceConfig(kind="function", path="", name=name, weight=weight, span_placement=span_placement)
         return cls(cfg, SourceContext(), fn=fn)
 
-    def __call__(self, prompts: list[str], completions: list[str],
-                 completion_ids: list[list[int]] | None = None) -> list:
-        if self.wants_completion_ids and completion_ids is not None:
-            return self.fn(prompts, completions, completion_ids=completion_ids)
-        return self.fn(prompts, completions)
+    def check_arguments(self, column_names: Sequence[str]) -> None:
+        """RewardError when a required parameter is neither lmppo's own argument nor a column of the prompt data."""
+        missing = [p for p in self.required if p not in column_names]
+        if missing:
+            have = ", ".join(f"`{c}`" for c in column_names) or "none besides the prompt"
+            hint = difflib.get_close_matches(missing[0], list(column_names), n=1)
+            raise RewardError(f"reward function `{self.name}` takes `{missing[0]}`, which is not a column of the "
+                              f"prompt data (columns: {have})" + (f"; did you mean `{hint[0]}`?" if hint else "")
+                              + "; arguments are prompts, completions, completion_ids and the prompt data's columns "
+                              "by name (give the parameter a default, or add the field to the prompt records)")
+
+    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]] | None = None,
+                 columns: Sequence[dict] | None = None) -> list:
+        given: dict[str, Any] = {"prompts": prompts, "completions": completions}
+        if completion_ids is not None:
+            given["completion_ids"] = completion_ids
+        names = {k for row in columns or () for k in row}
+        for name in sorted(names):
+            if name not in KEYWORDS:
+                given[name] = [row.get(name) for row in columns]
+        kwargs = {k: v for k, v in given.items() if self.takes_kwargs or k in self.params}
+        if self.by_keyword:
+            return self.fn(**kwargs)
+        kwargs.pop("prompts", None), kwargs.pop("completions", None)
+        return self.fn(prompts, completions, **kwargs)
 
 
-def _accepts_keyword(fn: Callable, name: str) -> bool:
-    """Whether `fn` can be called with keyword argument `name` (a parameter of that name, or **kwargs)."""
+def _signature(fn: Callable) -> tuple[dict[str, bool], bool, list[str]]:
+    """(parameters that can be given by keyword -> whether required, takes **kwargs, the names of the parameters
+    that take positional arguments, `*` standing for *args). A callable without a signature counts as
+    ``fn(*args)``: called by position."""
     try:
-        params = inspect.signature(fn).parameters.values()
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):  # some builtins and C callables have no signature
-        return False
-    return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
-               for p in params)
+        return {}, False, ["*", "*"]
+    named = {p.name: p.default is p.empty for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    kwargs = any(p.kind is p.VAR_KEYWORD for p in params)
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        positional += ["*", "*"]
+    return named, kwargs, positional
+
+
+def check_source_arguments(sources: Sequence[RewardSource], column_names: Sequence[str]) -> None:
+    """Before training: every function source can be called with lmppo's arguments and these columns."""
+    for s in sources:
+        if isinstance(s, FunctionSource):
+            s.check_arguments(column_names)
 
 
 def import_callable(spec: str) -> Callable:
@@ -283,7 +345,8 @@ class RewardResult:
 def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], completions_text: Sequence[str],
                   response_ids: torch.Tensor, response_mask: torch.Tensor, tokenizer: Any,
                   on_bad_output: str = "error", terminated: torch.Tensor | None = None,
-                  prompt_ids: Sequence[Sequence[int]] | None = None) -> RewardResult:
+                  prompt_ids: Sequence[Sequence[int]] | None = None,
+                  columns: Sequence[dict] | None = None) -> RewardResult:
     """Call every source on the batch, check and place its outputs, and sum them with the sources' weights.
 
     ``response_ids``: (B, T) long, right-padded; ``response_mask``: (B, T) bool, True on real response tokens
@@ -292,7 +355,8 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
     through it). With ``on_bad_output="error"`` a bad output raises RewardError naming the source, the sample
     and the value; with ``"drop"`` the sample is marked invalid (all its scores 0) and counted.
     ``prompt_ids``: each prompt's token ids without padding; needed by sources that read token ids
-    (``wants_token_ids``, a reward model with ``input: tokens``).
+    (``wants_token_ids``, a reward model with ``input: tokens``). ``columns``: per response, its prompt's other
+    columns (dicts; see ``lmppo.data.PromptSet.columns``), for sources that take them (``wants_columns``).
     """
     if on_bad_output not in ON_BAD_OUTPUT:
         raise ValueError(f"on_bad_output {on_bad_output!r}: must be one of {ON_BAD_OUTPUT}")
@@ -300,6 +364,8 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
     B, T = mask.shape
     if len(prompts_text) != B or len(completions_text) != B:
         raise ValueError(f"{len(prompts_text)} prompts and {len(completions_text)} completions for {B} responses")
+    if columns is not None and len(columns) != B:
+        raise ValueError(f"{len(columns)} column rows for {B} responses")
     readers = [s.name for s in sources if s.wants_token_ids]
     if readers and (prompt_ids is None or len(prompt_ids) != B):
         raise ValueError(f"reward source `{readers[0]}` reads token ids: score_rollout needs the {B} prompts' ids "
@@ -337,15 +403,15 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         scalar = torch.zeros(B, dtype=torch.float32)
         placed.append(rows)
         scalars.append(scalar)
+        extra: dict[str, Any] = {}
+        if source.wants_token_ids:
+            extra["token_ids"] = [list(prompt_ids[i]) + ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
+        elif source.wants_completion_ids:
+            extra["completion_ids"] = [ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
+        if source.wants_columns and columns is not None:
+            extra["columns"] = [dict(row) for row in columns]  # a copy: user code cannot change the data
         try:
-            if source.wants_token_ids:
-                ids = [list(prompt_ids[i]) + ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
-                outputs = source(list(prompts_text), list(completions_text), token_ids=ids)
-            elif source.wants_completion_ids:
-                ids = [ids_cpu[i, : lengths[i]].tolist() for i in range(B)]
-                outputs = source(list(prompts_text), list(completions_text), completion_ids=ids)
-            else:
-                outputs = source(list(prompts_text), list(completions_text))
+            outputs = source(list(prompts_text), list(completions_text), **extra)
         except (Exception, SystemExit) as err:  # noqa: BLE001 - any failure of user code is reported, not re-thrown raw
             bad(source, None, f"raised {_raised(err)}", err)
             continue

@@ -1,0 +1,8 @@
+"""`python -m lmppo ...`: the `lmppo` command."""
+
+import sys
+
+from lmppo.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
