@@ -502,7 +502,7 @@ def test_http_retries_then_succeeds(server):
 
 def test_http_timeout(server):
     start = time.monotonic()
-    with pytest.raises(RewardError, match=r"/slow: no answer within 0.2 s \(timeout\)$"):
+    with pytest.raises(RewardError, match=r"/slow: no complete answer within 0.2 s \(timeout: a total deadline per request\)$"):
         http_source(server + "/slow", timeout=0.2, retries=0)(["p"], ["c"])
     assert time.monotonic() - start < 1.0
 

@@ -402,7 +402,7 @@ class Config:
     def validate(self) -> "Config":
         """Check every field and every relation between fields; raise one ConfigError or return self."""
         _check_types(self, "")
-        _check_floats(self, "")
+        _check_floats(self, "", ranges=False)  # finite first: inf and nan pass many of the checks below
         c = self
         _positive(c.total_episodes, "total_episodes")
         _in_range(c.seed, "seed", 0, 2 ** 32 - 1)
@@ -540,6 +540,7 @@ class Config:
         _non_negative(c.log.num_samples, "log.num_samples")
         _non_negative(c.checkpoint.every, "checkpoint.every")
         _positive(c.checkpoint.keep_last, "checkpoint.keep_last")
+        _check_floats(self, "")  # the sane ranges last: the specific checks above say more (`> 0`, ...)
         return self
 
     def to_dict(self) -> dict[str, Any]:
@@ -577,7 +578,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 """Allowed range of float fields (both ends included; the checks of `validate` may be stricter, e.g. > 0)."""
 
 
-def _check_floats(obj: Any, prefix: str, generic: str = "") -> None:
+def _check_floats(obj: Any, prefix: str, generic: str = "", ranges: bool = True) -> None:
     """Every float field of `obj` (sections and lists of sections included) is finite and within FLOAT_RANGES."""
     import math
 
@@ -586,15 +587,15 @@ def _check_floats(obj: Any, prefix: str, generic: str = "") -> None:
         value, tp = getattr(obj, f.name), hints[f.name]
         name, key = prefix + f.name, (generic or prefix) + f.name
         if dataclasses.is_dataclass(tp):
-            _check_floats(value, name + ".", key + ".")
+            _check_floats(value, name + ".", key + ".", ranges)
         elif typing.get_origin(tp) is list and value and dataclasses.is_dataclass(typing.get_args(tp)[0]):
             for i, item in enumerate(value):
-                _check_floats(item, f"{name}[{i}].", key + ".")
+                _check_floats(item, f"{name}[{i}].", key + ".", ranges)
         elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
                 raise ConfigError(name, value, "must be a finite number")
             low, high = FLOAT_RANGES.get(key, (-math.inf, math.inf))
-            if not low <= value <= high:
+            if ranges and not low <= value <= high:
                 raise ConfigError(name, value, f"must be within [{low:g}, {high:g}]")
 
 def _one_of(value: Any, name: str, allowed: tuple) -> None:

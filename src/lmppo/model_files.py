@@ -51,6 +51,13 @@ def _json_file(what: str, folder: str, name: str) -> dict:
     return data
 
 
+def check_json_file(folder: str, name: str, what: str = "model") -> None:
+    """`folder/name` exists and holds a JSON object (ModelFolderError naming the folder and the file otherwise)."""
+    if not os.path.isfile(os.path.join(folder, name)):
+        raise _bad(what, folder, name, "is missing")
+    _json_file(what, folder, name)
+
+
 def check_safetensors(what: str, folder: str, name: str) -> None:
     """`folder/name` is a complete safetensors file: its header parses and the file is as long as it says."""
     path = os.path.join(folder, name)

@@ -23,7 +23,7 @@ from lmppo.attention import use_cpu_attention
 from lmppo.config import RewardSourceConfig
 from lmppo.errors import RewardError
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
-from lmppo.model_files import ModelFolderError, check_model_folder, check_tokenizer_folder
+from lmppo.model_files import ModelFolderError, check_json_file, check_model_folder, check_tokenizer_folder
 
 PICKLE_EXTENSIONS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -50,9 +50,8 @@ class ModelSource(RewardSource):
             if not pickles:
                 raise RewardError(f"{where}: holds no weights (*.safetensors)")
 
-        try:  # a missing, empty, truncated or garbage file: one error naming it
-            check_model_folder(path, "reward model", ctx.allow_pickle)
-            check_tokenizer_folder(path, "reward model's tokenizer")
+        try:  # a missing or invalid config.json: one error naming it
+            check_json_file(path, "config.json", "reward model")
         except ModelFolderError as err:
             raise RewardError(str(err)) from None
         try:
@@ -62,6 +61,11 @@ class ModelSource(RewardSource):
         if getattr(mcfg, "num_labels", None) != 1:
             raise RewardError(f"{where}: has {getattr(mcfg, 'num_labels', '?')} labels; a reward model must have "
                               "exactly one (num_labels=1, one score per text)")
+        try:  # a missing, empty, truncated or garbage file: one error naming it
+            check_model_folder(path, "reward model", ctx.allow_pickle)
+            check_tokenizer_folder(path, "reward model's tokenizer")
+        except ModelFolderError as err:
+            raise RewardError(str(err)) from None
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=ctx.trust_remote_code)
         except Exception as err:
