@@ -44,6 +44,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
+from lmppo import storage  # noqa: E402  (after the path set-up)
+
 WALL_CLOCK = ("eps", "tokens_per_s")
 REWARD = "def length(prompts, completions):\n    return [len(c) / 20.0 for c in completions]\n"
 PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed", "a critic said",
@@ -155,15 +157,6 @@ def outcome(out: str, iterations: int) -> dict:
             continue
         rows.append({k: v for k, v in row.items() if k not in WALL_CLOCK and not k.startswith("time/")})
     return {"weights": h.hexdigest(), "rows": rows, "torn": torn}
-
-
-def temporaries(folder: str) -> list[str]:
-    left = []
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            if ".tmp" in name or ".old-" in name or ".del-" in name:
-                left.append(os.path.join(root, name))
-    return left
 
 
 def stderr_lines(log: str) -> list[str]:
@@ -313,7 +306,7 @@ def disk_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
                 else:
                     key = re.sub(r"iteration \d+", "iteration N", lines[0].split(" to ")[0])
                     stats["messages"][key] = stats["messages"].get(key, 0) + 1
-                left = temporaries(out)
+                left = storage.temporaries(out)
                 stats["no_temporaries"] += not left
                 if left:
                     stats["failures"].append(f"disk trial {trial}: left {left}")

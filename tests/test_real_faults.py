@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 import lmppo.checkpoint as checkpoint_module
+import lmppo.storage as storage
 import lmppo.trainer as trainer_module
 from lmppo.cli import main
 from train_worker import read_jsonl
@@ -115,15 +116,6 @@ def fill_after_checkpoint(monkeypatch, disk: str, at_iteration: int, leave, pad:
     return state
 
 
-def no_temporaries(folder: str) -> list[str]:
-    left = []
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            if ".tmp" in name or ".old-" in name or ".del-" in name:
-                left.append(os.path.join(root, name))
-    return left
-
-
 def assert_whole_lines(path: str) -> list[dict]:
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
@@ -162,7 +154,7 @@ def test_full_disk_during_a_real_checkpoint_write(tmp_path, tiny_model_dir, smal
     root = os.path.join(out, "checkpoints")
     assert_one_clean_line(code, err, "could not write the checkpoint of iteration 2", root, "the disk is full",
                           "iter-00000001 is intact", f"lmppo train --resume {out}")
-    assert sorted(os.listdir(root)) == ["iter-00000001"] and no_temporaries(out) == []
+    assert sorted(os.listdir(root)) == ["iter-00000001"] and storage.temporaries(out) == []
     monkeypatch.undo()
     os.unlink(os.path.join(small_disk, "filler"))
     resume_to_the_end(out, capsys)
@@ -180,7 +172,7 @@ def test_full_disk_while_appending_metrics_leaves_no_torn_line(tmp_path, tiny_mo
     rows = assert_whole_lines(os.path.join(out, "metrics.jsonl"))  # iteration 2's row: not written at all
     assert [r.get("iteration") for r in rows] == [1, None]
     assert_whole_lines(os.path.join(out, "samples.jsonl"))
-    assert no_temporaries(out) == []
+    assert storage.temporaries(out) == []
     monkeypatch.undo()
     os.unlink(os.path.join(small_disk, "filler"))
     resume_to_the_end(out, capsys)
@@ -192,7 +184,7 @@ def test_full_disk_while_writing_the_final_model(tmp_path, tiny_model_dir, small
     code, err = run_cli(["train", base_config(tmp_path, tiny_model_dir, out)], capsys)
     assert_one_clean_line(code, err, "could not write the trained model", os.path.join(out, "final"),
                           "the disk is full", "checkpoint of the last iteration is complete")
-    assert not os.path.exists(os.path.join(out, "final")) and no_temporaries(out) == []
+    assert not os.path.exists(os.path.join(out, "final")) and storage.temporaries(out) == []
     monkeypatch.undo()
     os.unlink(os.path.join(small_disk, "filler"))
     resume_to_the_end(out, capsys)
@@ -203,7 +195,7 @@ def test_full_disk_at_the_start_names_the_config(tmp_path, tiny_model_dir, small
     fill(small_disk, 0)
     code, err = run_cli(["train", base_config(tmp_path, tiny_model_dir, out)], capsys)
     assert_one_clean_line(code, err, out, "the disk is full")
-    assert no_temporaries(small_disk) == []
+    assert storage.temporaries(small_disk) == []
 
 
 # ----------------------------------------------------------------------------- a file-size limit (no mount needed)

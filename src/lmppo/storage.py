@@ -142,6 +142,17 @@ def temp_name(path: str, kind: str = "tmp") -> str:
     return os.path.join(parent, f".{name}.{kind}-{uuid.uuid4().hex[:8]}")
 
 
+def temporaries(folder: str) -> list[str]:
+    """Every temporary of this layer below `folder` (`temp_name`'s `.tmp-`, `.old-`, `.del-` names, and the
+    checkpoint writer's `.tmp` folders): none is left after a write that finished or failed, only after a kill."""
+    left = []
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            if ".tmp" in name or ".old-" in name or ".del-" in name:
+                left.append(os.path.join(root, name))
+    return left
+
+
 def publish(tmp: str, final_path: str) -> None:
     """Flush folder or file `tmp` and rename it to `final_path`, replacing an older one of that name (the older
     one is renamed aside first, so some complete version exists under a known name at every moment)."""
