@@ -53,6 +53,15 @@ def test_explicit_field_and_a_missing_column():
         load_prompt_records(DataConfig(), datasets.Dataset.from_dict({"question": ["a"]}))
 
 
+def test_the_other_columns_travel_with_each_prompt(tmp_path):
+    ds = datasets.Dataset.from_dict({"prompt": ["1 + 2 =", "3 + 4 ="], "solution": ["3", "7"], "level": [1, 2]})
+    records = load_prompt_records(DataConfig(), ds)
+    assert list(records) == ["1 + 2 =", "3 + 4 ="]
+    assert records.columns == [{"solution": "3", "level": 1}, {"solution": "7", "level": 2}]
+    ds.save_to_disk(str(tmp_path / "ds"))  # the same from a save_to_disk folder
+    assert load_prompt_records(DataConfig(prompts=str(tmp_path / "ds")), None).columns == records.columns
+
+
 def test_dataset_dict_and_bad_rows_are_refused():
     dd = datasets.DatasetDict({"train": text_ds(), "test": text_ds()})
     with pytest.raises(DataError, match=r"DatasetDict with splits `train`, `test`; give one split"):

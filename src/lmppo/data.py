@@ -86,8 +86,8 @@ def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = No
 def _load_dataset(ds: Any, data_cfg: DataConfig, source: str) -> PromptRecords:
     """Records of a Hugging Face dataset's prompt column (``lmppo.hf_datasets``)."""
 
-    items, locations, column = dataset_records(ds, data_cfg.field, source)
-    return _records(items, f"{source}, column `{column}`", locations)
+    items, locations, column, columns = dataset_records(ds, data_cfg.field, source)
+    return _records(items, f"{source}, column `{column}`", locations, columns)
 
 
 def _load_file(path: str, data_cfg: DataConfig) -> PromptRecords:

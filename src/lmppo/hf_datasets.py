@@ -86,8 +86,9 @@ def load_dataset_path(path: str, fmt: str) -> Any:
     return loaded
 
 
-def dataset_records(ds: Any, field: str, source: str) -> tuple[list, list[str], str]:
-    """(records, locations, column) of the prompt column of dataset `ds` (`source` names it in messages)."""
+def dataset_records(ds: Any, field: str, source: str) -> tuple[list, list[str], str, list[dict]]:
+    """(records, locations, column, columns) of dataset `ds`: the prompt column's values, and for each row its
+    other columns by name (they reach the reward functions that ask for them; `source` names `ds` in messages)."""
     datasets = import_datasets()
     if isinstance(ds, datasets.DatasetDict):
         raise DataError(f"{source} is a DatasetDict with splits {_names(list(ds))}; give one split "
@@ -111,7 +112,9 @@ def dataset_records(ds: Any, field: str, source: str) -> tuple[list, list[str], 
     if not isinstance(values, list):  # datasets >= 4 returns a lazy Column
         values = list(values)
     items = [_plain(v) for v in values]
-    return items, [f"row {i}" for i in range(len(items))], column
+    others = {name: ds[name] for name in columns if name != column}
+    rows = [{name: _plain(vals[i]) for name, vals in others.items()} for i in range(len(items))]
+    return items, [f"row {i}" for i in range(len(items))], column, rows
 
 
 def _plain(value: Any) -> Any:
