@@ -92,10 +92,14 @@ class HttpSource(RewardSource):
         worker.start()
         worker.join(self.timeout)
         if worker.is_alive():  # left behind: its socket timeout ends it; a daemon thread never blocks the exit
-            raise _Retryable(f"no complete answer within {self.timeout:g} s (timeout: a total deadline per request)")
+            raise _Retryable(self._timed_out())
         if "error" in box:
             raise box["error"]
         return box["answer"]
+
+    def _timed_out(self) -> str:
+        """One message whichever clock ran out first: the total deadline, or the socket's own timeout."""
+        return f"no complete answer within {self.timeout:g} s (timeout: a total deadline per request)"
 
     def _post_once(self, body: bytes) -> list:
         request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
@@ -116,12 +120,12 @@ class HttpSource(RewardSource):
         except urllib.error.URLError as err:
             reason = err.reason
             if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise _Retryable(f"no answer within {self.timeout:g} s (timeout)") from None
+                raise _Retryable(self._timed_out()) from None
             if isinstance(reason, ConnectionRefusedError):
                 raise _Retryable("connection refused (is the server running, on that port?)") from None
             raise _Retryable(f"cannot connect: {reason}") from None
         except (socket.timeout, TimeoutError):
-            raise _Retryable(f"no answer within {self.timeout:g} s (timeout)") from None
+            raise _Retryable(self._timed_out()) from None
         except ConnectionError as err:
             raise _Retryable(f"connection failed: {type(err).__name__}: {err}") from None
         except http.client.HTTPException as err:  # a malformed or cut-off status line or headers
