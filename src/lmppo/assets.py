@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -201,8 +202,9 @@ def _convert_gguf(gguf: Path, out: Path, signature: dict) -> None:
     start = time.perf_counter()
     folder, fname = str(gguf.parent), gguf.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
-                                                 local_files_only=True)
+    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own per-tensor tqdm bar: nothing to act on
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32,
+                                                     local_files_only=True)
     # The weights are dequantised already; drop the GGUF quantizer so the folder saves and loads as plain fp32.
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None
