@@ -283,15 +283,17 @@ def test_second_process_is_refused_while_a_run_holds_the_folder_and_a_dead_holde
     cfg = gated_config(tmp_path, tiny_model_dir, out)
     gate = str(tmp_path / "gate")
     first = cli_process(["train", cfg], GATE=gate)
-    wait_for_file(gate + ".reached", first)  # iteration 1 checkpointed, iteration 2 under way
-    second, resumed = cli_process(["train", cfg, "--overwrite", "true"]), cli_process(["train", "--resume", out])
-    for proc in (second, resumed):
-        code, lines = finish(proc)
-        assert code == 2 and len(lines) == 1, lines
-        assert lines[0].startswith(f"error: output_dir {out} is in use by process {first.pid} on host "), lines
-    assert first.poll() is None
-    first.send_signal(signal.SIGKILL)  # the holder dies: its lock is stale
-    first.wait(timeout=60)
+    try:
+        wait_for_file(gate + ".reached", first)  # iteration 1 checkpointed, iteration 2 under way
+        second, resumed = cli_process(["train", cfg, "--overwrite", "true"]), cli_process(["train", "--resume", out])
+        for proc in (second, resumed):
+            code, lines = finish(proc)
+            assert code == 2 and len(lines) == 1, lines
+            assert lines[0].startswith(f"error: output_dir {out} is in use by process {first.pid} on host "), lines
+        assert first.poll() is None
+    finally:  # the holder waits at its gate for ever: it dies here, whatever the assertions said
+        first.send_signal(signal.SIGKILL)  # the holder dies: its lock is stale
+        first.wait(timeout=60)
     assert [r["iteration"] for r in read_jsonl(os.path.join(out, "metrics.jsonl"))] == [1]
     code, lines = finish(cli_process(["train", "--resume", out]))
     assert code == 0, lines
