@@ -58,7 +58,9 @@ import warnings
 from typing import Any, Callable, Optional, Sequence
 
 import lmppo.config as config_module
-from lmppo import lock, ownership, storage
+import lmppo.lock as lock
+import lmppo.ownership as ownership
+import lmppo.storage as storage
 from lmppo.config import Config, apply_override, from_dict, load_config
 from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
 from lmppo.optim import lr_factor

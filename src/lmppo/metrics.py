@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from lmppo import storage
+import lmppo.storage as storage
 from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
 

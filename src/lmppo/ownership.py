@@ -13,7 +13,7 @@ import json
 import os
 import re
 
-from lmppo import storage
+import lmppo.storage as storage
 
 OWNED = ".lmppo-owned.json"
 ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "checkpoints", "final", "tensorboard", "summary.json", "config.yaml")

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from lmppo import lock
+import lmppo.lock as lock
 from lmppo.assembly import Components, build_components, prompts_per_iteration
 from lmppo.batch import Rollout
 from lmppo.callbacks import callback_list
