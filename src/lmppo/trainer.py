@@ -439,6 +439,8 @@ class PPOTrainer:
             self.logger.log_samples(self.sample_rows(rollout, scored, rewards), self.episode,
                                     f"samples at episode {self.episode}")
         self.callbacks.call("on_iteration_end", self, metrics)
+        # a callback may have called stop() on one process only (on_log runs on the main one): all agree
+        self.stop_requested = bool(self.strategy.process_max(torch.tensor(float(self.stop_requested))))
         if (cfg.checkpoint.every and self.iteration % cfg.checkpoint.every == 0) or self.iteration == cfg.num_iterations \
                 or self.stop_requested:
             self.save_checkpoint()  # always after the last iteration, so a finished run can be extended

@@ -21,6 +21,7 @@ prompts are always left-padded; the random streams differ, so one seed does not 
 (TRL 1.12's), so a script's ``from trl import ...`` line can point here as well when TRL is not installed.
 """
 
+import copy
 import dataclasses
 import math
 import os
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from transformers import HfArgumentParser, TrainingArguments
+from transformers import HfArgumentParser, TrainerState, TrainingArguments
 
 from lmppo.config import Config, DataConfig, field_docs
 from lmppo.data import load_prompt_records
@@ -350,15 +351,10 @@ class PolicyAndValueWrapper(nn.Module):
         self.value_model = value_model
 
 
-def _online_state_class():
-    from transformers import TrainerState
-
-    @dataclass
-    class OnlineTrainerState(TrainerState):
-        """TRL's trainer state: TrainerState plus the episode counter."""
-        episode: int = 0
-
-    return OnlineTrainerState
+@dataclass
+class OnlineTrainerState(TrainerState):
+    """TRL's trainer state: TrainerState plus the episode counter."""
+    episode: int = 0
 
 
 class PPOTrainer:
@@ -452,7 +448,7 @@ class PPOTrainer:
                                                 self.optimizer, self.lr_scheduler)
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.control = TrainerControl()
-        self.state = _online_state_class()(
+        self.state = OnlineTrainerState(
             is_local_process_zero=self.accelerator.is_local_main_process,
             is_world_process_zero=self.accelerator.is_main_process,
             stateful_callbacks=[cb for cb in self.callback_handler.callbacks + [self.control]
@@ -578,23 +574,16 @@ class PPOTrainer:
         return self.lmppo.history
 
 
-def _engine_class():
+class _Engine(LmppoTrainer):
+    """lmppo's trainer, calling `on_iteration(metrics)` after each iteration's phase 6 (its checkpoint included, so
+    TRL's `on_save` callbacks come after the files exist, as in TRL)."""
 
-    class Engine(LmppoTrainer):
-        """lmppo's trainer, calling `on_iteration(metrics)` after each iteration's phase 6."""
+    on_iteration = None
 
-        on_iteration = None
-
-        def finish_iteration(self, *args: Any, **kwargs: Any) -> None:
-            super().finish_iteration(*args, **kwargs)
-            if self.on_iteration is not None:
-                self.on_iteration(self.history[-1])
-
-    return Engine
-
-
-def _Engine(*args: Any, **kwargs: Any):
-    return _engine_class()(*args, **kwargs)
+    def finish_iteration(self, *args: Any, **kwargs: Any) -> None:
+        super().finish_iteration(*args, **kwargs)
+        if self.on_iteration is not None:
+            self.on_iteration(self.history[-1])
 
 
 def _input_ids(dataset: Any) -> list:
@@ -628,8 +617,6 @@ def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
     pad = tokenizer.pad_token_id
     if pad is not None and pad < rows:
         return tokenizer
-    import copy
-
     if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= rows:
         raise ConfigError("processing_class", type(tokenizer).__name__, f"pad token id {pad} is outside the policy's "
                           f"{rows} embeddings and there is no eos token to pad with instead")
