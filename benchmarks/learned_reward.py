@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -349,7 +350,9 @@ def collect() -> list[dict]:
         r = json.loads(path.read_text())
         trained, _ = _per_prompt(path.parent)
         name = path.parent.name if path.parent.parent == RUNS else f"{path.parent.parent.name}/{path.parent.name}"
+        by_prompt, start_by_prompt = _by_prompt(path.parent)
         points.append({"name": name, "side": r["side"], "settings": r["settings"], "result": r,
+                       "by_prompt": by_prompt, "start_by_prompt": start_by_prompt,
                        "kl": r["heldout"]["trained"]["kl"], "rm": r["heldout"]["trained"]["reward/rm"],
                        "rm_se": _bootstrap_se(trained)})
     return points
@@ -363,6 +366,79 @@ def _interpolate(points: list[dict], kl: float) -> tuple[float, float] | None:
             w = (kl - a["kl"]) / max(b["kl"] - a["kl"], 1e-9)
             return (1 - w) * a["rm"] + w * b["rm"], ((1 - w) * a["rm_se"] ** 2 + w * b["rm_se"] ** 2) ** 0.5
     return None
+
+
+def _seed(name: str) -> int | None:
+    match = re.search(r"-s(\d+)(/|$)", name)
+    return int(match.group(1)) if match else None
+
+
+def _by_prompt(result_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """Per held-out prompt: the mean reward-model score of the trained policy's samples, and of the start policy's."""
+    ev = json.loads((result_dir / "eval.json").read_text())
+    by: dict[str, list] = {}
+    for s in ev["samples"]:
+        by.setdefault(s["prompt"], []).append((s["trained_scores"]["rm"], s["start_scores"]["rm"]))
+    return ({k: sum(t for t, _ in g) / len(g) for k, g in by.items()},
+            {k: sum(b for _, b in g) / len(g) for k, g in by.items()})
+
+
+def _curve_at(points: list[tuple[float, dict[str, float]]], kl: float) -> dict[str, float] | None:
+    """A policy family's per-prompt scores at held-out KL `kl`, linear in sqrt(KL) between the two points around
+    it (Gao et al.'s d = sqrt(KL) is the natural axis of reward against KL); None outside the points' range."""
+    pts = sorted(points, key=lambda x: x[0])
+    for (ka, ra), (kb, rb) in zip(pts, pts[1:]):
+        if ka <= kl <= kb:
+            w = (kl**0.5 - ka**0.5) / max(kb**0.5 - ka**0.5, 1e-9)
+            return {k: (1 - w) * ra[k] + w * rb[k] for k in ra}
+    return None
+
+
+def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)) -> list[str]:
+    """lmppo against TRL at the same held-out KL, paired by seed and by held-out prompt.
+
+    Each side's curve for a seed: the start policy (KL 0), then its points (lmppo: the runs of every KL target and
+    their interpolations toward the start; TRL: the saved trajectory of each TRL run, one curve per run, the best
+    TRL run at each KL kept). Both sides are read on the same held-out prompts (the seed fixes the split), so the
+    difference is taken per prompt; its noise is the larger of the bootstrap SE over all prompts of all seeds and
+    (with two or more seeds) the standard error of the per-seed mean differences."""
+    seeds = sorted({s for s in (_seed(p["name"]) for p in points) if s is not None})
+    start = {}
+    for p in points:
+        start.setdefault(_seed(p["name"]), (0.0, p["start_by_prompt"]))
+    lines = ["", "frontier at fixed held-out KL: held-out reward-model score, lmppo minus TRL (paired by seed and prompt)",
+             "| KL | " + " | ".join(f"seed {s}: lmppo / TRL" for s in seeds) + " | mean difference | noise (SE) |"
+             " beyond 2 SE |", "|---|" + "---|" * (len(seeds) + 3)]
+    for kl in kls:
+        cells, per_seed, per_prompt = [], [], []
+        for seed in seeds:
+            mine = [(p["kl"], p["by_prompt"]) for p in points
+                    if p["side"].startswith("lmppo") and _seed(p["name"]) == seed]
+            lm = _curve_at(mine + [start[seed]], kl) if mine else None
+            runs: dict[str, list] = {}
+            for p in points:
+                if p["side"] == "trl" and _seed(p["name"]) == seed:
+                    runs.setdefault(p["name"].split("/")[0], []).append((p["kl"], p["by_prompt"]))
+            curves = [c for c in (_curve_at(r + [start[seed]], kl) for r in runs.values()) if c is not None]
+            trl = max(curves, key=lambda c: sum(c.values()), default=None)
+            mean = (lambda c: sum(c.values()) / len(c))
+            cells.append(("-" if lm is None else f"{mean(lm):.2f}") + " / " + ("-" if trl is None else f"{mean(trl):.2f}"))
+            if lm is not None and trl is not None:
+                diff = [lm[k] - trl[k] for k in lm]
+                per_prompt += diff
+                per_seed.append(sum(diff) / len(diff))
+        if not per_seed:
+            lines.append(f"| {kl:g} | " + " | ".join(cells) + " | - | - | - |")
+            continue
+        mean_diff = sum(per_prompt) / len(per_prompt)
+        within = _bootstrap_se(per_prompt)
+        between = ((sum((d - mean_diff) ** 2 for d in per_seed) / (len(per_seed) - 1)) ** 0.5 / len(per_seed) ** 0.5
+                   if len(per_seed) > 1 else 0.0)
+        noise = max(within, between)
+        verdict = ("yes" if abs(mean_diff) > 2 * noise else "no") + ("" if len(per_seed) > 1 else " (one seed)")
+        lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean_diff:+.3f} ({len(per_seed)} seeds) | {noise:.3f} "
+                     f"| {verdict} |")
+    return lines
 
 
 def report(_args) -> None:
@@ -381,8 +457,9 @@ def report(_args) -> None:
         lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | {at[0]:.2f} ({at[1]:.2f}) "
                      f"| {diff:+.2f} ({se:.2f}) |")
     print("\n".join(lines))
+    print("\n".join(frontier_table(points)))
     (CACHE / "report.json").write_text(json.dumps(
-        [{k: v for k, v in p.items() if k != "result"} | {"judge": p["result"]["judge"]} for p in points], indent=1))
+        [{k: v for k, v in p.items() if k not in ("result", "by_prompt", "start_by_prompt")} | {"judge": p["result"]["judge"]} for p in points], indent=1))
     _plot(points, CACHE / "frontier.png")
     print(f"wrote {CACHE / 'report.json'} and {CACHE / 'frontier.png'}")
 
