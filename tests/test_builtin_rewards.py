@@ -106,3 +106,49 @@ def test_importing_the_module_loads_no_heavy_package():
             "if m in sys.modules and m not in before))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _fake_embed(table):
+    """embed() replaced by a lookup of hand-picked unit vectors (the formula is under test, not MiniLM)."""
+    import torch
+
+    return lambda texts, batch_size=64: torch.tensor([table[t] for t in texts], dtype=torch.float32)
+
+
+def test_minilm_relevance_hand_worked(monkeypatch):
+    table = {"A": (1.0, 0.0), "B": (0.0, 1.0), "C": (0.6, 0.8), "x": (1.0, 0.0), "y": (0.6, 0.8)}
+    monkeypatch.setattr(builtin, "embed", _fake_embed(table))
+    # x under A: cos 1 with A, 0 with B, 0.6 with C -> 1 - (0 + 0.6) / 2 = 0.7
+    # y under B: cos 0.6 with A, 0.8 with B, 1.0 with C -> 0.8 - (0.6 + 1.0) / 2 = 0.0
+    # y under C (a chat-marked prompt is read without its markers): 1.0 - (0.6 + 0.8) / 2 = 0.3
+    got = builtin.minilm_relevance(["A", "B", "<|im_start|>userC", "A"], ["x", "y", "y", "x"])
+    assert got == pytest.approx([0.7, 0.0, 0.3, 0.7], abs=1e-6)
+    assert builtin.minilm_relevance(["A", "A"], ["x", "y"]) == [0.0, 0.0]  # one distinct prompt: no gap defined
+    assert builtin.minilm_relevance([], []) == []
+
+
+def test_minilm_self_similarity_hand_worked(monkeypatch):
+    table = {"c1": (1.0, 0.0), "c2": (0.6, 0.8), "c3": (0.0, 1.0)}
+    monkeypatch.setattr(builtin, "embed", _fake_embed(table))
+    # c1 and c2 answer prompt A, c3 prompt B; same-prompt pairs are left out:
+    # c1: cos(c1, c3) = 0; c2: cos(c2, c3) = 0.8; c3: (cos(c3, c1) + cos(c3, c2)) / 2 = 0.4
+    got = builtin.minilm_self_similarity(["A", "A", "B"], ["c1", "c2", "c3"])
+    assert got == pytest.approx([0.0, 0.8, 0.4], abs=1e-6)
+    assert builtin.minilm_self_similarity(["A", "A"], ["c1", "c2"]) == [0.0, 0.0]
+    with pytest.raises(RewardError, match="2 prompts but 1 completions"):
+        builtin.minilm_self_similarity(["A", "B"], ["c1"])
+
+
+@needs_minilm
+def test_hacking_checks_see_drift_and_collapse_with_real_minilm():
+    prompts = ["The pasta at this little Italian restaurant", "My new laptop's battery life",
+               "The hiking trail up the mountain", "This science-fiction novel's plot"]
+    on_topic = ["was fresh, rich and perfectly cooked.", "lasts about ten hours on a single charge.",
+                "climbs steeply through pine forest to a rocky summit.", "follows a crew stranded near a dying star."]
+    collapsed = ["is a wonderful, wonderful experience for everyone."] * 4
+    gap_on = builtin.minilm_relevance(prompts, on_topic)
+    gap_off = builtin.minilm_relevance(prompts, collapsed)
+    assert min(gap_on) > 0.1 and max(gap_off) < min(gap_on)
+    sim_on = builtin.minilm_self_similarity(prompts, on_topic)
+    sim_off = builtin.minilm_self_similarity(prompts, collapsed)
+    assert sim_off == pytest.approx([1.0] * 4, abs=1e-5) and max(sim_on) < 0.5

@@ -15,6 +15,10 @@ Use one as a reward source of kind `function`, e.g. ``path: lmppo.rewards.builti
   regression on all-MiniLM-L6-v2 sentence embeddings trained on 200 labelled movie-review sentences. It shares
   no lexicon with VADER, so evaluate a VADER-trained policy with it: VADER going up while this judge stays flat
   is reward hacking.
+- ``minilm_relevance`` and ``minilm_self_similarity``: reward-hacking checks to log with weight 0. The first is
+  how much closer a completion is to its own prompt than to the other prompts of the batch (it falls toward 0 as
+  completions drift off-topic), the second how similar a completion is to the completions of other prompts (it
+  rises as completions collapse onto one phrasing).
 - ``minilm_summary``: for ``builtin:news``: cosine similarity between the MiniLM embeddings of the article
   (the prompt) and the completion, minus a penalty for very short completions.
 
@@ -40,7 +44,7 @@ from lmppo.errors import LmppoError, RewardError
 log = logging.getLogger(__name__)
 
 __all__ = ["exact_match", "final_answer", "vader_sentiment", "minilm_sentiment", "minilm_summary",
-           "minilm_sentiment_info", "embed"]
+           "minilm_sentiment_info", "minilm_relevance", "minilm_self_similarity", "embed"]
 
 MAX_TOKENS = 256
 """MiniLM input length in word pieces (all-MiniLM-L6-v2 was trained with 256); longer text is cut."""
@@ -297,6 +301,53 @@ def minilm_summary(prompts: list[str], completions: list[str]) -> list[float]:
         penalty = SUMMARY_SHORT_PENALTY * max(0.0, 1.0 - words / SUMMARY_MIN_WORDS)
         out.append(float(cos) - penalty)
     return out
+
+
+# ----------------------------------------------------------------------------- reward-hacking checks (judges)
+
+def minilm_relevance(prompts: list[str], completions: list[str]) -> list[float]:
+    """Prompt-relevance gap of each completion: cos(completion, its prompt) minus the mean cos(completion, q) over
+    the call's other distinct prompts q (MiniLM embeddings, chat-template markers removed), roughly in [-1, 1].
+
+    About 0.1 for an on-topic base model; it falls toward 0 when completions drift into text that fits any prompt,
+    a common way a learned reward is over-optimised. Relative to the call's prompts: 0.0 for every completion
+    when the call has a single distinct prompt. Log it with weight 0 (a judge, never trained on)."""
+    _check(prompts, completions, "minilm_relevance")
+    if not completions:
+        return []
+    import torch
+
+    unique = sorted(set(prompts))
+    if len(unique) < 2:
+        return [0.0] * len(completions)
+    p = embed([_CHAT_MARK.sub(" ", x).strip() for x in unique])  # (P, 384), unit rows
+    c = embed(completions)  # (N, 384)
+    sim = c @ p.T  # (N, P)
+    own = torch.tensor([unique.index(x) for x in prompts])
+    mine = sim[torch.arange(len(completions)), own]
+    others = (sim.sum(1) - mine) / (len(unique) - 1)
+    return (mine - others).tolist()
+
+
+def minilm_self_similarity(prompts: list[str], completions: list[str]) -> list[float]:
+    """Mean cos(completion, c) over the call's completions c of other prompts (MiniLM embeddings), in [-1, 1].
+
+    About 0.1 for a base model on varied prompts; it rises toward 1 when completions collapse onto one phrasing
+    whatever the prompt (mode collapse under an over-optimised reward). Completions of the same prompt are left
+    out, so several samples per prompt do not raise it. 0.0 for every completion when the call has a single
+    distinct prompt. Log it with weight 0 (a judge, never trained on)."""
+    _check(prompts, completions, "minilm_self_similarity")
+    if not completions:
+        return []
+    import torch
+
+    if len(set(prompts)) < 2:
+        return [0.0] * len(completions)
+    c = embed(completions)  # (N, 384), unit rows
+    ids = {x: i for i, x in enumerate(sorted(set(prompts)))}
+    group = torch.tensor([ids[x] for x in prompts])
+    other = (group[:, None] != group[None, :]).float()  # (N, N): 1 where the two prompts differ
+    return ((c @ c.T * other).sum(1) / other.sum(1)).tolist()
 
 
 # ----------------------------------------------------------------------------- checks
