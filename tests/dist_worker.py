@@ -22,6 +22,17 @@ def length_reward(prompts, completions):
     return [len(c) / 20.0 for c in completions]
 
 
+class StopOnMainProcess:
+    """STOP_AFTER=N: on_log (which runs on the main process only) calls stop() after iteration N."""
+
+    def __init__(self, after: int):
+        self.after = after
+
+    def on_log(self, trainer, metrics):
+        if metrics["iteration"] == self.after:
+            trainer.stop()
+
+
 def main(out_path: str) -> None:
     tok = make_bpe_tokenizer()
     cfg = Config()
@@ -51,7 +62,8 @@ def main(out_path: str) -> None:
         tok.save_pretrained(cfg.model.policy)
         policy = None
     trainer = PPOTrainer(cfg, policy=policy, tokenizer=tok, prompts=PROMPTS * 2,
-                         reward_functions=[length_reward])
+                         reward_functions=[length_reward],
+                         callbacks=[StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else None)
     history = trainer.train()
     if trainer.accelerator.is_main_process:
         with open(out_path, "w") as fh:

@@ -77,3 +77,10 @@ def test_two_processes_sample_the_same_first_batch_with_minibatches(tmp_path):
     two = run_workers(tmp_path, 2, NUM_MINIBATCHES="2")
     assert_close(one[0], two[0], ["objective/scores", "objective/kl", "objective/entropy", "response/length_mean",
                                   "val/num_eos_tokens", "episode"])
+
+
+def test_stop_called_on_the_main_process_alone_ends_every_process(tmp_path):
+    """on_log runs on the main process only; a stop() there must end the run on both processes after the same
+    iteration (without the agreement, process 1 would start iteration 2 and wait for process 0 until the timeout)."""
+    two = run_workers(tmp_path, 2, STOP_AFTER="1")
+    assert len(two) == 1 and two[0]["iteration"] == 1
