@@ -40,10 +40,15 @@ def response_seed(seed: int, iteration: int, position: int) -> int:
     return x & 0x7FFFFFFFFFFFFFFF
 
 
-def gumbel_noise(generators: Sequence[torch.Generator], vocab: int, device: torch.device) -> torch.Tensor:
-    """(B, V) standard Gumbel noise, row b drawn from generators[b]."""
-    u = torch.stack([torch.rand(vocab, generator=g) for g in generators]).to(device)
-    return -torch.log(-torch.log(u.clamp(min=1e-20, max=1.0 - 1e-7)))
+def gumbel_noise(generators: Sequence[torch.Generator], vocab: int, device: torch.device,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(B, V) standard Gumbel noise, row b drawn from generators[b]; written into `out` ((B, V) float32 on the CPU)
+    when given. In place, the same numbers as -log(-log(clamp(u))) with fresh tensors."""
+    u = torch.empty(len(generators), vocab) if out is None else out
+    for row, g in zip(u, generators):
+        torch.rand(vocab, generator=g, out=row)
+    u.clamp_(min=1e-20, max=1.0 - 1e-7).log_().neg_().log_().neg_()
+    return u.to(device)
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
@@ -82,8 +87,10 @@ def sample_native(model: nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch
     finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=device)
     stop = stop_ids.to(device)
     tokens = []
+    noise = torch.empty(len(generators), logits.shape[-1])  # reused at every step
     for step in range(max_new_tokens):
-        scores = logits.float() / temperature + gumbel_noise(generators, logits.shape[-1], device)
+        scores = logits.float().div_(temperature) if logits.dtype != torch.float32 else logits / temperature
+        scores += gumbel_noise(generators, logits.shape[-1], device, noise)
         token = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long), scores.argmax(-1))
         tokens.append(token)
         finished = finished | torch.isin(token, stop)
