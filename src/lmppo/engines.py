@@ -87,9 +87,9 @@ def engine_class(name: str) -> type[SamplingEngine]:
 @register_sampling_engine("native")
 class NativeEngine(SamplingEngine):
     """lmppo's own loop (`lmppo.sampling.sample_native`): Gumbel-max over the KV-cached model, one random stream
-    per response, so the same responses come out whatever the batching or number of processes. On CPU it runs a
-    sampling copy of the policy (`lmppo.sampling.SamplingWeights`: LoRA folded in, weights in the autocast dtype),
-    refreshed after every update; under DeepSpeed the policy itself (its weights are gathered for generation)."""
+    per response, so the same responses come out whatever the batching or number of processes. With LoRA on CPU it
+    runs a sampling copy of the policy (`lmppo.sampling.SamplingWeights`: the adapters folded into the weights),
+    refreshed at every rollout; under DeepSpeed the policy itself (its weights are gathered for generation)."""
 
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
         super().__init__(config, stop_ids, pad_id, accelerator)

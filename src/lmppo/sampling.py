@@ -7,11 +7,11 @@ Sampling is Gumbel-max, argmax(logits / T + G) with G ~ Gumbel(0, 1), which draw
 softmax(logits / T): no logits processor, nothing that bends the distribution.
 The loop runs the HF model with its KV cache, computing logits only for the last position.
 
-`SamplingWeights` gives the loop a sampling copy of the policy on CPU: LoRA adapters folded into plain linear
-layers (W + scale * B @ A, computed once per rollout after the update instead of two extra matmuls per layer per
-token) and, under bf16 autocast, the linear weights already in bf16 (autocast would cast every weight at every
-decoding step). Everything else (embeddings, norms, buffers) is shared with the policy, not copied. The copy is
-refreshed from the policy's weights at every rollout, so it never samples from stale weights.
+`SamplingWeights` gives the loop a sampling copy of a LoRA policy on CPU: the adapters folded into plain linear
+layers (W + scale * B @ A, computed once per rollout instead of two extra matmuls per layer per token), stored in
+the autocast dtype when autocast is on. Everything else (embeddings, norms, LM head, buffers) is shared with the
+policy, not copied. The copy is refreshed from the policy's weights at every rollout, so it never samples from
+stale weights.
 """
 
 from __future__ import annotations
@@ -129,8 +129,8 @@ def _foldable(module: nn.Module) -> bool:
 
 
 class SamplingWeights:
-    """The model the native sampler runs for a policy: on CPU, a copy whose linear layers are plain nn.Linear with
-    LoRA folded in and weights in the autocast dtype; elsewhere (GPU, or nothing to gain) the policy's own model.
+    """The model the native sampler runs for a LoRA policy on CPU: a copy whose LoRA layers are plain nn.Linear with
+    the adapters folded in, in the autocast dtype; elsewhere (GPU, no LoRA) the policy's own model.
 
     `model_for(policy)` rebuilds the copy when handed another policy and refreshes its linear weights from the
     policy's at every call (once per rollout: a fold costs about one decoding step of a batch of r tokens)."""
@@ -153,10 +153,9 @@ class SamplingWeights:
         params = list(model.parameters())
         if not params or params[0].device.type != "cpu":
             return model
-        lora = any(_lora_parts(m) is not None for m in model.modules())
+        if not any(_lora_parts(m) is not None for m in model.modules()):
+            return model  # without LoRA a copy gains nothing measurable, even pre-cast to bf16 (docs/performance.md)
         dtype = self.compute_dtype(model)
-        if not lora and (dtype is None or dtype == params[0].dtype):
-            return model  # fp32 without LoRA: the copy would be the model itself
         if self.source is not model or self.dtype != dtype:
             if not self._build(model, dtype):
                 return model
@@ -164,11 +163,7 @@ class SamplingWeights:
         return self.copy
 
     def _build(self, model: nn.Module, dtype: Optional[torch.dtype]) -> bool:
-        lora_names = {name for name, m in model.named_modules() if _lora_parts(m) is not None}
-        inside_lora = tuple(name + "." for name in lora_names)
-        targets = [(name, m) for name, m in model.named_modules()
-                   if name in lora_names or (dtype is not None and type(m) is nn.Linear and m.weight.dtype != dtype
-                                             and not name.startswith(inside_lora))]
+        targets = [(name, m) for name, m in model.named_modules() if _lora_parts(m) is not None]
         if any(not _foldable(m) for _, m in targets):
             self.source = self.copy = None
             return False
