@@ -836,24 +836,31 @@ def robust_summary(results: dict, probes: list[dict]) -> str:
             phases = " ".join(f"{_percentile([it[ph] for it in its], 50):7.3f}" for ph in PHASES)
             lines.append(f"{name:12} {side:6} {st['n']:>3} {st['p10']:7.3f} {st['p50'] / st['p10']:7.2f} "
                          f"{st['max'] / st['min']:7.2f} {cpu['p10']:7.3f} {batch / st['p10']:7.2f} | {phases}")
+            threads = runs[0].get("torch_threads") or 1
+            if st["p10"] * threads / cpu["p10"] > 1.0 + NOISY_RATIO * 2:
+                warnings.append(f"WARNING {name}/{side}: wall time per iteration is {st['p10'] * threads / cpu['p10']:.1f}x "
+                                f"its CPU time at {threads} thread(s): other processes took the CPU; quote the cpu "
+                                "figures, not the wall-clock ones")
             if st["p50"] / st["p10"] > NOISY_ITERATIONS:
                 warnings.append(f"WARNING {name}/{side}: iteration times spread {st['p50'] / st['p10']:.2f}x "
                                 f"(p50/p10 > {NOISY_ITERATIONS}): the machine was busy or the responses' lengths "
                                 "varied; its figure cannot be trusted to 10%")
         if len(stats) == 2:
             (t, tc), (m, mc) = stats["trl"], stats["lmppo"]
-            rounds = round_ratios(ok["trl"], ok["lmppo"])
             text = (f"{name:12} lmppo/TRL speed at p10: wall x{t['p10'] / m['p10']:.2f}, cpu x{tc['p10'] / mc['p10']:.2f}")
-            if rounds:
+            for key in ("wall", "cpu"):
+                rounds = round_ratios(ok["trl"], ok["lmppo"], key)
+                if not rounds:
+                    continue
                 spread = (max(rounds) - min(rounds)) / statistics.median(rounds)
-                text += ("; per round (median iteration): " + ", ".join(f"{x:.2f}" for x in rounds)
+                text += (f"\n{'':12} per round ({key}, median iteration): " + ", ".join(f"{x:.2f}" for x in rounds)
                          + f" (spread {100 * spread:.0f}%)")
-                if len(rounds) > 1 and spread > NOISY_RATIO:
-                    warnings.append(f"WARNING {name}: the per-round lmppo/TRL ratios spread {100 * spread:.0f}% "
-                                    f"(> {100 * NOISY_RATIO:.0f}%): quote the p10 ratio with that spread, or rerun "
-                                    "on a quieter machine")
+                if key == "cpu" and len(rounds) > 1 and spread > NOISY_RATIO:
+                    warnings.append(f"WARNING {name}: the per-round lmppo/TRL CPU-time ratios spread "
+                                    f"{100 * spread:.0f}% (> {100 * NOISY_RATIO:.0f}%): quote the p10 ratio with that "
+                                    "spread, or rerun on a quieter machine")
             ratio_lines.append(text)
-    lines.append("phases: median seconds per iteration; rollout = sampling + reference/value passes, reward = reward "
+    lines.append("phases: median wall seconds per iteration; rollout = sampling + reference/value passes, reward = reward "
                  "model, update = PPO epochs, other = the rest (KL, advantages, logging)")
     lines += ratio_lines
     if len(probes) == 2:
