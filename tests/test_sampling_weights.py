@@ -135,3 +135,12 @@ def test_each_rollout_of_a_lora_run_samples_from_the_policy_after_the_last_updat
     for copy_logits, policy_logits in seen:
         assert torch.allclose(copy_logits, policy_logits, atol=1e-5, rtol=1e-5)
     assert (seen[2][1] - seen[0][1]).abs().max() > 1e-3  # the updates moved the policy between the rollouts
+
+
+def test_a_lora_layer_no_fold_reproduces_leaves_the_sampler_on_the_policy(tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    dora = get_peft_model(tiny_llama(tokenizer), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"],
+                                                            use_dora=True)).eval()
+    weights = SamplingWeights()
+    assert weights.model_for(dora) is hf_model(dora) and weights.copy is None and weights.refreshes == 0

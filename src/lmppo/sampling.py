@@ -117,10 +117,8 @@ def _lora_parts(module: nn.Module) -> Optional[list[tuple[torch.Tensor, torch.Te
 
 
 def _foldable(module: nn.Module) -> bool:
-    """A plain floating-point nn.Linear, or a LoRA layer around one that a weight fold reproduces exactly: no DoRA,
-    not merged, no dropout active, weights not transposed (GPT-2's Conv1D)."""
-    if _lora_parts(module) is None:
-        return type(module) is nn.Linear and module.weight.is_floating_point()
+    """A LoRA layer around a floating-point nn.Linear that a weight fold reproduces exactly: no DoRA, not merged, no
+    dropout active, weights not transposed (GPT-2's Conv1D)."""
     base = module.base_layer
     dropout_on = any(d.training and getattr(d, "p", 0.0) > 0 for d in module.lora_dropout.values())
     dora = any(getattr(module, "use_dora", {}).values())
@@ -138,7 +136,7 @@ class SamplingWeights:
     def __init__(self) -> None:
         self.source: Optional[nn.Module] = None
         self.copy: Optional[nn.Module] = None
-        self.layers: list[tuple[nn.Module, nn.Linear]] = []  # (policy's layer, the copy's plain linear layer)
+        self.layers: list[tuple[nn.Module, nn.Linear]] = []  # (policy's LoRA layer, the copy's plain layer)
         self.dtype: Optional[torch.dtype] = None
         self.refreshes = 0
 
@@ -171,7 +169,7 @@ class SamplingWeights:
         clone = copy.deepcopy(model, memo=shared)  # new modules around the same parameters and buffers
         layers = []
         for name, m in targets:
-            base = m.base_layer if _lora_parts(m) is not None else m
+            base = m.base_layer
             plain = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="cpu",
                               dtype=dtype or base.weight.dtype)
             plain.requires_grad_(False)
@@ -184,13 +182,10 @@ class SamplingWeights:
     @torch.no_grad()
     def _refresh(self) -> None:
         for layer, plain in self.layers:
-            parts = _lora_parts(layer)
-            base = layer.base_layer if parts is not None else layer
-            weight = base.weight
-            if parts:
-                weight = weight.float()
-                for a, b, scale in parts:
-                    weight = weight + scale * (b.float() @ a.float())
+            base = layer.base_layer
+            weight = base.weight.float()
+            for a, b, scale in _lora_parts(layer):
+                weight = weight + scale * (b.float() @ a.float())
             plain.weight.copy_(weight)
             if base.bias is not None:
                 plain.bias.copy_(base.bias)
