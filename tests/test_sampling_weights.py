@@ -9,9 +9,9 @@ from torch import nn
 
 from lmppo.assembly import build_components
 from lmppo.config import ModelConfig
-from lmppo.engines import NativeEngine
+from lmppo.engines import HFEngine, NativeEngine, PromptBatch
 from lmppo.models import hf_model, prepare_policy
-from lmppo.rollout import left_pad
+from lmppo.rollout import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling import SamplingWeights, response_seed, sample_native
 from lmppo.trainer import PPOTrainer
 
@@ -144,3 +144,20 @@ def test_a_lora_layer_no_fold_reproduces_leaves_the_sampler_on_the_policy(tokeni
                                                             use_dora=True)).eval()
     weights = SamplingWeights()
     assert weights.model_for(dora) is hf_model(dora) and weights.copy is None and weights.refreshes == 0
+
+
+def test_the_hf_engine_generates_the_same_tokens_from_the_copy(tokenizer, tmp_path):
+    policy = lora_policy(tokenizer)
+    ids, mask = batch(tokenizer)
+    cfg = small_config(tmp_path)
+    stop = torch.tensor([tokenizer.eos_token_id])
+    prompts = PromptBatch(ids=ids, mask=mask, token_lists=[r[m].tolist() for r, m in zip(ids, mask)], seeds=[0] * 4)
+    engine = HFEngine(cfg, stop, tokenizer.pad_token_id, accelerator=None)
+    gen = pure_sampling_config(policy, cfg.rollout.temperature, cfg.rollout.max_new_tokens, [tokenizer.eos_token_id],
+                               tokenizer.pad_token_id)
+    torch.manual_seed(3)
+    got = engine.sample(policy, prompts)  # builds the copy first: that must not draw from the global RNG
+    torch.manual_seed(3)
+    want = sample_responses(policy, ids, mask, gen, stop, cfg.rollout.max_new_tokens)
+    assert engine.weights.copy is not None and engine.weights.refreshes == 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

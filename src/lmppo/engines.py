@@ -106,18 +106,22 @@ class NativeEngine(SamplingEngine):
 @register_sampling_engine("hf")
 class HFEngine(SamplingEngine):
     """transformers' `generate` with a pure-sampling GenerationConfig (`lmppo.rollout`), checked once by a probe;
-    draws from the global torch RNG (the seeds are not used); `rollout.generation_kwargs` apply here only."""
+    draws from the global torch RNG (the seeds are not used); `rollout.generation_kwargs` apply here only. With
+    LoRA on CPU it generates from the same folded sampling copy as the native engine."""
 
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
         super().__init__(config, stop_ids, pad_id, accelerator)
         self.gen_config: Optional[Any] = None  # built at the first rollout (its probe runs the policy)
+        self.weights = SamplingWeights()
+        self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
 
     def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
         r = self.config.rollout
+        model = self.weights.model_for(policy) if self.copies else policy
         if self.gen_config is None:
-            self.gen_config = pure_sampling_config(policy, r.temperature, r.max_new_tokens, self.stop_ids.tolist(),
+            self.gen_config = pure_sampling_config(model, r.temperature, r.max_new_tokens, self.stop_ids.tolist(),
                                                    self.pad_id, r.generation_kwargs)
-        return sample_responses(policy, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, r.max_new_tokens)
+        return sample_responses(model, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, r.max_new_tokens)
 
 
 @register_sampling_engine("vllm")

@@ -170,8 +170,9 @@ class SamplingWeights:
         layers = []
         for name, m in targets:
             base = m.base_layer
-            plain = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="cpu",
-                              dtype=dtype or base.weight.dtype)
+            # built on the meta device, then given empty storage: no random init, the global RNG is left untouched
+            plain = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None, device="meta",
+                              dtype=dtype or base.weight.dtype).to_empty(device="cpu")
             plain.requires_grad_(False)
             parent_name, _, attr = name.rpartition(".")
             setattr(clone.get_submodule(parent_name) if parent_name else clone, attr, plain)
