@@ -4,9 +4,18 @@ Both trainers get the same tokenizer, policy, critic, reward model and prompts (
 ``benchmarks/common.py`` into ``benchmarks/.cache``), the same PPO settings and the same seed.  Every
 run happens in its own subprocess -- TRL under the TRL virtual environment's interpreter
 (``--trl-python``), lmppo under ``--lmppo-python`` -- alternating trl, lmppo, trl, lmppo, ... for
-``--repeats`` rounds.  Afterwards each saved policy is scored by one shared evaluation subprocess
+``--repeats`` rounds (default: 6 short rounds of 40 episodes, 5 iterations of 8).  Afterwards the saved
+policies of the first ``--eval-rounds`` rounds are scored by one shared evaluation subprocess
 (``common.evaluate_policy``: 2 samples per held-out prompt at temperature 1.0, reward read at the
 last real token), so the scores are comparable.
+
+The figures to quote (the "per-iteration figures" block printed last): every iteration's wall and CPU time,
+split into rollout / reward / update / other for both trainers (TRL's phases by wrapping the functions its loop
+calls, lmppo's from its own timers), the first iteration of each run dropped as warm-up; the figure is the p10
+of the iteration times over all rounds, with the spread (p50/p10, max/min) and the lmppo/TRL ratio of every round.
+A shared machine slows some iterations, never speeds one up, so a low percentile is the stable figure; a WARNING
+line says when a spread is too wide to trust a figure to 10%.  The same run probes the machine at its start and
+end: torch's CPU capability, native bf16 (AVX-512 BF16, AMX), fp32 and bf16 matmul rates and the load average.
 
 What is measured, per run:
   * eps        episodes / wall time of the trainer's ``train()`` call (model loading, tokenizer and
@@ -19,9 +28,9 @@ What is measured, per run:
 
 Usage::
 
-    python benchmarks/compare_trl.py [--configs base,len64,epoch1,shared] [--episodes 128] [--repeats 3]
+    python benchmarks/compare_trl.py [--configs base,len64,epoch1,shared] [--episodes 40] [--repeats 6]
         [--trl-python /tmp/trlvenv/bin/python] [--lmppo-python .venv/bin/python] [--sides trl,lmppo]
-        [--real] [--profile]
+        [--real] [--profile] [--eval-rounds 1] [--no-eval]
 
 The driver itself needs only the standard library.  Worker modes (used by the driver)::
 
@@ -31,6 +40,7 @@ The driver itself needs only the standard library.  Worker modes (used by the dr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -40,6 +50,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -62,7 +73,7 @@ CONFIGS: dict[str, dict] = {
 # settings that only the lmppo side reads: a TRL run of a config that differs from another config
 # only in these is the same run, and is reused instead of repeated.
 LMPPO_ONLY_KEYS = {"shared_value_head", "precision"}
-DEFAULT_EPISODES = {"tiny": 128, "real": 32}
+DEFAULT_EPISODES = {"tiny": 40, "real": 32}
 
 
 # ================================================================================================
@@ -113,12 +124,18 @@ def run_trl(cfg: dict) -> dict:
 
     args = trl_args(cfg, out / "trl_output")
 
+    phases = _TRLPhases(reward)
+
     class Recorder(TrainerCallback):
         def __init__(self):
             self.step_end, self.logs = [], []
 
+        def on_train_begin(self, args, state, control, **kw):
+            phases.begin()
+
         def on_step_end(self, args, state, control, **kw):
             self.step_end.append(time.perf_counter())
+            phases.end_iteration()
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs:
@@ -150,7 +167,8 @@ def run_trl(cfg: dict) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
         prof.enable()
-    trainer.train()
+    with phases.installed():
+        trainer.train()
     if prof:
         prof.disable()
     t1, c1 = time.perf_counter(), time.process_time()
@@ -171,13 +189,76 @@ def run_trl(cfg: dict) -> dict:
         train_scores_last=[l.get("objective/scores") for l in rec.logs[-3:]],
         train_kl_last=rec.logs[-1].get("objective/kl") if rec.logs else None,
         optimizer=type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
-        optim=str(args.optim), torch_threads=torch.get_num_threads(), **limits,
+        optim=str(args.optim), torch_threads=torch.get_num_threads(), **limits, iterations=phases.iterations,
         versions=dict(trl=trl.__version__, transformers=transformers.__version__, accelerate=accelerate.__version__,
                       torch=torch.__version__, python=sys.version.split()[0]),
     )
     if prof:
         res["profile"] = _summarize_profile(prof, out / "trl_profile.txt", t1 - t0)
     return res
+
+
+class _TRLPhases:
+    """Per-iteration wall and CPU time of TRL's PPOTrainer.train(), split into the phases lmppo logs.
+
+    TRL's loop calls its module's functions by global name, so wrapping them there times them: rollout =
+    ``batch_generation`` + the reference ``forward`` (no grad) + the value model's ``get_reward``; reward = the
+    reward model's ``get_reward``; update = from the first forward with gradients to the end of the step; other =
+    the rest of the iteration (KL, advantages, bookkeeping)."""
+
+    def __init__(self, reward_model):
+        self.reward_model = reward_model
+        self.iterations: list[dict] = []
+        self._reset()
+
+    def _reset(self):
+        self.current = {"rollout": 0.0, "reward": 0.0}
+        self.update_started = None
+
+    def begin(self):
+        self.last_wall, self.last_cpu = time.perf_counter(), time.process_time()
+        self._reset()
+
+    def end_iteration(self):
+        wall, cpu = time.perf_counter(), time.process_time()
+        it = dict(wall=wall - self.last_wall, cpu=cpu - self.last_cpu, **self.current)
+        it["update"] = wall - self.update_started if self.update_started else 0.0
+        it["other"] = it["wall"] - it["rollout"] - it["reward"] - it["update"]
+        self.iterations.append(it)
+        self.last_wall, self.last_cpu = wall, cpu
+        self._reset()
+
+    def _timed(self, fn, phase_of):
+        def wrapper(*args, **kwargs):
+            phase = phase_of(*args)
+            if phase == "update":
+                if self.update_started is None:
+                    self.update_started = time.perf_counter()
+                return fn(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if phase:
+                    self.current[phase] += time.perf_counter() - start
+        return wrapper
+
+    @contextlib.contextmanager
+    def installed(self):
+        import torch
+        from trl.experimental.ppo import ppo_trainer as pt
+
+        originals = {name: getattr(pt, name) for name in ("batch_generation", "forward", "get_reward")}
+        pt.batch_generation = self._timed(originals["batch_generation"], lambda *a: "rollout")
+        pt.forward = self._timed(originals["forward"],
+                                 lambda *a: "update" if torch.is_grad_enabled() else "rollout")
+        pt.get_reward = self._timed(originals["get_reward"],
+                                    lambda model, *a: "reward" if model is self.reward_model else "rollout")
+        try:
+            yield
+        finally:
+            for name, fn in originals.items():
+                setattr(pt, name, fn)
 
 
 def lmppo_config(cfg: dict, output_dir: Path):
@@ -285,8 +366,32 @@ def _matmul_limits(threads: int) -> dict:
     """The machine's matmul throughput in this process (fp32 and bf16), for the FLOP-utilisation figure."""
     import flops
 
-    return {"matmul_gflops_float32": flops.matmul_gflops("float32", threads),
-            "matmul_gflops_bfloat16": flops.matmul_gflops("bfloat16", threads)}
+    return {"matmul_gflops_float32": flops.matmul_gflops("float32", threads, seconds=0.3),
+            "matmul_gflops_bfloat16": flops.matmul_gflops("bfloat16", threads, seconds=0.3)}
+
+
+def probe_machine(threads: int) -> dict:
+    """What the figures of this run were measured on: torch's CPU capability, native bf16 (AVX-512 BF16 / AMX),
+    the CPU's name, and matmul throughput in fp32 and bf16 (a short probe at the benchmark's thread count)."""
+    import platform
+
+    import torch
+
+    name = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info = dict(cpu=name, cpus=os.cpu_count(), torch=torch.__version__,
+                capability=torch.backends.cpu.get_cpu_capability(),
+                avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
+                amx_tile=bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
+                threads=threads, loadavg=os.getloadavg())
+    info.update(_matmul_limits(threads))
+    return info
 
 
 def _summarize_profile(prof, path: Path, total: float) -> dict:
@@ -351,7 +456,8 @@ def run_lmppo(cfg: dict) -> dict:
     prompts = common.load_prompts(cache)
 
     c = lmppo_config(cfg, out / "lmppo_run")
-    trainer = PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompts["train"])
+    iterations = _LmppoIterations()
+    trainer = PPOTrainer(c, policy=policy, tokenizer=tok, prompts=prompts["train"], callbacks=[iterations])
     setup_s = time.perf_counter() - t_start
     limits = _matmul_limits(cfg["threads"])
 
@@ -385,6 +491,7 @@ def run_lmppo(cfg: dict) -> dict:
         train_scores_first=[m.get("objective/scores") for m in history[:3]],
         train_scores_last=[m.get("objective/scores") for m in history[-3:]],
         train_kl_last=history[-1].get("objective/kl"), torch_threads=torch.get_num_threads(), **limits,
+        iterations=iterations.iterations,
         response_length_mean=sum(m["response/length_mean"] for m in history) / len(history),
         versions=dict(transformers=transformers.__version__, accelerate=accelerate.__version__,
                       torch=torch.__version__, python=sys.version.split()[0]),
@@ -394,6 +501,25 @@ def run_lmppo(cfg: dict) -> dict:
         prof.dump_stats(str(out / "lmppo_profile.prof"))
         res["profile_top"] = _top_functions(pstats.Stats(prof), 15)
     return res
+
+
+class _LmppoIterations:
+    """A trainer callback: per-iteration wall and CPU time (iteration end to iteration end, logging included, as
+    TRL's step ends) and lmppo's own phase timers: rollout, reward (``time/score``), update, other (the rest)."""
+
+    def __init__(self):
+        self.iterations: list[dict] = []
+
+    def on_train_begin(self, trainer):
+        self.last_wall, self.last_cpu = time.perf_counter(), time.process_time()
+
+    def on_iteration_end(self, trainer, metrics):
+        wall, cpu = time.perf_counter(), time.process_time()
+        it = dict(wall=wall - self.last_wall, cpu=cpu - self.last_cpu, rollout=metrics.get("time/rollout", 0.0),
+                  reward=metrics.get("time/score", 0.0), update=metrics.get("time/update", 0.0))
+        it["other"] = it["wall"] - it["rollout"] - it["reward"] - it["update"]
+        self.iterations.append(it)
+        self.last_wall, self.last_cpu = wall, cpu
 
 
 def _top_functions(stats, n: int) -> list[str]:
@@ -475,6 +601,19 @@ def run_worker(side: str, python: str, cfg: dict, timeout: float) -> dict:
     res.update(ok=True, peak_rss_mb=rss, process_seconds=wall, log=str(log), loadavg_before=load0,
                loadavg_after=load1)
     return res
+
+
+def run_probe(python: str, out: Path, threads: int, timeout: float) -> dict:
+    """probe_machine in its own subprocess under `python` (the lmppo interpreter: the torch lmppo runs on)."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path, res_path, log = out / "cfg.json", out / "result.json", out / "worker.log"
+    cfg_path.write_text(json.dumps({"threads": threads}))
+    cmd = [python, str(Path(__file__).resolve()), "--worker", "probe", "--cfg", str(cfg_path), "--result",
+           str(res_path)]
+    rc, _, _ = _spawn(cmd, log, _child_env(threads), timeout)
+    if rc != 0 or not res_path.exists():
+        sys.exit(f"the machine probe failed (see {log}):\n{_tail(log)}")
+    return json.loads(res_path.read_text())
 
 
 def run_eval(python: str, policy_dir: Path, cache: Path, cfg: dict, eval_seed: int, timeout: float,
@@ -614,6 +753,125 @@ def summarize(results: dict, untrained: dict, flop_inputs: dict | None = None) -
     return "\n".join(lines)
 
 
+PHASES = ("rollout", "reward", "update", "other")
+NOISY_ITERATIONS = 1.15  # p50 / p10 of one side's iteration times above this: the machine was too busy
+NOISY_RATIO = 0.10  # (max - min) / median of the per-round lmppo/TRL ratios above this: the ratio is not settled
+
+
+def _percentile(xs: list, q: float):
+    """The q-th percentile (0-100) of xs, linear between order statistics; None for no data."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def steady_iterations(run: dict) -> list[dict]:
+    """A run's per-iteration records without the first iteration (warm-up: allocator, lazy init, first caches)."""
+    its = run.get("iterations") or []
+    return its[1:] if len(its) > 1 else its
+
+
+def iteration_stats(runs: list[dict], key: str = "wall") -> Optional[dict]:
+    """p10, median, min, max of per-iteration `key` seconds over the steady iterations of all `runs`."""
+    xs = [it[key] for r in runs for it in steady_iterations(r)]
+    if not xs:
+        return None
+    return dict(n=len(xs), p10=_percentile(xs, 10), p50=_percentile(xs, 50), min=min(xs), max=max(xs))
+
+
+def round_ratios(trl_runs: list[dict], lmppo_runs: list[dict], key: str = "wall") -> list[float]:
+    """Per round: TRL's median iteration time over lmppo's (> 1: lmppo faster), rounds paired in run order."""
+    out = []
+    for t, m in zip(trl_runs, lmppo_runs):
+        tt = _percentile([it[key] for it in steady_iterations(t)], 50)
+        mm = _percentile([it[key] for it in steady_iterations(m)], 50)
+        if tt and mm:
+            out.append(tt / mm)
+    return out
+
+
+def machine_lines(probes: list[dict]) -> list[str]:
+    """The machine the figures come from, probed at the start and the end of the run."""
+    if not probes:
+        return []
+    p = probes[0]
+    lines = [f"machine: {p['cpu']}, {p['cpus']} CPUs, torch {p['torch']}, capability {p['capability']}, "
+             f"AVX-512 BF16 {'yes' if p['avx512_bf16'] else 'no'}, AMX {'yes' if p['amx_tile'] else 'no'}"]
+    for label, q in zip(("start", "end"), probes):
+        f32, b16 = q["matmul_gflops_float32"], q["matmul_gflops_bfloat16"]
+        lines.append(f"  {label}: matmul 512x512x1536 at {q['threads']} thread(s): fp32 {f32:.0f} GFLOP/s, bf16 "
+                     f"{b16:.0f} GFLOP/s (bf16/fp32 {b16 / f32:.2f}); load average {q['loadavg'][0]:.2f} "
+                     f"{q['loadavg'][1]:.2f} {q['loadavg'][2]:.2f}")
+    return lines
+
+
+def robust_summary(results: dict, probes: list[dict]) -> str:
+    """The figures to quote: per-iteration times (steady iterations of many short alternating rounds), their p10
+    as the figure, the spread, the per-round ratios, a phase split of both trainers, and warnings."""
+    lines = machine_lines(probes)
+    lines.append("\nper-iteration seconds over the steady iterations of all rounds (the first iteration of each run "
+                 "dropped); figure = p10 (a low percentile: what the code does when the machine lets it), spread = "
+                 "p50/p10 and max/min; cpu = process CPU time per iteration; ratio = TRL / lmppo (> 1: lmppo faster)")
+    header = (f"{'config':12} {'side':6} {'n':>3} {'p10 s':>7} {'p50/p10':>7} {'max/min':>7} {'cpu p10':>7} "
+              f"{'eps@p10':>7} | " + " ".join(f"{ph:>7}" for ph in PHASES))
+    warnings = []
+    lines.append(header)
+    lines.append("-" * len(header))
+    ratio_lines = []
+    for name, sides in results.items():
+        ok = {side: [r for r in runs if r.get("ok")] for side, runs in sides.items()}
+        batch = dict(common.BASE_SETTINGS, **CONFIGS[name])["batch_size"]
+        stats = {}
+        for side in ("trl", "lmppo"):
+            runs = ok.get(side) or []
+            st, cpu = iteration_stats(runs), iteration_stats(runs, "cpu")
+            if st is None:
+                continue
+            stats[side] = (st, cpu)
+            its = [it for r in runs for it in steady_iterations(r)]
+            phases = " ".join(f"{_percentile([it[ph] for it in its], 50):7.3f}" for ph in PHASES)
+            lines.append(f"{name:12} {side:6} {st['n']:>3} {st['p10']:7.3f} {st['p50'] / st['p10']:7.2f} "
+                         f"{st['max'] / st['min']:7.2f} {cpu['p10']:7.3f} {batch / st['p10']:7.2f} | {phases}")
+            threads = runs[0].get("torch_threads") or 1
+            if st["p10"] * threads / cpu["p10"] > 1.0 + NOISY_RATIO * 2:
+                warnings.append(f"WARNING {name}/{side}: wall time per iteration is {st['p10'] * threads / cpu['p10']:.1f}x "
+                                f"its CPU time at {threads} thread(s): other processes took the CPU; quote the cpu "
+                                "figures, not the wall-clock ones")
+            if st["p50"] / st["p10"] > NOISY_ITERATIONS:
+                warnings.append(f"WARNING {name}/{side}: iteration times spread {st['p50'] / st['p10']:.2f}x "
+                                f"(p50/p10 > {NOISY_ITERATIONS}): the machine was busy or the responses' lengths "
+                                "varied; its figure cannot be trusted to 10%")
+        if len(stats) == 2:
+            (t, tc), (m, mc) = stats["trl"], stats["lmppo"]
+            text = (f"{name:12} lmppo/TRL speed at p10: wall x{t['p10'] / m['p10']:.2f}, cpu x{tc['p10'] / mc['p10']:.2f}")
+            for key in ("wall", "cpu"):
+                rounds = round_ratios(ok["trl"], ok["lmppo"], key)
+                if not rounds:
+                    continue
+                spread = (max(rounds) - min(rounds)) / statistics.median(rounds)
+                text += (f"\n{'':12} per round ({key}, median iteration): " + ", ".join(f"{x:.2f}" for x in rounds)
+                         + f" (spread {100 * spread:.0f}%)")
+                if key == "cpu" and len(rounds) > 1 and spread > NOISY_RATIO:
+                    warnings.append(f"WARNING {name}: the per-round lmppo/TRL CPU-time ratios spread "
+                                    f"{100 * spread:.0f}% (> {100 * NOISY_RATIO:.0f}%): quote the p10 ratio with that "
+                                    "spread, or rerun on a quieter machine")
+            ratio_lines.append(text)
+    lines.append("phases: median wall seconds per iteration; rollout = sampling + reference/value passes, reward = reward "
+                 "model, update = PPO epochs, other = the rest (KL, advantages, logging)")
+    lines += ratio_lines
+    if len(probes) == 2:
+        a, b = probes[0]["matmul_gflops_float32"], probes[1]["matmul_gflops_float32"]
+        if abs(a - b) / max(a, b) > 0.10:
+            warnings.append(f"WARNING: the fp32 matmul rate moved {100 * abs(a - b) / max(a, b):.0f}% between the "
+                            "start and the end of the run: the machine's speed changed while it ran")
+    lines += warnings or ["no noise warning: every spread is within its limit"]
+    return "\n".join(lines)
+
+
 def flop_inputs(cache: Path) -> dict:
     """The policy's shape and the mean prompt length of the training prompts, for flop_utilisation."""
     import flops
@@ -627,8 +885,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description="lmppo vs TRL PPO speed benchmark", formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__)
     ap.add_argument("--configs", default="base,len64,epoch1,shared")
-    ap.add_argument("--episodes", type=int, default=None, help="episodes per run (default 128 tiny, 32 real)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--episodes", type=int, default=None, help="episodes per run (default 40 tiny, 32 real)")
+    ap.add_argument("--repeats", type=int, default=6, help="alternating rounds (each: every config, TRL then lmppo)")
+    ap.add_argument("--eval-rounds", type=int, default=1,
+                    help="score the trained policies of the first N rounds on the held-out prompts (0: none)")
     ap.add_argument("--seed", type=int, default=0, help="repeat r trains with seed+r (both trainers)")
     ap.add_argument("--eval-seed", type=int, default=1234, help="sampling seed of the evaluation (same for all)")
     ap.add_argument("--sides", default="trl,lmppo")
@@ -645,14 +905,14 @@ def main(argv=None):
                     help="instead of the comparison: one cProfiled TRL run per config, printing where its time goes")
     ap.add_argument("--no-eval", action="store_true")
     # worker mode
-    ap.add_argument("--worker", choices=["trl", "lmppo"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["trl", "lmppo", "probe"], help=argparse.SUPPRESS)
     ap.add_argument("--cfg", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
 
     if a.worker:
         cfg = json.loads(a.cfg.read_text())
-        res = (run_trl if a.worker == "trl" else run_lmppo)(cfg)
+        res = {"trl": run_trl, "lmppo": run_lmppo, "probe": lambda c: probe_machine(c["threads"])}[a.worker](cfg)
         a.result.write_text(json.dumps(res, indent=1))
         print(json.dumps(res, indent=1))
         return
@@ -676,6 +936,9 @@ def main(argv=None):
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = a.out / stamp
+    probe_threads = a.threads or CONFIGS[names[0]].get("threads", common.BASE_SETTINGS["threads"])
+    probes = [run_probe(a.lmppo_python, root / "probe_start", probe_threads, a.timeout)]
+    print("\n".join(machine_lines(probes)), flush=True)
     results: dict[str, dict[str, list]] = {n: {s: [] for s in sides} for n in names}
     untrained: dict[str, dict] = {}
     pythons = {"trl": a.trl_python, "lmppo": a.lmppo_python}
@@ -723,21 +986,26 @@ def main(argv=None):
                     res = run_worker(side, pythons[side], cfg, a.timeout)
                     if side == "trl":
                         res["_key"] = {k: v for k, v in cfg.items() if k not in LMPPO_ONLY_KEYS | {"config", "out_dir"}}
-                    if res.get("ok") and not a.no_eval:
+                    if res.get("ok") and not a.no_eval and r < a.eval_rounds:
                         res["eval"] = run_eval(eval_python, Path(cfg["out_dir"]) / "policy", cache, cfg,
                                                a.eval_seed, a.timeout)
                     if res.get("ok"):
-                        print(f"eps {res['eps']:.3f} (steady {_fmt(res.get('eps_steady'), '.3f')}), "
+                        st = iteration_stats([res])
+                        print(f"iteration p10 {_fmt(st and st['p10'], '.3f')} s, "
+                              f"eps {res['eps']:.3f} (steady {_fmt(res.get('eps_steady'), '.3f')}), "
                               f"peak RSS {res['peak_rss_mb']:.0f} MB, score "
                               f"{_fmt(res.get('eval', {}).get('score_mean'), '+.3f')}", flush=True)
                     else:
                         print(res["error"], "-", res["log"], flush=True)
                 results[n][side].append(res)
-    summary = summarize(results, untrained, flop_inputs(cache))
+    probes.append(run_probe(a.lmppo_python, root / "probe_end", probe_threads, a.timeout))
+    summary = (summarize(results, untrained, flop_inputs(cache)) + "\n\n== per-iteration figures ==\n"
+               + robust_summary(results, probes))
     print(summary)
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.json").write_text(json.dumps(dict(results=results, untrained=untrained, manifest=manifest,
-                                                       argv=sys.argv, episodes=episodes), indent=1, default=str))
+                                                       argv=sys.argv, episodes=episodes, machine=probes),
+                                                  indent=1, default=str))
     (root / "summary.txt").write_text(summary + "\n")
     print(f"\nresults: {root / 'results.json'}")
 

@@ -28,7 +28,7 @@ import lmppo.vllm_backend as vllm_backend
 from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.rollout import pure_sampling_config, sample_responses
-from lmppo.sampling import sample_native
+from lmppo.sampling import SamplingWeights, sample_native
 
 Responses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """response_ids (B, T), response_mask (B, T) bool, terminated (B,) bool, truncated (B,) bool."""
@@ -87,29 +87,41 @@ def engine_class(name: str) -> type[SamplingEngine]:
 @register_sampling_engine("native")
 class NativeEngine(SamplingEngine):
     """lmppo's own loop (`lmppo.sampling.sample_native`): Gumbel-max over the KV-cached model, one random stream
-    per response, so the same responses come out whatever the batching or number of processes."""
+    per response, so the same responses come out whatever the batching or number of processes. With LoRA on CPU it
+    runs a sampling copy of the policy (`lmppo.sampling.SamplingWeights`: the adapters folded into the weights),
+    refreshed at every rollout; under DeepSpeed the policy itself (its weights are gathered for generation)."""
+
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+        super().__init__(config, stop_ids, pad_id, accelerator)
+        self.weights = SamplingWeights()
+        self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
 
     def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
         r = self.config.rollout
-        return sample_native(policy, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids,
+        model = self.weights.model_for(policy) if self.copies else policy
+        return sample_native(model, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids,
                              self.pad_id, prompts.seeds)
 
 
 @register_sampling_engine("hf")
 class HFEngine(SamplingEngine):
     """transformers' `generate` with a pure-sampling GenerationConfig (`lmppo.rollout`), checked once by a probe;
-    draws from the global torch RNG (the seeds are not used); `rollout.generation_kwargs` apply here only."""
+    draws from the global torch RNG (the seeds are not used); `rollout.generation_kwargs` apply here only. With
+    LoRA on CPU it generates from the same folded sampling copy as the native engine."""
 
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
         super().__init__(config, stop_ids, pad_id, accelerator)
         self.gen_config: Optional[Any] = None  # built at the first rollout (its probe runs the policy)
+        self.weights = SamplingWeights()
+        self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
 
     def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
         r = self.config.rollout
+        model = self.weights.model_for(policy) if self.copies else policy
         if self.gen_config is None:
-            self.gen_config = pure_sampling_config(policy, r.temperature, r.max_new_tokens, self.stop_ids.tolist(),
+            self.gen_config = pure_sampling_config(model, r.temperature, r.max_new_tokens, self.stop_ids.tolist(),
                                                    self.pad_id, r.generation_kwargs)
-        return sample_responses(policy, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, r.max_new_tokens)
+        return sample_responses(model, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, r.max_new_tokens)
 
 
 @register_sampling_engine("vllm")
