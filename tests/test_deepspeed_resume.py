@@ -1,4 +1,4 @@
-"""Checkpoints and exact resume under DeepSpeed ZeRO-2 and ZeRO-3: 2 CPU processes (torchrun, gloo), the real
+"""Checkpoints and exact resume under DeepSpeed ZeRO-2 and ZeRO-3 (and plain DDP): 2 CPU processes (torchrun, gloo), the real
 `lmppo train` command (tests/zero_worker.py), a tiny Llama loaded from a folder (under ZeRO-3: partitioned as it
 loads), a checkpoint after every iteration.
 
@@ -9,6 +9,7 @@ loads), a checkpoint after every iteration.
   barrier) is never published; a published checkpoint with a really truncated shard file fails verification and
   the resume uses the one before it; both resumes still end bit-identical.
 - A resume with another number of processes or another ZeRO stage is refused with one `error:` line naming both.
+- ZeRO-3's final model is the full model as an ordinary Hugging Face folder (from_pretrained, `lmppo eval`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ SETTINGS = {
     # shared value head, an EMA reference moving every iteration, score normalisation, linear decay
     "zero2": {"value": {"mode": "shared"}, "reference": {"mode": "ema", "every": 1},
               "reward_normalize": True, "lr_schedule": "linear"},
+    # plain DDP (whole tensors in the checkpoint), with the per-process score normaliser of zero2
+    "ddp": {"value": {"mode": "shared"}, "reference": {"mode": "ema", "every": 1},
+            "reward_normalize": True, "lr_schedule": "linear"},
     # separate critic (one engine with the actor), a reference synced every 2 iterations (its shards per process)
     "zero3": {"value": {"mode": "critic"}, "reference": {"mode": "sync", "every": 2},
               "reward_normalize": False, "lr_schedule": "cosine"},
@@ -42,8 +46,6 @@ SETTINGS = {
 REWARD = "def length(prompts, completions):\n    return [len(c) / 20.0 for c in completions]\n"
 PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed", "a critic said",
            "the ending was", "the actor looked", "we left early because"]
-
-pytestmark = needs_deepspeed
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def config_file(assets, stage: str, run, iterations: int = ITERATIONS) -> str:
     root, s = assets["root"], SETTINGS[stage]
     config = {
         "output_dir": str(run), "total_episodes": 8 * iterations, "seed": 0, "precision": "fp32", "device": "cpu",
-        "deepspeed": stage, "model": {"policy": str(root / "model")},
+        "deepspeed": "" if stage == "ddp" else stage, "model": {"policy": str(root / "model")},
         "data": {"prompts": str(root / "prompts.txt"), "holdout": 0},
         "rollout": {"batch_size": 8, "max_new_tokens": 6, "temperature": 1.0},
         "reward": {"sources": [{"kind": "function", "path": f"{root / 'reward.py'}:length"}],
@@ -159,11 +161,14 @@ def shard_tensors(checkpoint) -> dict:
             for i, v in enumerate(obj):
                 walk(v, f"{key}/{i}")
 
-    for name in sorted(os.listdir(checkpoint / "deepspeed")):
-        if name.endswith(".pt"):
-            walk(torch.load(checkpoint / "deepspeed" / name, map_location="cpu", weights_only=False), name)
+    if (checkpoint / "deepspeed").is_dir():
+        for name in sorted(os.listdir(checkpoint / "deepspeed")):
+            if name.endswith(".pt"):
+                walk(torch.load(checkpoint / "deepspeed" / name, map_location="cpu", weights_only=False), name)
+    else:  # DDP: whole tensors
+        walk(torch.load(checkpoint / "optimizer.pt", weights_only=True), "optimizer.pt")
     for name in sorted(os.listdir(checkpoint)):
-        if name.startswith("reference"):
+        if name.startswith("reference") or name == "trained.safetensors":
             walk(load_file(str(checkpoint / name)), name)
     return out
 
@@ -187,11 +192,13 @@ def assert_same_end(straight, run) -> None:
         assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), k
 
 
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+@pytest.mark.parametrize("stage", [pytest.param("zero2", marks=needs_deepspeed),
+                                   pytest.param("zero3", marks=needs_deepspeed), "ddp"])
 def test_sigkilled_run_resumes_bit_identical(tmp_path, assets, stage):
     straight = straight_run(assets, stage)
     files = sorted(os.listdir(straight / "checkpoints" / f"iter-{ITERATIONS:08d}"))
-    assert "trained.safetensors" not in files and {"rng-rank0.json", "rng-rank1.json", "state.json"} <= set(files)
+    assert {"rng-rank0.json", "rng-rank1.json", "state.json"} <= set(files)
+    assert ("trained.safetensors" in files) == (stage == "ddp") == ("deepspeed" not in files)
     if stage == "zero3":  # the synced reference: one file of shards per process
         assert {"reference-rank0.safetensors", "reference-rank1.safetensors"} <= set(files)
     run, log = tmp_path / "run", str(tmp_path / "run.log")
@@ -202,8 +209,26 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path, assets, stage):
     finish(launch(["train", "--resume", str(run)], log + ".resume"), log + ".resume")
     assert_same_end(straight, run)
     assert [i for i, _ in list_checkpoints(str(run))] == [ITERATIONS, ITERATIONS - 1]  # keep_last 2
+    if stage == "zero3":
+        assert_final_is_the_full_model(run)
 
 
+def assert_final_is_the_full_model(run) -> None:
+    """ZeRO-3's final/policy is an ordinary Hugging Face folder holding the full weights: what DeepSpeed's own
+    zero_to_fp32 rebuilds from the last checkpoint's shards; `lmppo eval` evaluates it."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    from lmppo.cli import main
+
+    full = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints" / f"iter-{ITERATIONS:08d}"),
+                                                    tag="deepspeed")
+    policy = AutoModelForCausalLM.from_pretrained(str(run / "final" / "policy")).state_dict()
+    assert policy and all(torch.equal(full["policy." + k], v) for k, v in policy.items())
+    assert main(["eval", str(run), "--num-prompts", "4", "--output", str(run / "eval.json")]) == 0
+
+
+@needs_deepspeed
 def test_checkpoint_cut_short_on_one_process_is_never_loaded(tmp_path, assets):
     stage = "zero2"
     straight = straight_run(assets, stage)
@@ -230,6 +255,7 @@ def test_checkpoint_cut_short_on_one_process_is_never_loaded(tmp_path, assets):
     assert_same_end(straight, run)
 
 
+@needs_deepspeed
 @pytest.mark.parametrize("nproc, extra, now", [(1, [], "ZeRO-2 with 1 process:"),
                                                 (2, ["--deepspeed", "zero3"], "ZeRO-3 with 2 processes:")])
 def test_resume_with_another_world_size_or_stage_is_refused(tmp_path, assets, nproc, extra, now):
