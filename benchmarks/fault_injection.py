@@ -228,11 +228,16 @@ def outcome(out: str, iterations: int) -> dict:
 
 
 def _hash_sharded(h, out: str, ckpt: str) -> None:
-    """The final model's tensors and every tensor of the checkpoint's DeepSpeed files (its own pickles) into `h`."""
+    """The final model's tensors, every tensor of the checkpoint's DeepSpeed files (its own pickles) and the fp32
+    weights DeepSpeed's zero_to_fp32 rebuilds from them into `h`."""
     from safetensors.torch import load_file
     import torch
 
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
     def add(obj, key: str) -> None:
+        if "fp32_flat_groups" in key or "single_partition_of_fp32_groups" in key:
+            return  # padded partitions (the padding holds whatever memory held): rebuilt by zero_to_fp32 below
         if isinstance(obj, torch.Tensor):
             h.update(key.encode())
             h.update(obj.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
@@ -252,6 +257,7 @@ def _hash_sharded(h, out: str, ckpt: str) -> None:
     for name in sorted(os.listdir(os.path.join(ckpt, "deepspeed"))):
         if name.endswith(".pt"):
             add(torch.load(os.path.join(ckpt, "deepspeed", name), map_location="cpu", weights_only=False), name)
+    add(get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="deepspeed"), "fp32 weights")
 
 
 def _rows(out: str) -> dict:

@@ -9,12 +9,14 @@ loads), a checkpoint after every iteration.
   barrier) is never published; a published checkpoint with a really truncated shard file fails verification and
   the resume uses the one before it; both resumes still end bit-identical.
 - A resume with another number of processes or another ZeRO stage is refused with one `error:` line naming both.
-- ZeRO-3's final model is the full model as an ordinary Hugging Face folder (from_pretrained, `lmppo eval`).
+- ZeRO-3's final model is the full model as an ordinary Hugging Face folder (from_pretrained, `lmppo eval`); with
+  LoRA, the adapter.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -42,6 +44,9 @@ SETTINGS = {
     # separate critic (one engine with the actor), a reference synced every 2 iterations (its shards per process)
     "zero3": {"value": {"mode": "critic"}, "reference": {"mode": "sync", "every": 2},
               "reward_normalize": False, "lr_schedule": "cosine"},
+    # LoRA on the partitioned base: the engine holds the adapters and the value head; the final model is the adapter
+    "zero3-lora": {"value": {"mode": "shared"}, "reference": {"mode": "frozen"}, "lora": True,
+                   "reward_normalize": False, "lr_schedule": "constant"},
 }
 REWARD = "def length(prompts, completions):\n    return [len(c) / 20.0 for c in completions]\n"
 PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed", "a critic said",
@@ -66,7 +71,8 @@ def config_file(assets, stage: str, run, iterations: int = ITERATIONS) -> str:
     root, s = assets["root"], SETTINGS[stage]
     config = {
         "output_dir": str(run), "total_episodes": 8 * iterations, "seed": 0, "precision": "fp32", "device": "cpu",
-        "deepspeed": "" if stage == "ddp" else stage, "model": {"policy": str(root / "model")},
+        "deepspeed": {"ddp": "", "zero3-lora": "zero3"}.get(stage, stage),
+        "model": {"policy": str(root / "model"), "lora": {"enabled": bool(s.get("lora")), "r": 4}},
         "data": {"prompts": str(root / "prompts.txt"), "holdout": 0},
         "rollout": {"batch_size": 8, "max_new_tokens": 6, "temperature": 1.0},
         "reward": {"sources": [{"kind": "function", "path": f"{root / 'reward.py'}:length"}],
@@ -146,12 +152,16 @@ def straight_run(assets, stage: str):
 
 
 def shard_tensors(checkpoint) -> dict:
-    """Every tensor of a checkpoint's DeepSpeed files (its own pickles: loaded in full) and reference shards."""
+    """Every tensor of a checkpoint: DeepSpeed's files (its own pickles, loaded in full; the fp32 master partitions
+    as DeepSpeed's zero_to_fp32 rebuilds them, since their padding slots hold whatever memory held), the reference
+    shards, DDP's whole tensors."""
     from safetensors.torch import load_file
 
     out = {}
 
     def walk(obj, key):
+        if "fp32_flat_groups" in key or "single_partition_of_fp32_groups" in key:
+            return  # padded partitions: compared through zero_to_fp32 below
         if isinstance(obj, torch.Tensor):
             out[key] = obj
         elif isinstance(obj, dict):
@@ -162,9 +172,12 @@ def shard_tensors(checkpoint) -> dict:
                 walk(v, f"{key}/{i}")
 
     if (checkpoint / "deepspeed").is_dir():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
         for name in sorted(os.listdir(checkpoint / "deepspeed")):
             if name.endswith(".pt"):
                 walk(torch.load(checkpoint / "deepspeed" / name, map_location="cpu", weights_only=False), name)
+        walk(get_fp32_state_dict_from_zero_checkpoint(str(checkpoint), tag="deepspeed"), "fp32 weights")
     else:  # DDP: whole tensors
         walk(torch.load(checkpoint / "optimizer.pt", weights_only=True), "optimizer.pt")
     for name in sorted(os.listdir(checkpoint)):
@@ -193,7 +206,8 @@ def assert_same_end(straight, run) -> None:
 
 
 @pytest.mark.parametrize("stage", [pytest.param("zero2", marks=needs_deepspeed),
-                                   pytest.param("zero3", marks=needs_deepspeed), "ddp"])
+                                   pytest.param("zero3", marks=needs_deepspeed),
+                                   pytest.param("zero3-lora", marks=needs_deepspeed), "ddp"])
 def test_sigkilled_run_resumes_bit_identical(tmp_path, assets, stage):
     straight = straight_run(assets, stage)
     files = sorted(os.listdir(straight / "checkpoints" / f"iter-{ITERATIONS:08d}"))
@@ -209,22 +223,28 @@ def test_sigkilled_run_resumes_bit_identical(tmp_path, assets, stage):
     finish(launch(["train", "--resume", str(run)], log + ".resume"), log + ".resume")
     assert_same_end(straight, run)
     assert [i for i, _ in list_checkpoints(str(run))] == [ITERATIONS, ITERATIONS - 1]  # keep_last 2
-    if stage == "zero3":
-        assert_final_is_the_full_model(run)
+    if stage.startswith("zero3"):
+        assert_final_is_the_full_model(run, lora=stage == "zero3-lora")
 
 
-def assert_final_is_the_full_model(run) -> None:
-    """ZeRO-3's final/policy is an ordinary Hugging Face folder holding the full weights: what DeepSpeed's own
-    zero_to_fp32 rebuilds from the last checkpoint's shards; `lmppo eval` evaluates it."""
+def assert_final_is_the_full_model(run, lora: bool) -> None:
+    """ZeRO-3's final/policy is an ordinary Hugging Face folder (the adapter, with LoRA) holding the full weights:
+    what DeepSpeed's own zero_to_fp32 rebuilds from the last checkpoint's shards; `lmppo eval` evaluates it."""
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from lmppo.cli import main
 
     full = get_fp32_state_dict_from_zero_checkpoint(str(run / "checkpoints" / f"iter-{ITERATIONS:08d}"),
                                                     tag="deepspeed")
-    policy = AutoModelForCausalLM.from_pretrained(str(run / "final" / "policy")).state_dict()
-    assert policy and all(torch.equal(full["policy." + k], v) for k, v in policy.items())
+    if lora:  # PEFT's adapter file names drop the adapter name (`lora_A.default.weight` -> `lora_A.weight`)
+        adapter = load_file(str(run / "final" / "policy" / "adapter_model.safetensors"))
+        names = {k: "policy." + re.sub(r"\.(lora_[AB])\.weight$", r".\1.default.weight", k) for k in adapter}
+        assert adapter and all(torch.equal(full[names[k]], v) for k, v in adapter.items())
+    else:
+        policy = AutoModelForCausalLM.from_pretrained(str(run / "final" / "policy")).state_dict()
+        assert policy and all(torch.equal(full["policy." + k], v) for k, v in policy.items())
     assert main(["eval", str(run), "--num-prompts", "4", "--output", str(run / "eval.json")]) == 0
 
 

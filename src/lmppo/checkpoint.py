@@ -35,10 +35,13 @@ uninterrupted run's bit for bit (wall-clock metrics aside). Not stored, but load
 frozen weights (the frozen reference copy of the initial policy, LoRA base weights); a sha256 of them in
 state.json makes a resume from different initial weights fail instead of silently training something else.
 
-Departure from TRL / accelerate's `save_state`: no pickle anywhere (tensors in safetensors, the rest JSON, the
-optimizer through `weights_only` loading), a manifest with checksums, and a config compatibility check that
-refuses a resume which would mean something else (`INCOMPATIBLE_FIELDS`) with the field, old and new value.
-Several processes: every process writes its own RNG files into the shared temporary folder, then all wait for each
+Departure from TRL / accelerate's `save_state`: no pickle (tensors in safetensors, the rest JSON, the optimizer
+through `weights_only` loading; DeepSpeed's own shard files, below, are the exception), a manifest with checksums,
+and a config compatibility check that refuses a resume which would mean something else (`INCOMPATIBLE_FIELDS`) with
+the field, old and new value.
+
+Several processes: every process writes its own RNG files (and score normaliser) into the shared temporary folder,
+then all wait for each
 other (a barrier), then process 0 writes the rest, the manifest last, and publishes the folder: a checkpoint is
 complete for every process or does not exist. The files are read from a folder every process sees (one machine, or
 a shared file system).
