@@ -293,3 +293,60 @@ def test_resume_with_another_world_size_or_stage_is_refused(tmp_path, assets, np
     assert now in line and "it was written under DeepSpeed ZeRO-2 with 2 processes" in line
     assert "Traceback" not in text.split("error:")[0]
     assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == before  # refused before anything changed
+
+
+# ----------------------------------------------------------------------------- in one process, no launcher
+
+def test_layout_check_names_both_settings():
+    from lmppo.checkpoint import check_layout
+    from lmppo.errors import CheckpointError
+
+    zero2 = {"layout": {"deepspeed_stage": 2}, "num_processes": 2}
+    check_layout(zero2, 2, 2, "ck")  # the same: allowed
+    check_layout(zero2, 2, None, "ck")  # the stage not known before the engine starts: only the processes compared
+    for processes, stage, now in ((4, 2, "under DeepSpeed ZeRO-2 with 4 processes"),
+                                  (2, 3, "under DeepSpeed ZeRO-3 with 2 processes"),
+                                  (2, 0, "without DeepSpeed with 2 processes"),
+                                  (1, None, "under DeepSpeed ZeRO-2 with 1 process:")):
+        with pytest.raises(CheckpointError, match="it was written under DeepSpeed ZeRO-2 with 2 processes") as err:
+            check_layout(zero2, processes, stage, "ck")
+        assert f"cannot resume from ck {now}" in str(err.value) and "(2)" in str(err.value)
+    plain = {"num_processes": 2}  # whole tensors (older checkpoints have no layout): another world size continues
+    with pytest.raises(CheckpointError, match="written without DeepSpeed with 2 processes"):
+        check_layout(plain, 2, 3, "ck")
+    with pytest.warns(UserWarning, match="written by 2 processes, this run has 1"):
+        check_layout(plain, 1, 0, "ck")
+
+
+def test_sharded_manifest_must_list_every_process_part(tmp_path):
+    """A DeepSpeed checkpoint verifies only when its manifest lists state.json, the RNG files of every process and
+    every process's optimizer shard, and every file is inside the folder."""
+    import json
+
+    from lmppo.checkpoint import verify_checkpoint, write_manifest
+    from lmppo.errors import CheckpointError
+
+    folder = tmp_path / "iter-00000001"
+    (folder / "deepspeed").mkdir(parents=True)
+    for name in ("state.json", "rng-rank0.json", "rng-rank0.safetensors", "rng-rank1.json", "rng-rank1.safetensors",
+                 "deepspeed/mp_rank_00_model_states.pt", "deepspeed/zero_pp_rank_0_mp_rank_00_optim_states.pt"):
+        (folder / name).write_text(name)
+    layout = {"deepspeed_stage": 2}
+    write_manifest(str(folder), 1, 2, layout)
+    with pytest.raises(CheckpointError, match="optimizer shard of process 1"):
+        verify_checkpoint(str(folder))
+    (folder / "deepspeed" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").write_text("shard 1")
+    write_manifest(str(folder), 1, 2, layout)
+    manifest = verify_checkpoint(str(folder))
+    assert manifest["processes"] == 2 and "deepspeed/zero_pp_rank_1_mp_rank_00_optim_states.pt" in manifest["files"]
+    (folder / "rng-rank1.json").unlink()
+    with pytest.raises(CheckpointError, match="rng-rank1.json is missing"):
+        verify_checkpoint(str(folder))
+    (folder / "rng-rank1.json").write_text("rng-rank1.json")
+    for outside in ("../state.json", "deepspeed/../../x", "/etc/passwd"):
+        data = json.loads((folder / "manifest.json").read_text())
+        data["files"][outside] = {"bytes": 1, "sha256": ""}
+        (folder / "manifest.json").write_text(json.dumps(data))
+        with pytest.raises(CheckpointError, match="outside the folder"):
+            verify_checkpoint(str(folder))
+        write_manifest(str(folder), 1, 2, layout)

@@ -41,10 +41,9 @@ and a config compatibility check that refuses a resume which would mean somethin
 the field, old and new value.
 
 Several processes: every process writes its own RNG files (and score normaliser) into the shared temporary folder,
-then all wait for each
-other (a barrier), then process 0 writes the rest, the manifest last, and publishes the folder: a checkpoint is
-complete for every process or does not exist. The files are read from a folder every process sees (one machine, or
-a shared file system).
+then all wait for each other (a barrier), then process 0 writes the rest, the manifest last, and publishes the
+folder: a checkpoint is complete for every process or does not exist. The files are read from a folder every
+process sees (one machine, or a shared file system).
 
 Under DeepSpeed ZeRO-2 / ZeRO-3 (`Strategy.sharded_checkpoint`) the model and optimizer state are sharded: instead
 of trained.safetensors and optimizer.pt, every process writes its shards through DeepSpeed's own
