@@ -33,6 +33,7 @@ Prints the figures; exit code 1 when any trial broke a promise.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -257,7 +258,9 @@ def _hash_sharded(h, out: str, ckpt: str) -> None:
     for name in sorted(os.listdir(os.path.join(ckpt, "deepspeed"))):
         if name.endswith(".pt"):
             add(torch.load(os.path.join(ckpt, "deepspeed", name), map_location="cpu", weights_only=False), name)
-    add(get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="deepspeed"), "fp32 weights")
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        full = get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="deepspeed")  # (prints its progress)
+    add(full, "fp32 weights")
 
 
 def _rows(out: str) -> dict:
@@ -510,7 +513,8 @@ def main() -> int:
     print(f"SIGKILL: {kills['trials']} runs, {kills['kills']} kills ({kills['kills_in_checkpoint_write']} during a "
           f"checkpoint write); bit-identical to the uninterrupted run: {kills['identical']}/{kills['trials']}; "
           f"metrics without a lost, duplicated or torn row: {kills['rows_ok']}/{kills['trials']}")
-    disk = disk_trials(ctx, work, args.disk, window, reference, rng)
+    disk = disk_trials(ctx, work, args.disk, window, reference, rng) if args.disk else {"skipped": "--disk 0",
+                                                                                         "failures": []}
     if "skipped" in disk:
         print(f"full disk: skipped ({disk['skipped']})")
     else:
