@@ -1,6 +1,7 @@
 """Fault injection: random SIGKILLs and random full-disk moments during real `lmppo train` runs.
 
     python benchmarks/fault_injection.py [--kills 20] [--disk 20] [--iterations 10] [--seed 0] [--work DIR]
+    python benchmarks/fault_injection.py --deepspeed zero2 --nproc 2 --kills 5 --disk 0 [--iterations 6]
 
 Each run is the real command (`lmppo.cli.main(["train", ...])`) in a separate process, forked from this warm
 process (so a run does not pay for importing torch again), on a tiny Llama saved as a model folder, with a
@@ -21,12 +22,18 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
   full disk, with no temporary file left behind; then the filler is removed and `--resume` must finish
   bit-identical to the reference.
 
+Under DeepSpeed (`--deepspeed zero2|zero3 --nproc N`) every run is `torchrun --standalone --nproc_per_node N -m
+lmppo.cli train ...` (a cold start each time), a kill is SIGKILL to torchrun and every worker at once (as when the
+machine dies), and what must be bit-identical is the final model, every tensor of the last checkpoint's DeepSpeed
+shards and the metrics rows. Full-disk trials are not run in this mode.
+
 Prints the figures; exit code 1 when any trial broke a promise.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -52,7 +59,7 @@ PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed"
            "the ending was", "the actor looked", "we left early because"]
 
 
-def setup(work: str, iterations: int) -> dict:
+def setup(work: str, iterations: int, deepspeed: str = "") -> dict:
     import torch
     import yaml
 
@@ -75,6 +82,8 @@ def setup(work: str, iterations: int) -> dict:
             "ppo": {"num_epochs": 2, "num_minibatches": 2, "micro_batch_size": 2, "learning_rate": 1e-3},
             "log": {"trackers": [], "sample_every": 1, "num_samples": 2, "progress": False},
             "checkpoint": {"every": 1, "keep_last": 2}}
+    if deepspeed:
+        base.update(deepspeed=deepspeed, device="cpu")
     torch.set_num_threads(1)
 
     def config_for(out: str, path: str = "") -> str:
@@ -127,14 +136,85 @@ def wait(pid: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else -os.WTERMSIG(status)
 
 
+class ForkedRun:
+    """A run forked from this warm process (one process)."""
+
+    def __init__(self, argv: list[str], log: str):
+        self.pid = fork_cli(argv, log)
+
+    def running(self) -> bool:
+        if self.pid in _reaped:
+            return False
+        done, status = os.waitpid(self.pid, os.WNOHANG)
+        if done:
+            _reaped[self.pid] = status
+        return not done
+
+    def kill(self) -> None:
+        if self.pid not in _reaped:  # still running (or a zombie): ours to kill
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self) -> int:
+        return wait(self.pid)
+
+
+class TorchrunRun:
+    """A run under `torchrun --nproc_per_node N` (DeepSpeed); killed with its workers, which torchrun starts in
+    sessions of their own."""
+
+    nproc = 2
+
+    def __init__(self, argv: list[str], log: str):
+        torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
+            [os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH", "")])}
+        with open(log, "w") as fh:
+            self.proc = subprocess.Popen([torchrun, "--standalone", "--nproc_per_node", str(self.nproc), "-m",
+                                          "lmppo.cli", *argv], env=env, stdout=subprocess.DEVNULL, stderr=fh)
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        for pid in process_tree(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except OSError:
+            continue
+    return found
+
+
+Run = ForkedRun  # TorchrunRun with --deepspeed
+
+
 def outcome(out: str, iterations: int) -> dict:
     """What a finished run ends with: hashes of its last checkpoint's tensors, and its metrics rows."""
     from safetensors.torch import load_file
     import torch
 
     ckpt = os.path.join(out, "checkpoints", f"iter-{iterations:08d}")
-    trained = load_file(os.path.join(ckpt, "trained.safetensors"))
     h = hashlib.sha256()
+    if os.path.isdir(os.path.join(ckpt, "deepspeed")):
+        _hash_sharded(h, out, ckpt)
+        return {"weights": h.hexdigest(), **_rows(out)}
+    trained = load_file(os.path.join(ckpt, "trained.safetensors"))
     for name in sorted(trained):
         h.update(name.encode())
         h.update(trained[name].reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
@@ -145,6 +225,45 @@ def outcome(out: str, iterations: int) -> dict:
             h.update(f"{index}/{key}".encode())
             h.update(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if isinstance(value, torch.Tensor)
                      else repr(value).encode())
+    return {"weights": h.hexdigest(), **_rows(out)}
+
+
+def _hash_sharded(h, out: str, ckpt: str) -> None:
+    """The final model's tensors, every tensor of the checkpoint's DeepSpeed files (its own pickles) and the fp32
+    weights DeepSpeed's zero_to_fp32 rebuilds from them into `h`."""
+    from safetensors.torch import load_file
+    import torch
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    def add(obj, key: str) -> None:
+        if "fp32_flat_groups" in key or "single_partition_of_fp32_groups" in key:
+            return  # padded partitions (the padding holds whatever memory held): rebuilt by zero_to_fp32 below
+        if isinstance(obj, torch.Tensor):
+            h.update(key.encode())
+            h.update(obj.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+        elif isinstance(obj, dict):
+            for k in sorted(obj, key=str):
+                add(obj[k], f"{key}/{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                add(v, f"{key}/{i}")
+
+    final = os.path.join(out, "final")
+    for top, dirs, names in sorted(os.walk(final)):
+        dirs.sort()
+        for name in sorted(names):
+            if name.endswith(".safetensors"):
+                add(load_file(os.path.join(top, name)), os.path.relpath(os.path.join(top, name), final))
+    for name in sorted(os.listdir(os.path.join(ckpt, "deepspeed"))):
+        if name.endswith(".pt"):
+            add(torch.load(os.path.join(ckpt, "deepspeed", name), map_location="cpu", weights_only=False), name)
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), contextlib.redirect_stderr(quiet):
+        full = get_fp32_state_dict_from_zero_checkpoint(ckpt, tag="deepspeed")  # (prints its progress)
+    add(full, "fp32 weights")
+
+
+def _rows(out: str) -> dict:
     with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as fh:
         text = fh.read()
     torn = bool(text) and not text.endswith("\n")
@@ -156,7 +275,7 @@ def outcome(out: str, iterations: int) -> dict:
             torn = True
             continue
         rows.append({k: v for k, v in row.items() if k not in WALL_CLOCK and not k.startswith("time/")})
-    return {"weights": h.hexdigest(), "rows": rows, "torn": torn}
+    return {"rows": rows, "torn": torn}
 
 
 def stderr_lines(log: str) -> list[str]:
@@ -165,7 +284,13 @@ def stderr_lines(log: str) -> list[str]:
 
 
 def run_to_end(argv: list[str], log: str) -> int:
-    return wait(fork_cli(argv, log))
+    return Run(argv, log).wait()
+
+
+def error_line(log: str) -> str:
+    """The last `error:` line of a run's stderr ('' if none): the run's own message, whatever torchrun adds."""
+    errors = [ln for ln in stderr_lines(log) if ln.startswith("error:")]
+    return errors[-1] if errors else ""
 
 
 def rows(out: str) -> int:
@@ -176,7 +301,7 @@ def rows(out: str) -> int:
         return 0
 
 
-def random_moment(pid: int, out: str, iterations: int, timing: dict, rng: random.Random) -> None:
+def random_moment(run, out: str, iterations: int, timing: dict, rng: random.Random) -> None:
     """Return at a random point of the run `pid` writes into `out`: during start-up (loading, before the first
     iteration) with probability 1/(remaining iterations + 1), else a uniformly random time within a uniformly
     chosen remaining iteration (its checkpoint write included). Measured by the run's progress, not the clock,
@@ -187,9 +312,7 @@ def random_moment(pid: int, out: str, iterations: int, timing: dict, rng: random
         time.sleep(rng.uniform(0.0, timing["startup"]))
         return
     while rows(out) < done + k - 1:
-        done_pid, status = os.waitpid(pid, os.WNOHANG)
-        if done_pid:
-            _reaped[pid] = status
+        if not run.running():
             return
         time.sleep(0.005)
     time.sleep(rng.uniform(0.0, timing["iteration"]))
@@ -206,12 +329,11 @@ def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
         finished = False
         kill_next = True
         for _attempt in range(20):
-            pid = fork_cli(argv, log)
+            run = Run(argv, log)
             if kill_next:
-                random_moment(pid, out, it, window, rng)
-                if pid not in _reaped:  # still running (or a zombie): ours to kill
-                    os.kill(pid, signal.SIGKILL)
-            code = wait(pid)
+                random_moment(run, out, it, window, rng)
+                run.kill()
+            code = run.wait()
             if os.environ.get("FAULTS_DEBUG"):
                 print(f"trial {trial}: {argv[1:]} exit {code}", file=sys.stderr)
             if code == -signal.SIGKILL:
@@ -220,12 +342,12 @@ def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
                         if os.path.isdir(os.path.join(out, "checkpoints")) else False:
                     stats["kills_in_checkpoint_write"] += 1
             elif code != 0:
-                lines = stderr_lines(log)
-                if code == 2 and lines and "no complete checkpoint" in lines[-1]:
+                lines, error = stderr_lines(log), error_line(log)
+                if "no complete checkpoint" in error:
                     argv = ["train", cfg, "--overwrite", "true"]  # killed before its first checkpoint
                     kill_next = rng.random() < 0.5
                     continue
-                if code == 2 and lines and lines[-1].endswith(f"cannot resume from {out}: no such folder"):
+                if error.endswith(f"cannot resume from {out}: no such folder"):
                     argv = ["train", cfg]  # killed before it made its output folder
                     kill_next = rng.random() < 0.5
                     continue
@@ -290,10 +412,10 @@ def disk_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
             out = os.path.join(disk, "run")
             cfg = ctx["config_for"](out, os.path.join(work, f"disk-{trial}.yaml"))
             log = os.path.join(work, f"disk-{trial}.log")
-            pid = fork_cli(["train", cfg], log)
-            random_moment(pid, out, it, window, rng)
+            run = Run(["train", cfg], log)
+            random_moment(run, out, it, window, rng)
             fill(disk, rng.choice([0, rng.randrange(0, 128 * 1024)]))
-            code = wait(pid)
+            code = run.wait()
             lines = stderr_lines(log)
             if code == 0:
                 stats["finished_anyway"] += 1
@@ -337,12 +459,18 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None)
+    parser.add_argument("--deepspeed", default="", choices=["", "zero2", "zero3"],
+                        help="run every training under torchrun with DeepSpeed at this ZeRO stage")
+    parser.add_argument("--nproc", type=int, default=2, help="processes per run under --deepspeed")
     args = parser.parse_args()
+    global Run
+    if args.deepspeed:
+        Run, TorchrunRun.nproc = TorchrunRun, args.nproc
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work = args.work or tempfile.mkdtemp(prefix="lmppo-faults-")
     os.makedirs(work, exist_ok=True)
-    ctx = setup(work, args.iterations)
+    ctx = setup(work, args.iterations, args.deepspeed)
     import lmppo.cli  # noqa: F401  (warm: forked runs start with everything imported)
     import lmppo.trainer  # noqa: F401
 
@@ -354,17 +482,17 @@ def main() -> int:
     ref_out = os.path.join(work, "reference")
     shutil.rmtree(ref_out, ignore_errors=True)
     start = time.monotonic()
-    pid = fork_cli(["train", ctx["config_for"](ref_out)], ref_out + ".log")
+    run = Run(["train", ctx["config_for"](ref_out)], ref_out + ".log")
     first = None
     metrics = os.path.join(ref_out, "metrics.jsonl")
     while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
+        running = run.running()
         if first is None and os.path.isfile(metrics) and os.path.getsize(metrics) > 0:
             first = time.monotonic() - start
-        if done:
+        if not running:
             break
         time.sleep(0.01)
-    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else -1
+    code = run.wait()
     duration = time.monotonic() - start
     first = first or 0.0
     window = {"startup": first, "iteration": (duration - first) / max(args.iterations - 1, 1)}
@@ -375,6 +503,8 @@ def main() -> int:
     if outcome(warm, args.iterations) != reference:
         print("two uninterrupted runs differ: the comparison below would mean nothing")
         return 1
+    if args.deepspeed:
+        print(f"under torchrun, DeepSpeed {args.deepspeed}, {args.nproc} processes (gloo, CPU)")
     print(f"reference run: {args.iterations} iterations in {duration:.1f} s, the first logged after {first:.1f} s; "
           "each kill or full disk comes at a random point: during start-up, or within a uniformly chosen "
           "remaining iteration (its checkpoint write included)")
@@ -383,7 +513,8 @@ def main() -> int:
     print(f"SIGKILL: {kills['trials']} runs, {kills['kills']} kills ({kills['kills_in_checkpoint_write']} during a "
           f"checkpoint write); bit-identical to the uninterrupted run: {kills['identical']}/{kills['trials']}; "
           f"metrics without a lost, duplicated or torn row: {kills['rows_ok']}/{kills['trials']}")
-    disk = disk_trials(ctx, work, args.disk, window, reference, rng)
+    disk = disk_trials(ctx, work, args.disk, window, reference, rng) if args.disk else {"skipped": "--disk 0",
+                                                                                         "failures": []}
     if "skipped" in disk:
         print(f"full disk: skipped ({disk['skipped']})")
     else:

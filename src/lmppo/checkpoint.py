@@ -10,8 +10,8 @@ Layout of a run folder (`output_dir`)::
         optimizer.pt          the AdamW state (tensors and numbers only; loaded with torch.load(weights_only=True))
         state.json            counters, train_seconds, prompt-stream position, KL controller, score normaliser,
                               LR scheduler, the config (secrets masked), a fingerprint of the frozen weights
-        rng-rank0.safetensors torch CPU (+ CUDA) RNG and the minibatch-order generator of process 0
-        rng-rank0.json        python and numpy RNG of process 0
+        rng-rank0.safetensors torch CPU (+ CUDA) RNG and the minibatch-order generator of process 0 (rng-rank1.* ...:
+        rng-rank0.json        python and numpy RNG, score normaliser of process 0         one pair per process)
         manifest.json         sha256 and size of every other file; written last
     final/                    the trained policy in Hugging Face format (`PPOTrainer.save_model`)
 
@@ -35,11 +35,25 @@ uninterrupted run's bit for bit (wall-clock metrics aside). Not stored, but load
 frozen weights (the frozen reference copy of the initial policy, LoRA base weights); a sha256 of them in
 state.json makes a resume from different initial weights fail instead of silently training something else.
 
-Departure from TRL / accelerate's `save_state`: no pickle anywhere (tensors in safetensors, the rest JSON, the
-optimizer through `weights_only` loading), a manifest with checksums, and a config compatibility check that
-refuses a resume which would mean something else (`INCOMPATIBLE_FIELDS`) with the field, old and new value.
-Multi-process: every process writes its own RNG files into the shared temporary folder; process 0 writes the
-rest. (Sharded optimizers, FSDP / DeepSpeed ZeRO, are not supported yet.)
+Departure from TRL / accelerate's `save_state`: no pickle (tensors in safetensors, the rest JSON, the optimizer
+through `weights_only` loading; DeepSpeed's own shard files, below, are the exception), a manifest with checksums,
+and a config compatibility check that refuses a resume which would mean something else (`INCOMPATIBLE_FIELDS`) with
+the field, old and new value.
+
+Several processes: every process writes its own RNG files (and score normaliser) into the shared temporary folder,
+then all wait for each other (a barrier), then process 0 writes the rest, the manifest last, and publishes the
+folder: a checkpoint is complete for every process or does not exist. The files are read from a folder every
+process sees (one machine, or a shared file system).
+
+Under DeepSpeed ZeRO-2 / ZeRO-3 (`Strategy.sharded_checkpoint`) the model and optimizer state are sharded: instead
+of trained.safetensors and optimizer.pt, every process writes its shards through DeepSpeed's own
+`engine.save_checkpoint` into `deepspeed/` (`mp_rank_00_model_states.pt` or one `zero_pp_rank_R_..._model_states.pt`
+per process under ZeRO-3, one `..._optim_states.pt` per process; DeepSpeed's `zero_to_fp32.py` beside them turns
+them into full fp32 weights: `python zero_to_fp32.py . OUT --tag deepspeed`). These are DeepSpeed's pickles, read
+back by `engine.load_checkpoint`: a checkpoint folder is trusted like code. A moving reference partitioned by
+ZeRO-3 is one `reference-rankR.safetensors` per process. state.json and the manifest record the layout
+(`deepspeed_stage`) and the number of processes; a resume under another stage or number of processes is refused
+with one message naming both (`check_layout`): the shards belong to the processes that wrote them.
 """
 
 from __future__ import annotations
@@ -62,6 +76,7 @@ import lmppo.lock as lock
 import lmppo.ownership as ownership
 import lmppo.storage as storage
 from lmppo.config import Config, apply_override, from_dict, load_config
+from lmppo.distributed import ENGINE_TAG, requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
 from lmppo.optim import lr_factor
 from lmppo.redact import MASK, _SECRET_KEY, redact_text  # noqa: F401  (redact_text: re-exported)
@@ -76,6 +91,7 @@ FORMAT = 1
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 REQUIRED_FILES = ("state.json", "trained.safetensors", "optimizer.pt")
+"""Files every checkpoint of whole tensors lists (a sharded one: `required_files`)."""
 _CKPT_NAME = re.compile(r"^iter-(\d+)$")
 
 INCOMPATIBLE_FIELDS = (
@@ -281,6 +297,9 @@ def frozen_fingerprint(trainer: "Trainer") -> str:
         for name, p in _unwrap(trainer, module).named_parameters():
             if p.requires_grad:
                 continue
+            if hasattr(p, "ds_shape"):  # ZeRO-3: each process holds another shard; only the layout is compared
+                h.update(f"{prefix}{name}:{p.dtype}:{tuple(p.ds_shape)};".encode())
+                continue
             t = p.detach().cpu().contiguous()
             h.update(f"{prefix}{name}:{t.dtype}:{tuple(t.shape)};".encode())
             h.update(t.reshape(-1).view(torch.uint8).numpy())
@@ -322,7 +341,9 @@ def _rng_state(trainer: "Trainer") -> tuple[dict, dict]:
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"cuda_{i}"] = state
     version, internal, gauss = random.getstate()
-    info: dict[str, Any] = {"python": [version, list(internal), gauss]}
+    info: dict[str, Any] = {"python": [version, list(internal), gauss],
+                            # each process normalises with the moments of the scores it has seen
+                            "score_moments": trainer.score_moments.state_dict()}
     try:
         import numpy as np
 
@@ -352,6 +373,8 @@ def _set_rng_state(trainer: "Trainer", tensors: dict, info: dict) -> None:
 
         name, keys, pos, has_gauss, cached = info["numpy"]
         np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "score_moments" in info:  # (older checkpoints: process 0's, from state.json)
+        trainer.score_moments.load_state_dict(info["score_moments"])
 
 
 def _nonfinite(tensors: dict) -> Optional[str]:
@@ -361,6 +384,25 @@ def _nonfinite(tensors: dict) -> Optional[str]:
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             return name
     return None
+
+
+def _nonfinite_shards(trainer: "Trainer") -> Optional[str]:
+    """Sharded layouts: the first trainable tensor holding NaN or inf in any process (each checks its own shards;
+    a collective), or None."""
+    import torch
+
+    bad = None
+    for prefix, module in (("actor.", trainer.actor), ("critic.", trainer.critic)):
+        if module is None or bad is not None:
+            continue
+        for name, p in _unwrap(trainer, module).named_parameters():
+            shard = getattr(p, "ds_tensor", p)
+            if p.requires_grad and shard.is_floating_point() and not bool(torch.isfinite(shard).all()):
+                bad = prefix + name
+                break
+    if not trainer.strategy.process_max(torch.tensor(float(bad is not None))):
+        return None
+    return bad or "a trainable tensor of another process"
 
 
 def _optimizer_tensors(state: dict) -> dict:
@@ -393,6 +435,26 @@ def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
     return sorted(found, reverse=True)
 
 
+def required_files(manifest: dict) -> list[str]:
+    """What manifest `manifest` must list: state.json and, for whole tensors, the weights and the optimizer;
+    for a sharded layout, every process's RNG files and DeepSpeed optimizer shard."""
+    layout = manifest.get("layout") or {}
+    if not layout.get("deepspeed_stage"):
+        return list(REQUIRED_FILES)
+    processes = manifest.get("processes")
+    if not isinstance(processes, int) or processes < 1:
+        return ["state.json", "(the number of processes)"]
+    files = ["state.json"]
+    for rank in range(processes):
+        files += [f"rng-rank{rank}.safetensors", f"rng-rank{rank}.json"]
+    return files
+
+
+def _has_shard(files: dict, rank: int) -> bool:
+    return any(name.startswith(ENGINE_TAG + "/") and f"zero_pp_rank_{rank}_" in name and
+               name.endswith("optim_states.pt") for name in files)
+
+
 def verify_checkpoint(path: str) -> dict:
     """The manifest of checkpoint folder `path` after checking every file it lists (size and sha256);
     CheckpointError saying what is wrong otherwise."""
@@ -407,13 +469,18 @@ def verify_checkpoint(path: str) -> dict:
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or manifest.get("format") != FORMAT:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} is not a lmppo checkpoint manifest of format {FORMAT}")
-    missing = [f for f in REQUIRED_FILES if f not in files]
+    missing = [f for f in required_files(manifest) if f not in files]
+    if (manifest.get("layout") or {}).get("deepspeed_stage"):
+        missing += [f"{ENGINE_TAG}/ optimizer shard of process {r}" for r in range(manifest.get("processes") or 0)
+                    if not _has_shard(files, r)]
     if missing:
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} does not list {', '.join(missing)}")
     for name, info in files.items():
-        fpath = os.path.join(path, name)
-        if os.path.basename(name) != name or name in (MANIFEST, "", ".", ".."):
+        parts = name.split("/") if isinstance(name, str) else [""]
+        if name in (MANIFEST, "") or os.path.isabs(name) or any(part in ("", ".", "..") for part in parts) \
+                or "\\" in name:
             raise CheckpointError(f"checkpoint {path}: {MANIFEST} lists a file outside the folder: {name!r}")
+        fpath = os.path.join(path, *parts)
         if not isinstance(info, dict) or not os.path.isfile(fpath):
             raise CheckpointError(f"checkpoint {path}: {name} is missing")
         if os.path.getsize(fpath) != info.get("bytes"):
@@ -436,14 +503,19 @@ def latest_checkpoint(output_dir: str) -> Optional[str]:
     return None
 
 
-def write_manifest(folder: str, iteration: int) -> None:
-    """manifest.json of `folder`: format, iteration, size and sha256 of every other file. Written last."""
+def write_manifest(folder: str, iteration: int, processes: int = 1, layout: Optional[dict] = None) -> None:
+    """manifest.json of `folder`: format, iteration, number of processes, layout (`Strategy.checkpoint_layout`),
+    size and sha256 of every other file (sub-folders included, as `a/b`). Written last."""
     files = {}
-    for name in sorted(os.listdir(folder)):
-        if name != MANIFEST and os.path.isfile(os.path.join(folder, name)):
-            path = os.path.join(folder, name)
-            files[name] = {"bytes": os.path.getsize(path), "sha256": _sha256(path)}
-    _write_json(os.path.join(folder, MANIFEST), {"format": FORMAT, "iteration": iteration, "files": files})
+    for top, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(top, name)
+            rel = os.path.relpath(path, folder).replace(os.sep, "/")
+            if rel != MANIFEST:
+                files[rel] = {"bytes": os.path.getsize(path), "sha256": _sha256(path)}
+    _write_json(os.path.join(folder, MANIFEST), {"format": FORMAT, "iteration": iteration, "processes": processes,
+                                                 "layout": layout or {}, "files": files})
 
 
 def prune_checkpoints(output_dir: str, keep_last: int, newest: str) -> None:
@@ -478,16 +550,20 @@ def save_checkpoint(trainer: "Trainer") -> str:
     import torch
     from safetensors.torch import save_file
 
-    cfg, acc = trainer.config, trainer.accelerator
+    cfg, acc, strategy = trainer.config, trainer.accelerator, trainer.strategy
+    sharded = strategy.sharded_checkpoint  # DeepSpeed: the engine writes model and optimizer, a shard per process
     root = checkpoints_dir(cfg.output_dir)
     name = f"iter-{trainer.iteration:08d}"
     final = os.path.join(root, name)
     tmp = os.path.join(root, f".{name}.tmp")
     main = acc.is_main_process
     previous = [p for _i, p in list_checkpoints(cfg.output_dir) if p != final]
-    trained = {n: p.detach().cpu().contiguous() for n, p in trained_parameters(trainer).items()}
-    optimizer_state = trainer.optimizer.state_dict()
-    bad = _nonfinite(trained) or _nonfinite(_optimizer_tensors(optimizer_state))
+    if sharded:
+        trained, optimizer_state, bad = {}, {}, _nonfinite_shards(trainer)
+    else:
+        trained = {n: p.detach().cpu().contiguous() for n, p in trained_parameters(trainer).items()}
+        optimizer_state = trainer.optimizer.state_dict()
+        bad = _nonfinite(trained) or _nonfinite(_optimizer_tensors(optimizer_state))
     if bad is not None:
         keep = f"the previous checkpoint {previous[0]} is kept" if previous else "no checkpoint was written before"
         raise CheckpointError(f"refusing to write the checkpoint of iteration {trainer.iteration}: {bad} holds "
@@ -498,23 +574,32 @@ def save_checkpoint(trainer: "Trainer") -> str:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
         acc.wait_for_everyone()
+        # every process writes its own part: RNG streams, reference shards (ZeRO-3), model and optimizer shards
         rng_tensors, rng_info = _rng_state(trainer)
         rank = acc.process_index
         save_file(rng_tensors, os.path.join(tmp, f"rng-rank{rank}.safetensors"))
         _write_json(os.path.join(tmp, f"rng-rank{rank}.json"), rng_info)
-        acc.wait_for_everyone()
-        if main:
-            save_file(trained, os.path.join(tmp, "trained.safetensors"))
-            reference_tensors: dict = {}
+        reference_tensors: dict = {}
+        reference_state: dict = {}
+        if main or trainer.reference.partitioned:
             reference_state = _split_tensors(trainer.reference.state_dict(), "", reference_tensors)
-            if reference_tensors:
+        if reference_tensors and trainer.reference.partitioned:
+            save_file(reference_tensors, os.path.join(tmp, f"reference-rank{rank}.safetensors"))
+        if sharded:
+            strategy.write_shards(trainer.actor, tmp)
+        acc.wait_for_everyone()  # every part is written: process 0 completes and publishes the folder
+        if main:
+            if not sharded:
+                save_file(trained, os.path.join(tmp, "trained.safetensors"))
+                torch.save(optimizer_state, os.path.join(tmp, "optimizer.pt"))
+            if reference_tensors and not trainer.reference.partitioned:
                 save_file(reference_tensors, os.path.join(tmp, "reference.safetensors"))
-            torch.save(optimizer_state, os.path.join(tmp, "optimizer.pt"))
             state = trainer.state_for_checkpoint()
             state.update(format=FORMAT, reference=reference_state, frozen_fingerprint=frozen_fingerprint(trainer),
-                         num_processes=acc.num_processes, config=redacted_config_dict(cfg))
+                         num_processes=acc.num_processes, layout=strategy.checkpoint_layout(),
+                         config=redacted_config_dict(cfg))
             _write_json(os.path.join(tmp, "state.json"), state)
-            write_manifest(tmp, trainer.iteration)
+            write_manifest(tmp, trainer.iteration, acc.num_processes, strategy.checkpoint_layout())
             _publish(tmp, final)
     except BaseException as err:  # the real writers raise OSError, RuntimeError (torch), SafetensorError, ...
         if main:
@@ -561,6 +646,30 @@ def _check_length(cfg: Config, state: dict, where: str) -> None:
     if state["iteration"] > cfg.num_iterations:
         raise ConfigError("total_episodes", cfg.total_episodes, f"is less than the {state['episode']} episodes the "
                           f"checkpoint {where} has already trained; give at least that many (more to go on)")
+
+
+def _setting(stage: int, processes: int) -> str:
+    plural = "es" if processes != 1 else ""
+    return (f"under DeepSpeed ZeRO-{stage} with {processes} process{plural}" if stage
+            else f"without DeepSpeed with {processes} process{plural}")
+
+
+def check_layout(state: dict, processes: int, stage: Optional[int], where: str, warn: bool = True) -> None:
+    """CheckpointError when checkpoint `where` (its state.json `state`) cannot be resumed by `processes` processes
+    under ZeRO stage `stage` (0: no DeepSpeed; None: not known yet, not compared): a DeepSpeed checkpoint's model
+    and optimizer shards belong to the stage and the processes that wrote them. A checkpoint of whole tensors
+    resumes with another number of processes, with a warning (`warn`) that it does not repeat the run exactly."""
+    saved_stage = int((state.get("layout") or {}).get("deepspeed_stage", 0))
+    saved_processes = int(state.get("num_processes", 1))
+    if stage is not None and stage != saved_stage or saved_stage and processes != saved_processes:
+        now = _setting(stage if stage is not None else saved_stage, processes)
+        raise CheckpointError(f"cannot resume from {where} {now}: it was written {_setting(saved_stage, saved_processes)}"
+                              ", and a DeepSpeed checkpoint's model and optimizer shards belong to the ZeRO stage and "
+                              "the processes that wrote them; resume with the same launcher, DeepSpeed setting and "
+                              f"number of processes ({saved_processes})")
+    if warn and processes != saved_processes:
+        warnings.warn(f"checkpoint {where} was written by {saved_processes} processes, this run has {processes}; it "
+                      "continues, but not exactly as it would have")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -640,32 +749,23 @@ def load_checkpoint(trainer: "Trainer", path: Optional[str] = None, *, verified:
     if state.get("frozen_fingerprint") != frozen_fingerprint(trainer):
         raise CheckpointError(f"checkpoint {path}: the frozen weights (LoRA base model, frozen layers) differ from "
                               "the ones it was trained with; resume from the same initial policy (model.policy)")
-    num_processes = state.get("num_processes", 1)
-    if num_processes != trainer.accelerator.num_processes:
-        warnings.warn(f"checkpoint {path} was written by {num_processes} processes, this run has "
-                      f"{trainer.accelerator.num_processes}; it continues, but not exactly as it would have")
+    strategy, acc = trainer.strategy, trainer.accelerator
+    check_layout(state, acc.num_processes, int(strategy.checkpoint_layout().get("deepspeed_stage", 0)), path)
 
-    # weights
-    params = trained_parameters(trainer)
-    loaded = load_file(os.path.join(path, "trained.safetensors"))
-    if set(loaded) != set(params):
-        diff = sorted(set(loaded) ^ set(params))[:3]
-        raise CheckpointError(f"checkpoint {path}: its trained tensors do not match this model's (e.g. {diff})")
-    with torch.no_grad():
-        for name, p in params.items():
-            t = loaded[name]
-            if t.shape != p.shape or t.dtype != p.dtype:
-                raise CheckpointError(f"checkpoint {path}: `{name}` has shape {tuple(t.shape)} {t.dtype}, this "
-                                      f"model has {tuple(p.shape)} {p.dtype}")
-            p.copy_(t)
+    # weights and optimizer
+    if strategy.sharded_checkpoint:
+        iteration = float(state["iteration"])  # every process must have picked the same checkpoint
+        if strategy.process_max(torch.tensor(iteration)) != -strategy.process_max(torch.tensor(-iteration)):
+            raise CheckpointError(f"the processes of this run chose different checkpoints to resume from ({path} on "
+                                  f"process {acc.process_index}); is the run folder the same on every machine?")
+        strategy.read_shards(trainer.actor, path)
+    else:
+        _load_whole_tensors(trainer, path)
+    reference_file = f"reference-rank{acc.process_index}" if trainer.reference.partitioned else "reference"
     reference_tensors = {}
-    if os.path.isfile(os.path.join(path, "reference.safetensors")):
-        reference_tensors = load_file(os.path.join(path, "reference.safetensors"))
+    if os.path.isfile(os.path.join(path, reference_file + ".safetensors")):
+        reference_tensors = load_file(os.path.join(path, reference_file + ".safetensors"))
     trainer.reference.load_state_dict(_join_tensors(state.get("reference", {}), reference_tensors))
-
-    # optimisation
-    opt_state = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
-    trainer.optimizer.load_state_dict(opt_state)
     sched = dict(state["scheduler"])
     sched["lr_lambdas"] = [None] * len(trainer.scheduler.lr_lambdas)
     trainer.scheduler.load_state_dict(sched)
@@ -690,6 +790,27 @@ def load_checkpoint(trainer: "Trainer", path: Optional[str] = None, *, verified:
     if trainer.accelerator.is_main_process:
         truncate_logs(cfg.output_dir, trainer.iteration, trainer.episode)
     return path
+
+
+def _load_whole_tensors(trainer: "Trainer", path: str) -> None:
+    """trained.safetensors and optimizer.pt of checkpoint `path` into the trainer's model and optimizer."""
+    import torch
+    from safetensors.torch import load_file
+
+    params = trained_parameters(trainer)
+    loaded = load_file(os.path.join(path, "trained.safetensors"))
+    if set(loaded) != set(params):
+        diff = sorted(set(loaded) ^ set(params))[:3]
+        raise CheckpointError(f"checkpoint {path}: its trained tensors do not match this model's (e.g. {diff})")
+    with torch.no_grad():
+        for name, p in params.items():
+            t = loaded[name]
+            if t.shape != p.shape or t.dtype != p.dtype:
+                raise CheckpointError(f"checkpoint {path}: `{name}` has shape {tuple(t.shape)} {t.dtype}, this "
+                                      f"model has {tuple(p.shape)} {p.dtype}")
+            p.copy_(t)
+    opt_state = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
+    trainer.optimizer.load_state_dict(opt_state)
 
 
 def _apply_changed_optimisation(trainer: "Trainer", saved: dict) -> None:
@@ -783,9 +904,11 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
     cfg.output_dir = output_dir
     check_compatible(cfg, state.get("config", {}), path)
     _check_length(cfg, state, path)
+    # the launcher's number of processes and the ZeRO stage, before any model loads (checked again once started)
+    check_layout(state, int(os.environ.get("WORLD_SIZE", "1")), requested_zero_stage(cfg), path, warn=False)
     trainer = trainer_cls(cfg, console=console, resuming=True, **trainer_kwargs)
     stale = [p for i, p in list_checkpoints(output_dir) if i > state["iteration"]]
-    for p in stale:  # newer checkpoints that failed verification: set aside so they are neither used nor pruned
+    for p in stale if trainer.accelerator.is_main_process else []:  # newer checkpoints that failed verification: set aside so they are neither used nor pruned
         with contextlib.suppress(OSError):
             os.rename(p, os.path.join(os.path.dirname(p), f"corrupt-{os.path.basename(p)}-{uuid.uuid4().hex[:6]}"))
     load_checkpoint(trainer, path, verified=True)

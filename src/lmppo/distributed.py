@@ -27,10 +27,14 @@ What is handled, and how:
   (DeepSpeed's `unwrap_model_for_generation`, as TRL does); the logprob passes that follow run partitioned
   (every process runs the same number of them).
 - **Saving** gathers the full weights (ZeRO-3) in every process for the duration of the save.
-- **Not done:** checkpoints and resume (ZeRO shards the optimizer state; lmppo's checkpoint stores one copy),
-  so under DeepSpeed no checkpoint is written and `--resume` is refused; the final model is saved. Non-finite
-  updates are not skipped (the engine has stepped when lmppo sees the gradient norm); the run stops after
-  `ppo.max_nonfinite_updates` of them in a row as usual.
+- **Checkpoints** (`lmppo.checkpoint`): the engine writes the model and optimizer state through DeepSpeed's own
+  `save_checkpoint` into the `deepspeed/` folder of lmppo's checkpoint (every process its own shard files), and
+  reads it back with `load_checkpoint` on resume; lmppo's own part (counters, RNG streams of every process, prompt
+  stream, KL controller, score normaliser, a moving reference: per process under ZeRO-3) sits beside it, and the
+  checkpoint is published only when every process has written its part. A resume needs the same ZeRO stage and
+  number of processes (the shards are per process): anything else is refused before a model loads.
+- **Not done:** non-finite updates are not skipped (the engine has stepped when lmppo sees the gradient norm); the
+  run stops after `ppo.max_nonfinite_updates` of them in a row as usual.
 """
 
 from __future__ import annotations
@@ -39,21 +43,37 @@ import contextlib
 import copy
 import json
 import os
-import warnings
 from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
 
-from lmppo.errors import ConfigError, LmppoError
+from lmppo.errors import CheckpointError, ConfigError, LmppoError
 from lmppo.models import Actor, Critic, _load_kwargs, build_critic, hf_model, hidden_size, is_peft_model
 
 ZERO_PRESETS = ("zero2", "zero3")
+ENGINE_TAG = "deepspeed"
+"""The folder of a checkpoint that holds DeepSpeed's own files (its `tag`)."""
 
 
 def deepspeed_requested(cfg) -> bool:
     """True when the config names a DeepSpeed configuration or the launcher turned DeepSpeed on."""
     return bool(cfg.deepspeed) or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+
+
+def requested_zero_stage(cfg) -> Optional[int]:
+    """The ZeRO stage this run will use as far as the config and the launcher say before anything starts: 0 without
+    DeepSpeed, None when only the started engine will know (a launcher config file that names no stage)."""
+    if not deepspeed_requested(cfg):
+        return 0
+    if cfg.deepspeed:
+        try:
+            stage = deepspeed_config(cfg.deepspeed).get("zero_optimization", {}).get("stage", 0)
+        except (OSError, ConfigError):
+            return None
+        return int(stage) if str(stage).isdigit() else None
+    stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE", "")
+    return int(stage) if stage.isdigit() else None
 
 
 def deepspeed_config(name: str) -> dict:
@@ -332,12 +352,18 @@ class ZeroSupport:
 
         return deepspeed.zero.GatheredParameters(list(engine.module.parameters()))
 
-    def no_checkpoint(self) -> None:
-        if not getattr(self, "_warned_checkpoint", False) and self.accelerator.is_main_process:
-            warnings.warn("checkpoints are not written under DeepSpeed (ZeRO shards the optimizer state; lmppo's "
-                          "checkpoints hold one copy): this run cannot be resumed; the final model is saved",
-                          stacklevel=3)
-        self._warned_checkpoint = True
+    # ------------------------------------------------------------------ checkpoints
+    def save_engine(self, engine, folder: str) -> None:
+        """Every process writes its shards of the model and optimizer state into `folder/deepspeed` (DeepSpeed's
+        `save_checkpoint`; a collective: every process must call it)."""
+        engine.save_checkpoint(folder, tag=ENGINE_TAG, save_latest=False)
+
+    def load_engine(self, engine, folder: str) -> None:
+        """Every process reads its shards back from `folder/deepspeed` (DeepSpeed's `load_checkpoint`)."""
+        path, _ = engine.load_checkpoint(folder, tag=ENGINE_TAG, load_optimizer_states=True,
+                                         load_lr_scheduler_states=False)
+        if path is None:
+            raise CheckpointError(f"checkpoint {folder}: DeepSpeed could not load its {ENGINE_TAG}/ folder")
 
 
 @contextlib.contextmanager
@@ -359,8 +385,3 @@ def _unhooked(engine, params) -> Iterator[None]:
             if start_of_forward is not None:
                 offload.fwd_pre_hook = root.register_forward_pre_hook(start_of_forward)
             offload._register_deepspeed_module(root)
-
-
-def refuse_resume() -> None:
-    raise ConfigError("deepspeed", "(on)", "runs cannot be resumed under DeepSpeed yet (no checkpoints are written: "
-                      "ZeRO shards the optimizer state); start a new run")

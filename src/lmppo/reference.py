@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from lmppo.core.logprobs import selective_log_softmax
-from lmppo.distributed import gathered_if_partitioned, local_shard
+from lmppo.distributed import gathered_if_partitioned, is_partitioned, local_shard
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models import hf_model, is_peft_model, policy_forward
 
@@ -130,6 +130,12 @@ class ReferencePolicy:
         return True
 
     # ------------------------------------------------------------------ checkpoints
+    @property
+    def partitioned(self) -> bool:
+        """True when ZeRO-3 partitioned the reference model: its state is this process's shards (a checkpoint holds
+        one file of them per process)."""
+        return self.model is not None and is_partitioned(self.model)
+
     def state_dict(self) -> dict:
         """What a checkpoint must hold to rebuild this reference exactly (tensors on the CPU).
 
@@ -142,6 +148,8 @@ class ReferencePolicy:
             if self._fingerprint is None:  # frozen weights never change: computed once
                 self._fingerprint = _fingerprint(self.model.parameters())
             state["fingerprint"] = self._fingerprint
+        elif self.partitioned:
+            state["weights"] = {k: local_shard(p).detach().cpu().clone() for k, p in self.model.named_parameters()}
         elif self.model is not None:
             state["weights"] = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         elif self.adapter:
@@ -163,6 +171,9 @@ class ReferencePolicy:
         weights = state.get("weights")
         if not weights:
             return
+        if self.partitioned:
+            self._load_shards(weights)
+            return
         if self.model is not None:
             self.model.load_state_dict(weights)
             return
@@ -173,6 +184,20 @@ class ReferencePolicy:
         with torch.no_grad():
             for name, value in weights.items():
                 self.adapter[name].copy_(value)
+
+    def _load_shards(self, weights: dict) -> None:
+        params = dict(self.model.named_parameters())
+        if set(weights) != set(params):
+            raise CheckpointError(f"the checkpoint's reference shards do not match this run's reference model (e.g. "
+                                  f"{sorted(set(weights) ^ set(params))[:3]})")
+        with torch.no_grad():
+            for name, value in weights.items():
+                shard = local_shard(params[name])
+                if shard.shape != value.shape:
+                    raise CheckpointError(f"the checkpoint's reference shard `{name}` has shape {tuple(value.shape)}, "
+                                          f"this process holds {tuple(shard.shape)}; resume with the same number of "
+                                          "processes")
+                shard.copy_(value)
 
 
 def _fingerprint(params) -> list[float]:

@@ -10,9 +10,11 @@ assembly step call the hooks and never ask which strategy runs:
   all-reduce only after the last micro-batch of a minibatch), `backward_kwargs`, `reuses_rollout_forward`;
 - numbers over all processes: `process_mean` / `process_sum` / `process_max`, `gather_mean` (over every sample),
   `whiten` (advantages whitened with the statistics of every process);
-- saving: `saving(actor)` (the full weights while the model is written), `save_checkpoint(save)` and
-  `check_resume()` (checkpoints are written and resumed, or refused), `full_weights(actor)` (every process can
-  sample on its own: the end-of-run summary).
+- saving: `saving(actor)` (the full weights while the model is written), `full_weights(actor)` (every process can
+  sample on its own: the end-of-run summary);
+- checkpoints (`lmppo.checkpoint` calls these): `checkpoint_layout()` (what a resume must match), and where the
+  engine keeps the model and optimizer state in per-process shards (`sharded_checkpoint`), `write_shards` /
+  `read_shards` (every process its own).
 
 A new strategy (FSDP, say) is a subclass here and one line in `make_strategy`.
 """
@@ -20,14 +22,14 @@ A new strategy (FSDP, say) is a subclass here and one line in `make_strategy`.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
 
 from lmppo.config import Config, ModelConfig
 from lmppo.core.masking import whiten_with
-from lmppo.distributed import ZeroSupport, accelerator_kwargs, prepare, refuse_resume
+from lmppo.distributed import ZeroSupport, accelerator_kwargs, prepare
 from lmppo.models import build_critic
 
 
@@ -105,11 +107,21 @@ class Strategy:
         """Every process can sample and score on its own inside the block."""
         return contextlib.nullcontext()
 
-    def save_checkpoint(self, save: Callable[[], str]) -> Optional[str]:
-        return save()
+    # ---- checkpoints
+    sharded_checkpoint = False  # True: the engine writes the model and optimizer state, one shard per process
 
-    def check_resume(self) -> None:
-        """Raise when runs under this strategy cannot be resumed."""
+    def checkpoint_layout(self) -> dict:
+        """What a checkpoint written under this strategy records, and a resume must match (besides the number of
+        processes): {} for one process and DDP (the checkpoint holds whole tensors)."""
+        return {}
+
+    def write_shards(self, actor: nn.Module, folder: str) -> None:
+        """Every process writes its shards of the model and optimizer state into `folder` (a collective)."""
+        raise NotImplementedError
+
+    def read_shards(self, actor: nn.Module, folder: str) -> None:
+        """Every process reads its shards back from checkpoint `folder` (a collective)."""
+        raise NotImplementedError
 
 
 class ZeroStrategy(Strategy):
@@ -152,11 +164,16 @@ class ZeroStrategy(Strategy):
     def full_weights(self, actor):
         return self.zero.full_weights(actor)
 
-    def save_checkpoint(self, save):
-        return self.zero.no_checkpoint()
+    sharded_checkpoint = True  # DeepSpeed's own checkpoint files (lmppo.distributed.ZeroSupport.save_engine)
 
-    def check_resume(self) -> None:
-        refuse_resume()
+    def checkpoint_layout(self) -> dict:
+        return {"deepspeed_stage": self.stage}
+
+    def write_shards(self, actor, folder):
+        self.zero.save_engine(actor, folder)
+
+    def read_shards(self, actor, folder):
+        self.zero.load_engine(actor, folder)
 
 
 def make_strategy(accelerator: Any, cfg: Config) -> Strategy:

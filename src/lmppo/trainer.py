@@ -583,8 +583,8 @@ class PPOTrainer:
                 self.callbacks.call("on_save", self, directory)
 
     def save_checkpoint(self) -> Optional[str]:
-        path = self.strategy.save_checkpoint(lambda: save_checkpoint(self))  # (not under DeepSpeed)
-        if path and self.accelerator.is_main_process:
+        path = save_checkpoint(self)  # (sharded under DeepSpeed: `lmppo.strategy`)
+        if self.accelerator.is_main_process:
             self.callbacks.call("on_save", self, path)
         return path
 
@@ -639,7 +639,6 @@ class PPOTrainer:
         """Restore this trainer from a checkpoint folder, or from the latest complete checkpoint of a run folder
         (default: this run's output_dir); returns the folder used. metrics.jsonl / samples.jsonl of the
         output_dir are cut back to the checkpoint's iteration."""
-        self.strategy.check_resume()  # (refused under DeepSpeed)
         return load_checkpoint(self, path)
 
     def state_for_checkpoint(self) -> dict[str, Any]:
