@@ -17,6 +17,7 @@ import os
 import re
 import textwrap
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
@@ -25,6 +26,7 @@ from typing import Any, Sequence
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from lmppo.errors import ConfigError
+from lmppo.redact import ENV_REFERENCE
 from lmppo.sampling_settings import check_generation_kwargs
 from lmppo.yaml_input import YamlInputError, load as load_yaml
 
@@ -180,6 +182,10 @@ class RewardSourceConfig:
     """HTTP only: seconds to wait for an answer."""
     retries: int = 2
     """HTTP only: further attempts after a failed request."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """HTTP only: extra request headers, e.g. `{Authorization: "Bearer ${MY_TOKEN}"}`. `${NAME}` is replaced by
+    environment variable NAME when the run starts (a missing one stops it before any model is loaded); keep secrets
+    there: the config, the run's files and every message show `${NAME}`, never its value."""
     span_placement: str = "last"
     """For span rewards: put a span's value on its `last` token, or `spread` it evenly over the span's tokens."""
     input: str = "text"
@@ -654,10 +660,66 @@ def _check_reward(rc: RewardConfig) -> None:
                               "gets text (a function can also take `completion_ids`)")
         if s.weight != s.weight:
             raise ConfigError(f"{where}.weight", s.weight, "must be a number")
+        if s.headers and s.kind != "http":
+            raise ConfigError(f"{where}.headers", s.headers, f"are for `http` sources; this source is `{s.kind}`")
+        http_headers(s, where)
     _one_of(rc.truncation, "reward.truncation", ("none", "penalty", "bootstrap", "drop"))
     _one_of(rc.penalty_mode, "reward.penalty_mode", ("replace", "add"))
     _non_negative(rc.clip, "reward.clip")
     _one_of(rc.on_bad_output, "reward.on_bad_output", ("error", "drop"))
+
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+RESERVED_HEADERS = ("host", "content-length", "content-type", "transfer-encoding", "connection")
+"""Headers the HTTP reward source writes itself."""
+
+
+def expand_env(template: str, name: str) -> tuple[str, list[str]]:
+    """`template` with every `${VAR}` replaced by environment variable VAR, and the values put in (secrets, to be
+    masked wherever a message could show them). ConfigError naming field `name` and the variable when one is
+    not set or empty."""
+    values: list[str] = []
+
+    def value(match: re.Match) -> str:
+        var = match.group(1)
+        got = os.environ.get(var)
+        if not got:
+            raise ConfigError(name, template, f"needs environment variable `{var}`, which is "
+                              + ("empty" if got == "" else "not set"))
+        values.append(got)
+        return got
+
+    return ENV_REFERENCE.sub(value, template), values
+
+
+def http_headers(source: RewardSourceConfig, where: str) -> tuple[dict[str, str], list[str]]:
+    """The headers of an HTTP source with `${VAR}` expanded, and the values taken from the environment; one
+    ConfigError for a bad name, a reserved header, a value that is not text, or a missing variable."""
+    out: dict[str, str] = {}
+    secrets: list[str] = []
+    for key, template in source.headers.items():
+        name = f"{where}.headers.{key}"
+        if not isinstance(key, str) or not _HEADER_NAME.match(key):
+            raise ConfigError(f"{where}.headers", key, "is not a valid HTTP header name (letters, digits, `-`)")
+        if key.lower() in RESERVED_HEADERS:
+            raise ConfigError(name, template, "is set by lmppo itself; remove it")
+        if key.lower() == "authorization" and urllib.parse.urlsplit(source.path).username is not None:
+            raise ConfigError(name, template, "conflicts with the credentials in the URL (sent as basic auth); "
+                              "give one or the other")
+        if not isinstance(template, str):
+            raise ConfigError(name, template, "must be a string")
+        value, used = expand_env(template, name)
+        if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in value):
+            raise ConfigError(name, template, "holds a line break or control character"
+                              + (" (from " + ", ".join(f"`{m}`" for m in ENV_REFERENCE.findall(template)) + ")"
+                                 if used else ""))
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ConfigError(name, template, "holds characters an HTTP header cannot carry (only Latin-1)") from None
+        out[key] = value
+        secrets += used
+    return out, secrets
 
 
 def _check_types(obj: Any, prefix: str) -> None:
