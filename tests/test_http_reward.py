@@ -149,12 +149,12 @@ def test_missing_variable_is_one_line_naming_field_and_variable(env, capsys, mon
     ({"Bad Name": "x"}, "not a valid HTTP header name"),
     ({"Content-Length": "3"}, "set by lmppo itself"),
     ({"X-Team": "a\nInjected: yes"}, "line break or control character"),
-    ({"X-Team": 5}, "must be a string"),
+    ({"X-Team": ["a"]}, "must be a string"),
 ])
 def test_bad_headers_are_refused(headers, says):
     cfg = Config()
-    cfg.reward.sources = [RewardSourceConfig(kind="http", path="http://127.0.0.1:9/score", headers=headers)]
     with pytest.raises(ConfigError, match=says):
+        cfg.reward.sources = [RewardSourceConfig(kind="http", path="http://127.0.0.1:9/score", headers=headers)]
         cfg.validate()
 
 
