@@ -239,9 +239,8 @@ def test_override_with_broken_yaml_is_a_clean_error(capsys):
 
 
 def test_seed_out_of_range_is_a_config_error():
-    cfg = load_config(None, {"seed": "-1"})
-    with pytest.raises(LmppoError, match="seed"):
-        cfg.validate()
+    with pytest.raises(LmppoError, match="seed"):  # refused as the override is applied
+        load_config(None, {"seed": "-1"}).validate()
 
 
 def test_csv_field_over_the_csv_module_limit_is_a_data_error(tmp_path):
@@ -350,21 +349,21 @@ def prompt_files(draw):
     ext = draw(st.sampled_from([".jsonl", ".csv", ".txt", ".json", ""]))
     fmt = draw(st.sampled_from(["auto", "jsonl", "csv", "text", "xml"]))
     field = draw(st.sampled_from(["prompt", "text", ""]))
-    return content, ext, DataConfig(prompts="", format=fmt, field=field,
-                                    max_prompt_length=draw(st.integers(-1, 12)),
-                                    long_prompts=draw(st.sampled_from(["truncate_left", "error", "bogus"])),
-                                    chat_template=draw(st.booleans()))
+    return content, ext, dict(format=fmt, field=field, max_prompt_length=draw(st.integers(-1, 12)),
+                              long_prompts=draw(st.sampled_from(["truncate_left", "error", "bogus"])),
+                              chat_template=draw(st.booleans()))
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(spec=prompt_files())
 def test_random_prompt_files_fail_only_with_lmppo_errors(tokenizer, spec):
-    content, ext, data_cfg = spec
+    content, ext, fields = spec
     with tempfile.TemporaryDirectory() as folder:
-        data_cfg.prompts = os.path.join(folder, "prompts" + ext)
-        with open(data_cfg.prompts, "wb") as fh:
+        path = os.path.join(folder, "prompts" + ext)
+        with open(path, "wb") as fh:
             fh.write(content)
         try:
+            data_cfg = DataConfig(prompts=path, **fields)  # a bad choice is refused here, as a ConfigError
             records = load_prompt_records(data_cfg)
             prompt_set = tokenize_prompts(records, tokenizer, data_cfg)
         except LmppoError as err:

@@ -79,7 +79,7 @@ from lmppo.config import Config, apply_override, from_dict, load_config
 from lmppo.distributed import ENGINE_TAG, requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
 from lmppo.optim import lr_factor
-from lmppo.redact import MASK, _SECRET_KEY, redact_text  # noqa: F401  (redact_text: re-exported)
+from lmppo.redact import MASK, _SECRET_KEY, is_env_template, redact_text  # noqa: F401  (redact_text: re-exported)
 
 Trainer = Any
 """What saving and loading read and restore: an object with `config`, `accelerator`, `actor`, `critic`,
@@ -165,7 +165,8 @@ def _redact(value: Any, known: frozenset[str]) -> Any:
         out = {}
         for k, v in value.items():
             secret_key = isinstance(k, str) and k not in known and _SECRET_KEY.search(k)
-            out[k] = MASK if secret_key and v not in (None, "", False) else _redact(v, known)
+            env_only = isinstance(v, str) and is_env_template(v)  # `Bearer ${TOKEN}`: no secret in the text
+            out[k] = MASK if secret_key and v not in (None, "", False) and not env_only else _redact(v, known)
         return out
     return value
 

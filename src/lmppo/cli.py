@@ -15,7 +15,8 @@ import difflib
 import os
 import sys
 import textwrap
-from typing import Any, Optional, Sequence
+import typing
+from typing import Any, Literal, Optional, Sequence
 
 from lmppo import __version__
 from lmppo.config import Config, all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
@@ -30,7 +31,12 @@ EXIT_USER_ERROR = 2
 
 
 def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+    """How --help shows a field's type: `{a,b,c}` for a choice, `LIST[...]` for a list, else the type's name."""
+    if typing.get_origin(tp) is Literal:
+        return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
+    if typing.get_origin(tp) is list:
+        return f"LIST[{_type_name(typing.get_args(tp)[0])}]"
+    return (getattr(tp, "__name__", None) or str(tp).replace("typing.", "")).upper()
 
 
 def train_help() -> str:
@@ -53,7 +59,7 @@ def train_help() -> str:
             section = head
             lines.append("")
             lines.append(f" [{head or 'run'}]")
-        lines.append(f"  --{name} {_type_name(tp).upper()}   (default: {default!r})")
+        lines.append(f"  --{name} {_type_name(tp)}   (default: {default!r})")
         for chunk in textwrap.wrap(doc, 96):
             lines.append("      " + chunk)
     return "\n".join(lines)

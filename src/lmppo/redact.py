@@ -17,6 +17,15 @@ _TOKEN_SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{20,}|sk-[A-Za-z0-9_-]{20,}|gh[p
                            r"glpat-[A-Za-z0-9_-]{20,})")
 _AUTH_HEADER = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}")
 _SECRET_KEY = re.compile(r"(?i)" + _SECRET_NAME)
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+"""`${NAME}`: a value taken from environment variable NAME when used (HTTP reward headers), never stored expanded."""
+_AUTH_SCHEME = re.compile(r"(?i)\s*(?:bearer|basic|token|apikey|api-key)?\s*")
+
+
+def is_env_template(text: str) -> bool:
+    """True when `text` holds its secret only as `${NAME}` references: besides them at most an auth scheme word
+    (`Bearer ${TOKEN}`). Such a value is safe to write down; anything else under a secret-looking name is masked."""
+    return bool(ENV_REFERENCE.search(text)) and _AUTH_SCHEME.fullmatch(ENV_REFERENCE.sub("", text)) is not None
 
 
 def redact_text(text: str) -> str:

@@ -1,36 +1,53 @@
 """Reward from an HTTP service: JSON over POST, standard library only.
 
 Request: ``POST <url>`` with body ``{"prompts": [...], "completions": [...]}`` (``Content-Type:
-application/json``). Answer: HTTP 200 with ``{"scores": [...]}`` or a plain JSON list, one output per response,
-each in any form ``lmppo.rewards.placement`` accepts (a number, per-token numbers, [start, end, value] spans).
+application/json``) and the source's ``headers`` (``${NAME}`` taken from the environment). Answer: HTTP 200 with
+``{"scores": [...]}`` or a plain JSON list, one output per response, each in any form
+``lmppo.rewards.placement`` accepts (a number, per-token numbers, [start, end, value] spans).
 
+One HTTP/1.1 connection is kept alive for the whole run and opened again when the server closes it (a server
+that closes an idle connection gets the request again at once on a new one, outside the retry count).
 ``timeout`` is a total deadline per request (connecting, sending and the whole answer: a server that trickles its
 answer byte by byte cannot hold a run beyond it). Timeouts, refused connections, answers cut off before their
-announced length, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; other
-failures (4xx, an answer that is not JSON or has the wrong shape) are not, since asking again gives the same.
-Credentials written in the URL (``https://user:pass@host/...``) are sent as HTTP basic auth and never printed.
+announced length, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; a 429 or 503 with
+``Retry-After`` (seconds or an HTTP date) waits what it asks instead, up to ``max_retry_after`` (asking for
+longer ends the run with a message). Other failures (4xx, an answer that is not JSON or has the wrong shape) are
+not retried, since asking again gives the same. Credentials written in the URL (``https://user:pass@host/...``)
+are sent as HTTP basic auth; they and the values of header variables are masked in every message.
+The ``http_proxy`` / ``https_proxy`` / ``no_proxy`` environment variables are honoured as by urllib.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
+import email.utils
 import http.client
 import json
+import math
 import socket
+import ssl
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
-from lmppo.config import RewardSourceConfig
+from lmppo.config import RewardSourceConfig, http_headers
 from lmppo.errors import RewardError
+from lmppo.redact import MASK, redact_text
 from lmppo.rewards.sources import RewardSource, SourceContext, mask_url, register_reward_source
 
 
 class _Retryable(Exception):
-    pass
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+        """Seconds the server asked to wait (`Retry-After`), None when it did not say."""
+
+
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+"""How a kept-alive connection the server has closed in the meantime fails."""
 
 
 @register_reward_source("http")
@@ -38,6 +55,8 @@ class HttpSource(RewardSource):
     backoff: float = 0.5
     """Seconds before the first retry; doubled after each failed attempt, at most `max_backoff`."""
     max_backoff: float = 8.0
+    max_retry_after: float = 120.0
+    """Longest `Retry-After` wait honoured; a server asking for more ends the run with a message."""
 
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         super().__init__(cfg, ctx)
@@ -46,20 +65,21 @@ class HttpSource(RewardSource):
             raise RewardError(f"reward source `{self.name}`: URL {mask_url(cfg.path)!r} must start with "
                               "http:// or https:// and name a host")
         self.shown_url = mask_url(cfg.path)
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        extra, self._secrets = http_headers(cfg, f"reward source `{self.name}`")
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json", **extra}
         if parts.username is not None:
             user = urllib.parse.unquote(parts.username)
             password = urllib.parse.unquote(parts.password or "")
             token = base64.b64encode(f"{user}:{password}".encode()).decode()
             self.headers["Authorization"] = f"Basic {token}"
-            netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-            if ":" in parts.hostname:  # IPv6 literal
-                netloc = f"[{parts.hostname}]" + (f":{parts.port}" if parts.port else "")
-            self.url = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-        else:
-            self.url = cfg.path
+            self._secrets += [token, password]
+        self._secrets = sorted({s for s in self._secrets if s}, key=len, reverse=True)
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.timeout = float(cfg.timeout)
         self.retries = int(cfg.retries)
+        self._conn: http.client.HTTPConnection | None = None
+        """The kept-alive connection (http.client opens its socket again when the server has closed it)."""
 
     def __call__(self, prompts: list[str], completions: list[str]) -> list:
         body = json.dumps({"prompts": list(prompts), "completions": list(completions)}).encode("utf-8")
@@ -72,28 +92,63 @@ class HttpSource(RewardSource):
             except _Retryable as err:
                 last = str(err)
                 if attempt + 1 < attempts:
-                    time.sleep(delay)
+                    wait = delay if err.retry_after is None else err.retry_after
+                    if wait > self.max_retry_after:
+                        raise self._error(f"{last}, longer than lmppo waits ({self.max_retry_after:g} s)") from None
+                    time.sleep(wait)
                     delay = min(delay * 2, self.max_backoff)
         tries = f" (after {attempts} attempts)" if attempts > 1 else ""
-        raise RewardError(f"HTTP reward {self.shown_url}: {last}{tries}")
+        raise self._error(f"{last}{tries}")
+
+    def close(self) -> None:
+        """Close the kept-alive connection (the next call opens a new one)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            sock = conn.sock
+            if sock is not None:  # wakes a request left behind by the deadline, blocked on this socket
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            conn.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _mask(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, MASK)
+        return redact_text(text)
+
+    def _error(self, message: str) -> RewardError:
+        return RewardError(self._mask(f"HTTP reward {self.shown_url}: {message}"))
 
     def _post(self, body: bytes) -> list:
         """One request, answered in full within `timeout` seconds in total (connecting, sending, and every byte
         of the answer: a server that trickles its answer cannot hold the run beyond it)."""
         box: dict = {}
+        if self._conn is None:
+            self._conn = self._open()
+        conn = self._conn
 
         def attempt() -> None:
             try:
-                box["answer"] = self._post_once(body)
+                box["answer"] = self._post_once(conn, body)
             except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
                 box["error"] = err
 
         worker = threading.Thread(target=attempt, name="lmppo-http-reward", daemon=True)
         worker.start()
         worker.join(self.timeout)
-        if worker.is_alive():  # left behind: its socket timeout ends it; a daemon thread never blocks the exit
+        if worker.is_alive():  # left behind: closing its connection ends it; a daemon thread never blocks the exit
+            self.close()
             raise _Retryable(self._timed_out())
         if "error" in box:
+            if isinstance(box["error"], _Retryable):
+                self.close()  # the connection's state is unknown after a failure: start the next try afresh
             raise box["error"]
         return box["answer"]
 
@@ -101,53 +156,119 @@ class HttpSource(RewardSource):
         """One message whichever clock ran out first: the total deadline, or the socket's own timeout."""
         return f"no complete answer within {self.timeout:g} s (timeout: a total deadline per request)"
 
-    def _post_once(self, body: bytes) -> list:
-        request = urllib.request.Request(self.url, data=body, headers=self.headers, method="POST")
+    def _open(self) -> http.client.HTTPConnection:
+        """A connection to the server, or to the proxy the environment names for it (as urllib would use)."""
+        self._target, self._headers = self.target, self.headers
+        proxy = urllib.request.getproxies().get(self.scheme)
+        if proxy and not urllib.request.proxy_bypass(self.host):
+            p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            auth = {}
+            if p.username is not None:
+                pair = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
+                token = base64.b64encode(pair.encode()).decode()
+                auth = {"Proxy-Authorization": f"Basic {token}"}
+                self._secrets.append(token)
+            if self.scheme == "https":
+                conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                    p.hostname, p.port or 8080, timeout=self.timeout, context=ssl.create_default_context())
+                conn.set_tunnel(self.host, self.port or 443, headers=auth)
+            else:
+                conn = http.client.HTTPConnection(p.hostname, p.port or 8080, timeout=self.timeout)
+                host = f"[{self.host}]" if ":" in self.host else self.host
+                self._target = f"http://{host}{f':{self.port}' if self.port else ''}{self.target}"  # the full URL
+                self._headers = {**self.headers, **auth}
+            return conn
+        if self.scheme == "https":
+            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
+                                               context=ssl.create_default_context())
+        return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+
+    def _exchange(self, conn: http.client.HTTPConnection, body: bytes) -> tuple[int, Any, bytes]:
+        """Send the request on `conn` and read the whole answer: (status, headers, body). The connection stays
+        open for the next request unless the server says it closes it."""
+        conn.request("POST", self._target, body=body, headers=self._headers)
+        response = conn.getresponse()
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                status = response.status
-                try:
-                    raw = response.read()
-                except http.client.IncompleteRead as err:
-                    expected = f" of {len(err.partial) + err.expected}" if err.expected is not None else ""
-                    raise _Retryable(f"the answer was cut off after {len(err.partial)}{expected} bytes") from None
-        except urllib.error.HTTPError as err:
-            text = _body_text(err.read() if err.fp else b"")
-            msg = f"answered HTTP {err.code}: {text!r}"
-            if err.code == 429 or err.code >= 500:
-                raise _Retryable(msg) from None
-            raise RewardError(f"HTTP reward {self.shown_url}: {msg}") from None
-        except urllib.error.URLError as err:
-            reason = err.reason
-            if isinstance(reason, (socket.timeout, TimeoutError)):
-                raise _Retryable(self._timed_out()) from None
-            if isinstance(reason, ConnectionRefusedError):
-                raise _Retryable("connection refused (is the server running, on that port?)") from None
-            raise _Retryable(f"cannot connect: {reason}") from None
+            raw = response.read()
+        except http.client.IncompleteRead as err:
+            expected = f" of {len(err.partial) + err.expected}" if err.expected is not None else ""
+            raise _Retryable(f"the answer was cut off after {len(err.partial)}{expected} bytes") from None
+        return response.status, response.headers, raw
+
+    def _post_once(self, conn: http.client.HTTPConnection, body: bytes) -> list:
+        reused = conn.sock is not None
+        try:
+            try:
+                status, headers, raw = self._exchange(conn, body)
+            except _STALE:
+                if not reused:
+                    raise
+                conn.close()  # the server closed the kept-alive connection while idle: once more on a new one
+                status, headers, raw = self._exchange(conn, body)
         except (socket.timeout, TimeoutError):
             raise _Retryable(self._timed_out()) from None
+        except ConnectionRefusedError:
+            raise _Retryable("connection refused (is the server running, on that port?)") from None
         except ConnectionError as err:
             raise _Retryable(f"connection failed: {type(err).__name__}: {err}") from None
         except http.client.HTTPException as err:  # a malformed or cut-off status line or headers
             raise _Retryable(f"the answer was cut off or malformed ({type(err).__name__}: {str(err)[:200]})") from None
+        except ssl.SSLError as err:
+            raise _Retryable(f"TLS failed: {err.reason or err}") from None
         except OSError as err:
-            raise _Retryable(f"connection failed: {err.strerror or err}") from None
+            raise _Retryable(f"cannot connect: {err.strerror or err}") from None
         if status != 200:
-            raise RewardError(f"HTTP reward {self.shown_url}: answered HTTP {status} (expected 200): "
-                              f"{_body_text(raw)!r}")
+            msg = f"answered HTTP {status}: {_body_text(raw)!r}"
+            if status in (429, 503):
+                wait = retry_after_seconds(headers.get("Retry-After"), headers.get("Date"))
+                if wait is not None:
+                    raise _Retryable(f"{msg} (Retry-After: {wait:g} s)", retry_after=wait)
+            if status == 429 or status >= 500:
+                raise _Retryable(msg)
+            if 400 <= status < 500:
+                raise self._error(msg)
+            raise self._error(f"answered HTTP {status} (expected 200): {_body_text(raw)!r}")
         try:
             answer: Any = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            raise RewardError(f"HTTP reward {self.shown_url}: the answer is not JSON: {_body_text(raw)!r}") from None
+            raise self._error(f"the answer is not JSON: {_body_text(raw)!r}") from None
         if isinstance(answer, dict):
             if "scores" not in answer:
-                raise RewardError(f"HTTP reward {self.shown_url}: the answer has keys {sorted(answer)[:10]}; "
+                raise self._error(f"the answer has keys {sorted(answer)[:10]}; "
                                   'expected {"scores": [...]} or a JSON list')
             answer = answer["scores"]
         if not isinstance(answer, list):
-            raise RewardError(f"HTTP reward {self.shown_url}: `scores` is a {type(answer).__name__} "
-                              f"({_body_text(raw)!r}); expected a list with one output per completion")
+            raise self._error(f"`scores` is a {type(answer).__name__} ({_body_text(raw)!r}); expected a list with "
+                              "one output per completion")
         return answer
+
+
+def retry_after_seconds(value: str | None, date: str | None = None, now: float | None = None) -> float | None:
+    """Seconds to wait from a `Retry-After` header: a number of seconds, or an HTTP date (measured from the
+    answer's own `Date` header when it has one, so the server's clock and ours need not agree). None when absent or
+    unreadable; never negative."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+        return max(0.0, seconds) if math.isfinite(seconds) else None
+    except ValueError:
+        pass
+    when = _http_date(value)
+    if when is None:
+        return None
+    base = _http_date(date) if date else None
+    start = base.timestamp() if base is not None else (time.time() if now is None else now)
+    return max(0.0, when.timestamp() - start)
+
+
+def _http_date(text: str) -> datetime.datetime | None:
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.timezone.utc)
 
 
 def _body_text(raw: bytes, n: int = 200) -> str:
