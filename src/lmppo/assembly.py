@@ -29,7 +29,7 @@ from lmppo.distributed import accelerator_kwargs
 from lmppo.engines import SamplingEngine, check_sampling_engine
 from lmppo.errors import ConfigError
 from lmppo.models import (WEIGHT_DTYPES, Actor, Critic, ValueHead, check_memory_options, hf_model, hidden_size,
-                          load_policy, load_tokenizer, prepare_policy, resolve_model_path)
+                          fetch_hub_models, load_policy, load_tokenizer, prepare_policy, resolve_model_path)
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
 from lmppo.reference import ReferencePolicy
@@ -75,6 +75,8 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
     check_sampling_engine(cfg)  # e.g. `vllm`: a GPU and the package, checked before any model is loaded
+    # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
+    fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
     accelerator = Accelerator(**accelerator_kwargs(cfg))
     device = accelerator.device
     strategy = make_strategy(accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else DDP / one process
@@ -92,9 +94,11 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
 
     # --- models
     check_memory_options(cfg.model, device.type)  # 4-bit, flash attention: where this machine runs them
-    path = resolve_model_path(cfg.model.policy) if policy is None or tokenizer is None else None
+    path = resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle) \
+        if policy is None or tokenizer is None else None
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
-        resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else path, cfg.model)
+        resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False) if cfg.model.tokenizer else path,
+        cfg.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -132,7 +136,8 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     stream = PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle)
     reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
         device=str(device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
-        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
+        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+        resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
         autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
     _check_token_input(reward_sources, tokenizer)
     check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
@@ -198,8 +203,9 @@ def critic_init_path(cfg: Config) -> Optional[str]:
     if init == "policy" or (init == "auto" and not model_sources):
         return None
     if init in ("auto", "reward_model"):
-        return resolve_model_path(model_sources[0].path)
-    return resolve_model_path(init)
+        index = cfg.reward.sources.index(model_sources[0])
+        return resolve_model_path(model_sources[0].path, f"reward.sources[{index}].path", cfg.model.allow_pickle)
+    return resolve_model_path(init, "value.init_from", cfg.model.allow_pickle)
 
 
 def _check_context_length(cfg: Config, policy: nn.Module) -> None:

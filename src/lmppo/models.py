@@ -20,18 +20,45 @@ import torch
 from torch import nn
 
 from lmppo.assets import resolve_model
-from lmppo.config import BUILTIN_MODELS, Config, ModelConfig
+from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.hub import download_model
 from lmppo.model_files import check_model_folder, check_tokenizer_folder, loading
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """A folder (or hub id) that `from_pretrained` accepts; built-in names are converted and cached once."""
-    if name_or_path.startswith("hub:"):
-        return name_or_path[len("hub:"):]
+def resolve_model_path(name_or_path: str, field: str = "model", allow_pickle: bool = False,
+                       weights: bool = True) -> str:
+    """A local folder that `from_pretrained` reads: built-in names are converted and cached once, Hub ids
+    (`hub:ORG/NAME`, or `ORG/NAME` that is not a local folder) downloaded once (`lmppo.hub`); `field` names the
+    config field in errors."""
     if name_or_path in BUILTIN_MODELS:
         return resolve_model(name_or_path)
-    return name_or_path
+    repo = hub_repo_id(name_or_path)
+    if repo is None:
+        return name_or_path
+    return download_model(repo, field, name_or_path, allow_pickle=allow_pickle, weights=weights)
+
+
+def model_fields(cfg: Config) -> list[tuple[str, str]]:
+    """(field, value) of every model path a run of `cfg` loads: policy, tokenizer, critic start, reward models."""
+    fields = [("model.policy", cfg.model.policy)]
+    if cfg.model.tokenizer:
+        fields.append(("model.tokenizer", cfg.model.tokenizer))
+    if cfg.value.mode == "critic" and cfg.value.init_from not in ("auto", "reward_model", "policy"):
+        fields.append(("value.init_from", cfg.value.init_from))
+    fields += [(f"reward.sources[{i}].path", s.path) for i, s in enumerate(cfg.reward.sources) if s.kind == "model"]
+    return fields
+
+
+def fetch_hub_models(cfg: Config, policy_given: bool = False) -> None:
+    """Download every Hub model the run names, before any model is loaded: a Hub that cannot be reached is one
+    error naming the field, not a failure after the policy has loaded. `policy_given`: the policy and tokenizer
+    are objects passed in, not loaded from `model.policy`."""
+    for field, value in model_fields(cfg):
+        if policy_given and field in ("model.policy", "model.tokenizer"):
+            continue
+        if hub_repo_id(value) is not None:
+            resolve_model_path(value, field, cfg.model.allow_pickle, weights=field != "model.tokenizer")
 
 
 def _load_kwargs(mc: ModelConfig) -> dict:
