@@ -62,6 +62,9 @@ class Components:
     distorting: list[str] = field(default_factory=list)  # generation settings that bend the distribution (opted in)
     sampling_engines: dict[str, SamplingEngine] = field(default_factory=dict)  # ready engines by backend name
     #                                                    (others are built from the registry on first use)
+    base_model: str = ""  # the policy's starting model as named in model cards: model.policy, or the passed object's
+    #                       name_or_path (empty: an object built in memory)
+    prompt_source: str = ""  # where the prompts came from, as named in model cards (data.prompts, or passed in)
 
 
 def build_components(config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
@@ -77,6 +80,7 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     check_sampling_engine(cfg)  # e.g. `vllm`: a GPU and the package, checked before any model is loaded
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
     fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
+    given_policy = policy
     accelerator = Accelerator(**accelerator_kwargs(cfg))
     device = accelerator.device
     strategy = make_strategy(accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else DDP / one process
@@ -156,7 +160,10 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
                       tokenizer=tokenizer, stop_ids=stop_ids, actor=actor, critic=critic, reference=reference,
                       optimizer=optimizer, scheduler=scheduler, trainable_params=params, prompt_set=prompt_set,
                       holdout_set=holdout_set, stream=stream, reward_sources=reward_sources,
-                      kl_controller=make_kl_controller(cfg.kl), distorting=distorting)
+                      kl_controller=make_kl_controller(cfg.kl), distorting=distorting,
+                      base_model=cfg.model.policy if given_policy is None else
+                      str(getattr(hf_model(given_policy), "name_or_path", "") or ""),
+                      prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)")
 
 
 def prompts_per_iteration(cfg: Config) -> int:

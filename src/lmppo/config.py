@@ -47,6 +47,10 @@ class LoraConfig:
     update time would come from different random networks)."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
+    save_merged: bool = True
+    """Also write the final model with the adapters merged into the base weights, `final/policy-merged` (a plain
+    Hugging Face folder that `AutoModelForCausalLM.from_pretrained` loads without peft), next to the adapter in
+    `final/policy`. Not written for a 4-bit base (`model.load_in_4bit`)."""
 
 
 TRACKER_NAMES = ("tensorboard", "wandb", "trackio", "aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab")

@@ -293,3 +293,31 @@ class Actor(nn.Module):
 
 def is_peft_model(policy: nn.Module) -> bool:
     return hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
+
+
+def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the plain HF model that a LoRA `policy` computes: each adapted weight W becomes
+    W + scale * B @ A (peft's own `get_delta_weight`, in float32, cast back to W's dtype), the adapter tensors are
+    dropped and the keys lose peft's `.base_layer`. The policy itself is not changed (no merge in place, no copy
+    of the whole model)."""
+    base = hf_model(policy)
+    merged: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+                continue
+            weight = module.base_layer.weight
+            delta = sum(module.get_delta_weight(a).float() for a in module.active_adapters if a in module.lora_A)
+            merged[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype)
+        out = {}
+        for key, tensor in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            out[key] = merged.get(key, tensor)
+    return out
+
+
+def save_merged(policy: nn.Module, folder: str) -> None:
+    """`folder`: the LoRA `policy` with its adapters merged (`merged_state_dict`), as a Hugging Face folder."""
+    hf_model(policy).save_pretrained(folder, state_dict=merged_state_dict(policy), safe_serialization=True)
