@@ -28,8 +28,9 @@ from lmppo.data import PromptSet, PromptStream, load_prompt_records, split_holdo
 from lmppo.distributed import accelerator_kwargs
 from lmppo.engines import SamplingEngine, check_sampling_engine
 from lmppo.errors import ConfigError
-from lmppo.models import (WEIGHT_DTYPES, Actor, Critic, ValueHead, check_memory_options, hf_model, hidden_size,
-                          fetch_hub_models, load_policy, load_tokenizer, prepare_policy, resolve_model_path)
+from lmppo.models import (WEIGHT_DTYPES, Actor, Critic, ValueHead, check_memory_options, enable_gradient_checkpointing,
+                          fetch_hub_models, hf_model, hidden_size, load_policy, load_tokenizer, prepare_policy,
+                          resolve_model_path)
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
 from lmppo.reference import ReferencePolicy
@@ -155,6 +156,10 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.ppo,
                                                                                      cfg.num_iterations))
     actor, critic, optimizer = strategy.prepare(actor, critic, optimizer)
+    if cfg.model.gradient_checkpointing:  # after every .eval() (DeepSpeed's prepare has some)
+        enable_gradient_checkpointing(accelerator.unwrap_model(actor).policy)
+        if critic is not None:
+            enable_gradient_checkpointing(accelerator.unwrap_model(critic).model)
     warn_distorting_once(distorting)
     return Components(config=cfg, accelerator=accelerator, strategy=strategy, precision=precision,
                       tokenizer=tokenizer, stop_ids=stop_ids, actor=actor, critic=critic, reference=reference,

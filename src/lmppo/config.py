@@ -87,6 +87,13 @@ class ModelConfig:
     """QLoRA: load the policy's base weights in 4-bit NF4 with bitsandbytes and train LoRA adapters on them (bf16
     compute). Needs `lora.enabled`, a CUDA GPU and the `bitsandbytes` package; refused with a message elsewhere.
     Not yet run on a GPU."""
+    gradient_checkpointing: bool = False
+    """Hugging Face gradient (activation) checkpointing on the policy and on a separate critic: each decoder layer
+    keeps only its input during the training forward pass and runs again in the backward pass, so activation
+    memory drops from one set per layer to about one layer's (for long sequences and large batches the largest
+    share of memory) at the cost of one more forward pass per training pass (by FLOP count about a third more
+    compute in the update). Non-reentrant (`use_reentrant=False`), so it works with LoRA. Sampling and the
+    no-gradient passes are unchanged; dropout stays off. See docs/choosing.md, "Memory"."""
 
 
 @dataclass

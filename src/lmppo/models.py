@@ -151,6 +151,41 @@ def prepare_policy(model: nn.Module, mc: ModelConfig) -> nn.Module:
     return model
 
 
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """HF gradient checkpointing on `model` (`model.gradient_checkpointing`), non-reentrant (LoRA needs no input
+    that requires grad). lmppo keeps every model in eval mode (dropout off), and HF checkpoints a decoder layer only
+    when the layer is in training mode: the checkpointed layers' own `training` flag is set, their submodules stay
+    in eval mode (dropout still off)."""
+    base = hf_model(model)
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError("model.gradient_checkpointing", True, f"{type(base).__name__} does not support gradient "
+                          "checkpointing in transformers")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers' current name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    layers = checkpointed_layers(base)
+    if not layers:
+        raise ConfigError("model.gradient_checkpointing", True, f"{type(base).__name__} has no layers that "
+                          "transformers checkpoints")
+    for layer in layers:
+        layer.training = True  # this module only (not .train(): its dropout stays off)
+
+
+def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers of `model` that HF gradient checkpointing recomputes, with checkpointing switched on."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+def is_checkpointing(model: nn.Module) -> bool:
+    """Gradient checkpointing is on and active in `model`: its checkpointed layers see training mode."""
+    layers = checkpointed_layers(model)
+    return bool(layers) and all(m.training for m in layers)
+
+
 def hf_model(policy: nn.Module) -> nn.Module:
     """The transformers model under a PEFT wrapper (LoRA layers are injected in place, so they are inside)."""
     return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
