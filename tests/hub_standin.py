@@ -8,7 +8,8 @@ It implements the endpoints huggingface_hub 2.x calls for
   POST /api/models/ORG/NAME/preupload/REV (answers `regular` for every file, so every file travels base64 inside
   the commit: the LFS / Xet transfer the real Hub asks for with large files is not covered), and
   POST /api/models/ORG/NAME/commit/REV (the NDJSON commit: header, then one line per file).
-Every request is recorded (method, path, headers, body) for the tests to check what the client sent.
+Every request is recorded (method, path, headers, body) for the tests to check what the client sent. Writes with
+the token `refused_token` get HTTP 401.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class HubStandIn:
         self.requests: list[dict[str, Any]] = []
         self.created: list[dict[str, Any]] = []
         self.commits: list[dict[str, Any]] = []
+        self.refused_token = ""  # a token every write is refused with (HTTP 401)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -112,6 +114,8 @@ class HubStandIn:
             def do_POST(self):  # noqa: N802
                 body = self._body()
                 self._record(body)
+                if hub.refused_token and self.headers.get("authorization") == f"Bearer {hub.refused_token}":
+                    return self._send(401, {"error": "Invalid credentials in Authorization header"})
                 if self.path == "/api/repos/create":
                     data = json.loads(body)
                     hub.created.append(data)

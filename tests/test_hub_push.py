@@ -28,8 +28,10 @@ def _files(folder: str) -> dict[str, bytes]:
 
 def _lmppo(args, cwd, hub_url: str, **env) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    full.update(PYTHONPATH=SRC, OMP_NUM_THREADS="1", HF_HOME=str(cwd / "hf_home"), HF_ENDPOINT=hub_url,
-                HF_TOKEN=TOKEN, **env)
+    full.update({"PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "HF_HOME": str(cwd / "hf_home"), "HF_ENDPOINT": hub_url,
+                 "HF_TOKEN": TOKEN, **env})
+    if not full["HF_TOKEN"]:
+        del full["HF_TOKEN"]  # no login at all (HF_HOME is empty too)
     return subprocess.run([sys.executable, "-m", "lmppo", *args], cwd=cwd, env=full, capture_output=True, text=True,
                           timeout=900)
 
@@ -43,14 +45,14 @@ def hub():
 
 @pytest.fixture(scope="module")
 def hub_run(hub, tiny_model_dir, tmp_path_factory):
-    """`lmppo train --model.policy stand-in-org/tiny-llama` (LoRA, 2 iterations): the policy comes from the
-    stand-in Hub, which also holds a pickle file that must not be downloaded."""
+    """`lmppo train` of `model.policy: stand-in-org/tiny-llama` (LoRA, 4 iterations): the policy comes from the
+    stand-in Hub, which also holds a pickle file that must not be downloaded; `push_to_hub` uploads the result."""
     files = _files(tiny_model_dir)
     hub.add_model("stand-in-org/tiny-llama", {**files, "pytorch_model.bin": b"not to be downloaded"})
     tmp = tmp_path_factory.mktemp("hub_run")
     (tmp / "prompts.txt").write_text("the movie was\nthis film is\nmy friend felt\nthe story seemed\n")
     (tmp / "rewards.py").write_text(REWARDS)
-    cfg = {"output_dir": str(tmp / "run"), "total_episodes": 8, "precision": "fp32",
+    cfg = {"output_dir": str(tmp / "run"), "total_episodes": 8, "precision": "fp32", "push_to_hub": "someone/from-train",
            "model": {"policy": "stand-in-org/tiny-llama", "lora": {"enabled": True, "r": 4}},
            "data": {"prompts": str(tmp / "prompts.txt"), "holdout": 2},
            "rollout": {"batch_size": 2, "max_new_tokens": 4, "stop_token": "none"},
@@ -77,6 +79,34 @@ def test_a_hub_id_downloads_and_trains(hub, hub_run):
     assert "## Held-out prompts, before and after training" in card  # lmppo train's summary added the table
     adapter_config = yaml.safe_load((final / "policy" / "adapter_config.json").read_text())
     assert adapter_config["base_model_name_or_path"] == "stand-in-org/tiny-llama"
+
+
+def test_push_to_hub_uploads_at_the_end_of_training(hub, hub_run):
+    tmp, _files_ = hub_run
+    (commit,) = [c for c in hub.commits if c["repo"] == "someone/from-train"]
+    local = _files(str(tmp / "run" / "final" / "policy-merged"))
+    assert set(commit["files"]) == set(local) and all(commit["files"][k] == local[k] for k in local)
+    assert b"## Held-out prompts, before and after training" in commit["files"]["README.md"]  # pushed after it
+
+
+def test_push_to_hub_without_a_login_is_refused_before_training(tmp_path, tiny_model_dir):
+    cfg = {"output_dir": str(tmp_path / "run"), "push_to_hub": "someone/x", "model": {"policy": tiny_model_dir}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    out = _lmppo(["train", "c.yaml"], tmp_path, f"http://127.0.0.1:{_closed_port()}", HF_TOKEN="", HF_TOKEN_PATH=str(tmp_path / "no-token"))
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "`push_to_hub`" in lines[0] and "hf auth login" in lines[0], lines
+    assert not (tmp_path / "run").exists()
+
+
+def test_push_to_hub_must_be_a_repo_id():
+    from lmppo.config import Config
+    from lmppo.errors import ConfigError
+
+    cfg = Config()
+    cfg.push_to_hub = "not a repo"
+    with pytest.raises(ConfigError, match="push_to_hub"):
+        cfg.validate()
 
 
 def test_push_uploads_the_merged_folder(hub, hub_run):
@@ -126,6 +156,19 @@ def test_push_with_an_unreachable_hub_is_one_error_line(how, hub_run):
     assert len(lines) == 1 and lines[0].startswith("error: lmppo push someone/x: the Hub cannot be reached"), lines
     assert ("HF_HUB_OFFLINE" if how == "offline" else f"127.0.0.1:{port}") in lines[0]
     assert TOKEN not in out.stderr
+
+
+def test_push_with_a_refused_token(hub, hub_run):
+    tmp, _files_ = hub_run
+    hub.refused_token = "hf_refusedToken0123456789abcdef"
+    try:
+        out = _lmppo(["push", "run", "--repo-id", "someone/y"], tmp, hub.url, HF_TOKEN=hub.refused_token)
+    finally:
+        hub.refused_token = ""
+    assert out.returncode == 2, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "refused the upload (HTTP 401)" in lines[0] and "hf auth login" in lines[0], lines
+    assert "hf_refusedToken" not in out.stderr
 
 
 def test_push_refuses_bad_input_before_any_request(tmp_path):

@@ -21,6 +21,7 @@ from lmppo import __version__
 from lmppo.config import Config, all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluate import main as eval_main
+from lmppo.push import check_hub_login, push_after_training
 from lmppo.push import main as push_main
 from lmppo.plot import plot_runs
 from lmppo.summary import summarize
@@ -81,9 +82,16 @@ def cmd_train(argv: Sequence[str], console) -> int:
         trainer = PPOTrainer.resume(resume_dir, overrides=overrides, config_path=config_path, console=console)
     else:
         cfg = load_config(config_path, overrides)
+        if cfg.push_to_hub:
+            cfg.validate()
+            check_hub_login(cfg.push_to_hub)  # before the models load, not after training
         trainer = PPOTrainer(cfg, console=console)
+    if trainer.config.push_to_hub:
+        check_hub_login(trainer.config.push_to_hub)
     trainer.train()
     _print_summary(trainer, console)
+    if trainer.config.push_to_hub and trainer.accelerator.is_main_process:
+        push_after_training(trainer.config.output_dir, trainer.config.push_to_hub, console)
     return 0
 
 

@@ -377,6 +377,11 @@ class Config:
     multi-process launch (torchrun or accelerate launch); see docs/distributed.md."""
     overwrite: bool = False
     """Allow writing into an `output_dir` that holds another run."""
+    push_to_hub: str = ""
+    """A Hub model id, ORG/NAME: `lmppo train` uploads the final model there when the run ends (after the
+    end-of-run summary, so the model card has its held-out table), as `lmppo push OUTPUT_DIR --repo-id ORG/NAME`
+    does. Empty: no upload. Needs a Hub login (`hf auth login` or HF_TOKEN); the Python API leaves uploading to
+    `lmppo.push.push`."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     value: ValueConfig = field(default_factory=ValueConfig)
@@ -431,6 +436,8 @@ class Config:
             raise ConfigError("deepspeed", c.deepspeed, "must be `zero2`, `zero3`, a DeepSpeed JSON config file, or "
                               "empty (off)")
         _check_model_path(c.model.policy, "model.policy")
+        if c.push_to_hub and not is_hub_repo_id(c.push_to_hub, bare=True):
+            raise ConfigError("push_to_hub", c.push_to_hub, "must be a Hub model id, ORG/NAME (or empty: no upload)")
         if c.model.tokenizer:
             _check_model_path(c.model.tokenizer, "model.tokenizer")
         if c.model.lora.enabled:

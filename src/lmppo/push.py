@@ -14,7 +14,7 @@ import os
 from typing import Any, Optional, Sequence
 
 from lmppo.config import is_hub_repo_id
-from lmppo.errors import LmppoError, bounded_repr
+from lmppo.errors import ConfigError, LmppoError, bounded_repr
 
 FOLDERS = ("policy-merged", "policy", "value")
 
@@ -85,6 +85,29 @@ def push(run: str, repo_id: str, folder: Optional[str] = None, private: Optional
             raise
         raise _hub_error(repo_id, err) from None
     return path, info
+
+
+def check_hub_login(repo_id: str) -> None:
+    """ConfigError for `push_to_hub` when no Hub token is known (checked before a run trains, not after)."""
+    from huggingface_hub import get_token
+
+    if not get_token():
+        raise ConfigError("push_to_hub", repo_id, "uploading needs a Hub login: run `hf auth login` or set HF_TOKEN "
+                          "(or leave push_to_hub empty and push later with `lmppo push`)")
+
+
+def push_after_training(output_dir: str, repo_id: str, console: Any = None) -> None:
+    """`push_to_hub`: upload the finished run's final model; a failure says the model is safe on disk."""
+    try:
+        path, info = push(output_dir, repo_id)
+    except LmppoError as err:
+        raise LmppoError(f"{err} (the run finished and its model is in {os.path.join(output_dir, 'final')}; "
+                         f"upload it later with `lmppo push {output_dir} --repo-id {repo_id}`)") from None
+    line = f"pushed {path} to {repo_id}: {getattr(info, 'commit_url', None) or repo_id}"
+    if console is not None:
+        console.print(line, highlight=False, soft_wrap=True)
+    else:
+        print(line)
 
 
 def _parser() -> argparse.ArgumentParser:
