@@ -127,3 +127,6 @@ def test_eval_with_an_unreachable_hub(tmp_path):
     assert "the Hub cannot be reached" in lines[0]
     out = _lmppo(["eval", "no/such/folder"], tmp_path, HF_HUB_OFFLINE="1")
     assert out.returncode == 2 and "no such folder" in out.stderr, out.stderr
+    out = _lmppo(["eval", "hub:not//valid"], tmp_path, HF_HUB_OFFLINE="1")
+    assert out.returncode == 2 and "not a valid Hub model id" in out.stderr and "Traceback" not in out.stderr, \
+        out.stderr

@@ -81,6 +81,19 @@ def test_a_hub_id_downloads_and_trains(hub, hub_run):
     assert adapter_config["base_model_name_or_path"] == "stand-in-org/tiny-llama"
 
 
+def test_a_downloaded_hub_id_resolves_offline_from_the_cache(hub_run):
+    """Once downloaded, the id resolves with HF_HUB_OFFLINE=1 and no Hub at all (the local Hub cache)."""
+    tmp, _files_ = hub_run
+    code = ("from lmppo.models import resolve_model_path\n"
+            "print(resolve_model_path('stand-in-org/tiny-llama', 'model.policy'))")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "HF_HOME": str(tmp / "hf_home"),
+           "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    folder = out.stdout.strip().splitlines()[-1]
+    assert "models--stand-in-org--tiny-llama" in folder and os.path.isfile(os.path.join(folder, "model.safetensors"))
+
+
 def test_push_to_hub_uploads_at_the_end_of_training(hub, hub_run):
     tmp, _files_ = hub_run
     (commit,) = [c for c in hub.commits if c["repo"] == "someone/from-train"]

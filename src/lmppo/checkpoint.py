@@ -13,7 +13,9 @@ Layout of a run folder (`output_dir`)::
         rng-rank0.safetensors torch CPU (+ CUDA) RNG and the minibatch-order generator of process 0
         rng-rank0.json        python and numpy RNG of process 0
         manifest.json         sha256 and size of every other file; written last
-    final/                    the trained policy in Hugging Face format (`PPOTrainer.save_model`)
+    final/                    the trained model in Hugging Face format (`PPOTrainer.save_model`), each folder with a
+                              model card README.md: policy/ (a LoRA run: the adapter), policy-merged/ (a LoRA run's
+                              adapter merged into full weights, `model.lora.save_merged`), value/
 
 When checkpoints are written: after iterations `checkpoint.every`, 2 * every, ... and always after the last
 iteration (`every: 0` means only then). `final/` is the export for inference; the last checkpoint (same iteration)

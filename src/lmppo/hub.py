@@ -11,8 +11,8 @@ Hub cache, the error is one line naming the field, the id and the reason.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
+from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError
 
 PICKLE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl"]
@@ -45,6 +45,8 @@ def _unreachable(field: str, name: str, err: BaseException) -> ConfigError:
 def download_model(repo_id: str, field: str, name: str, allow_pickle: bool = False, weights: bool = True) -> str:
     """The local snapshot folder of Hub model `repo_id` (downloaded on first use); ConfigError naming `field` and
     `name` (the value as given) when it cannot be had. `weights=False`: configs and tokenizer files only."""
+    if not is_hub_repo_id(repo_id):
+        raise ConfigError(field, name, "is not a valid Hub model id; give ORG/NAME or `hub:ORG/NAME`")
     key = (repo_id, allow_pickle, weights)
     if key in _downloaded and os.path.isdir(_downloaded[key]):
         return _downloaded[key]
@@ -71,7 +73,3 @@ def download_model(repo_id: str, field: str, name: str, allow_pickle: bool = Fal
     _downloaded[key] = folder
     return folder
 
-
-def cached_download(repo_id: str) -> Optional[str]:
-    """The folder `download_model` gave for `repo_id` in this process, if any."""
-    return next((v for (r, _, w), v in _downloaded.items() if r == repo_id and w), None)
