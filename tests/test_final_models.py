@@ -166,3 +166,32 @@ def test_adapter_config_names_the_hub_id_not_the_cache_folder(tokenizer, tiny_mo
     with open(tmp_path / "out" / "policy" / "adapter_config.json", encoding="utf-8") as fh:
         assert json.load(fh)["base_model_name_or_path"] == "someorg/somemodel"
     assert "base_model: someorg/somemodel" in (tmp_path / "out" / "policy" / "README.md").read_text()
+
+
+
+def test_merging_onto_bf16_weights_keeps_their_dtype(tokenizer):
+    """model.dtype bfloat16 + LoRA: W (bf16) + delta (from the fp32 adapters) is computed in fp32 and stored in bf16:
+    the merged weights are the fp32 run's merged weights up to bf16 rounding."""
+    from lmppo.models import prepare_policy
+
+    def lora_policy(dtype):
+        mc = Config().model
+        mc.lora.enabled, mc.lora.r = True, 4
+        model = tiny_llama(tokenizer).to(dtype)
+        torch.manual_seed(7)
+        policy = prepare_policy(model, mc)
+        torch.manual_seed(8)
+        with torch.no_grad():
+            for n, p in policy.named_parameters():
+                if "lora_" in n:
+                    p.copy_(torch.randn(p.shape) * 0.1)
+        return policy
+
+    merged32, merged16 = merged_state_dict(lora_policy(torch.float32)), merged_state_dict(lora_policy(torch.bfloat16))
+    assert merged16.keys() == merged32.keys() and {t.dtype for t in merged16.values()} == {torch.bfloat16}
+    base32 = tiny_llama(tokenizer).state_dict()
+    adapted = [k for k in merged32 if not torch.equal(merged32[k], base32[k])]
+    assert len(adapted) == 2 * 7  # every linear layer of both decoder layers (q, k, v, o, gate, up, down)
+    for key in merged32:  # bf16 keeps 8 bits: W and W + delta each rounded to about 2^-9 of their size
+        scale = float(base32[key].abs().max()) + float(merged32[key].abs().max())
+        torch.testing.assert_close(merged16[key].float(), merged32[key], rtol=2 ** -8, atol=2 ** -8 * scale, msg=key)
