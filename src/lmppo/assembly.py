@@ -28,8 +28,9 @@ from lmppo.data import PromptSet, PromptStream, load_prompt_records, split_holdo
 from lmppo.distributed import accelerator_kwargs
 from lmppo.engines import SamplingEngine, check_sampling_engine
 from lmppo.errors import ConfigError
-from lmppo.models import (WEIGHT_DTYPES, Actor, Critic, ValueHead, check_memory_options, hf_model, hidden_size,
-                          load_policy, load_tokenizer, prepare_policy, resolve_model_path)
+from lmppo.models import (WEIGHT_DTYPES, Actor, Critic, ValueHead, check_memory_options, enable_gradient_checkpointing,
+                          fetch_hub_models, hf_model, hidden_size, load_policy, load_tokenizer, prepare_policy,
+                          resolve_model_path)
 from lmppo.optim import lr_factor, make_adamw
 from lmppo.precision import PrecisionChoice, choose_precision
 from lmppo.reference import ReferencePolicy
@@ -62,6 +63,9 @@ class Components:
     distorting: list[str] = field(default_factory=list)  # generation settings that bend the distribution (opted in)
     sampling_engines: dict[str, SamplingEngine] = field(default_factory=dict)  # ready engines by backend name
     #                                                    (others are built from the registry on first use)
+    base_model: str = ""  # the policy's starting model as named in model cards: model.policy, or the passed object's
+    #                       name_or_path (empty: an object built in memory)
+    prompt_source: str = ""  # where the prompts came from, as named in model cards (data.prompts, or passed in)
 
 
 def build_components(config: Config, *, policy: Optional[nn.Module] = None, tokenizer: Any = None,
@@ -75,6 +79,9 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
     check_sampling_engine(cfg)  # e.g. `vllm`: a GPU and the package, checked before any model is loaded
+    # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
+    fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
+    given_policy = policy
     accelerator = Accelerator(**accelerator_kwargs(cfg))
     device = accelerator.device
     strategy = make_strategy(accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed), else DDP / one process
@@ -92,9 +99,11 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
 
     # --- models
     check_memory_options(cfg.model, device.type)  # 4-bit, flash attention: where this machine runs them
-    path = resolve_model_path(cfg.model.policy) if policy is None or tokenizer is None else None
+    path = resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle) \
+        if policy is None or tokenizer is None else None
     tokenizer = tokenizer if tokenizer is not None else load_tokenizer(
-        resolve_model_path(cfg.model.tokenizer) if cfg.model.tokenizer else path, cfg.model)
+        resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False) if cfg.model.tokenizer else path,
+        cfg.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
@@ -132,7 +141,8 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     stream = PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle)
     reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(
         device=str(device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
-        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path,
+        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+        resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
         autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None))
     _check_token_input(reward_sources, tokenizer)
     check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
@@ -146,12 +156,19 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.ppo,
                                                                                      cfg.num_iterations))
     actor, critic, optimizer = strategy.prepare(actor, critic, optimizer)
+    if cfg.model.gradient_checkpointing:  # after every .eval() (DeepSpeed's prepare has some)
+        enable_gradient_checkpointing(accelerator.unwrap_model(actor).policy)
+        if critic is not None:
+            enable_gradient_checkpointing(accelerator.unwrap_model(critic).model)
     warn_distorting_once(distorting)
     return Components(config=cfg, accelerator=accelerator, strategy=strategy, precision=precision,
                       tokenizer=tokenizer, stop_ids=stop_ids, actor=actor, critic=critic, reference=reference,
                       optimizer=optimizer, scheduler=scheduler, trainable_params=params, prompt_set=prompt_set,
                       holdout_set=holdout_set, stream=stream, reward_sources=reward_sources,
-                      kl_controller=make_kl_controller(cfg.kl), distorting=distorting)
+                      kl_controller=make_kl_controller(cfg.kl), distorting=distorting,
+                      base_model=cfg.model.policy if given_policy is None else
+                      str(getattr(hf_model(given_policy), "name_or_path", "") or ""),
+                      prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)")
 
 
 def prompts_per_iteration(cfg: Config) -> int:
@@ -198,8 +215,9 @@ def critic_init_path(cfg: Config) -> Optional[str]:
     if init == "policy" or (init == "auto" and not model_sources):
         return None
     if init in ("auto", "reward_model"):
-        return resolve_model_path(model_sources[0].path)
-    return resolve_model_path(init)
+        index = cfg.reward.sources.index(model_sources[0])
+        return resolve_model_path(model_sources[0].path, f"reward.sources[{index}].path", cfg.model.allow_pickle)
+    return resolve_model_path(init, "value.init_from", cfg.model.allow_pickle)
 
 
 def _check_context_length(cfg: Config, policy: nn.Module) -> None:

@@ -13,7 +13,9 @@ Layout of a run folder (`output_dir`)::
         rng-rank0.safetensors torch CPU (+ CUDA) RNG and the minibatch-order generator of process 0 (rng-rank1.* ...:
         rng-rank0.json        python and numpy RNG, score normaliser of process 0         one pair per process)
         manifest.json         sha256 and size of every other file; written last
-    final/                    the trained policy in Hugging Face format (`PPOTrainer.save_model`)
+    final/                    the trained model in Hugging Face format (`PPOTrainer.save_model`), each folder with a
+                              model card README.md: policy/ (a LoRA run: the adapter), policy-merged/ (a LoRA run's
+                              adapter merged into full weights, `model.lora.save_merged`), value/
 
 When checkpoints are written: after iterations `checkpoint.every`, 2 * every, ... and always after the last
 iteration (`every: 0` means only then). `final/` is the export for inference; the last checkpoint (same iteration)
@@ -78,6 +80,7 @@ import lmppo.storage as storage
 from lmppo.config import Config, apply_override, from_dict, load_config
 from lmppo.distributed import ENGINE_TAG, requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
+from lmppo.models import save_merged
 from lmppo.optim import lr_factor
 from lmppo.redact import MASK, _SECRET_KEY, is_env_template, redact_text  # noqa: F401  (redact_text: re-exported)
 
@@ -924,15 +927,29 @@ def resume_trainer(output_dir: str, overrides: Optional[dict] = None, config_pat
 # ----------------------------------------------------------------------------- the trained model (final/)
 
 def export_model(directory: str, policy: Any, tokenizer: Any, value_model: Any = None, value_head: Any = None,
-                 keep: str = "") -> None:
-    """`directory/policy` (the policy in Hugging Face format, safetensors, with its tokenizer) and `directory/value`
-    (the critic's model, or the shared value head's tensors), written atomically (`atomic_dir`); a failed write is
-    one StorageError, with `keep` saying what is still intact."""
+                 keep: str = "", merged: bool = False, cards: Optional[Callable[[str], str]] = None,
+                 adapter_base: Optional[str] = None) -> None:
+    """`directory/policy` (the policy in Hugging Face format, safetensors, with its tokenizer; a LoRA policy: its
+    adapter), `directory/policy-merged` when `merged` (a LoRA policy's adapters merged into full weights, with the
+    tokenizer) and `directory/value` (the critic's model, or the shared value head's tensors), written atomically
+    (`atomic_dir`); a failed write is one StorageError, with `keep` saying what is still intact. `cards`: folder
+    name -> its README.md text (`lmppo.model_card`). `adapter_base`: the base model the adapter config names (a Hub
+    id rather than the local cache folder it was loaded from)."""
     from safetensors.torch import save_file
 
     with atomic_dir(directory, "the trained model", keep) as tmp:
         policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
         tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+        adapter_config = os.path.join(tmp, "policy", "adapter_config.json")
+        if adapter_base and os.path.isfile(adapter_config):
+            with open(adapter_config, encoding="utf-8") as fh:
+                data = json.load(fh)
+            data["base_model_name_or_path"] = adapter_base
+            with open(adapter_config, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=2)
+        if merged:
+            save_merged(policy, os.path.join(tmp, "policy-merged"))
+            tokenizer.save_pretrained(os.path.join(tmp, "policy-merged"))
         if value_model is not None:
             value_model.save_pretrained(os.path.join(tmp, "value"), safe_serialization=True)
         else:
@@ -940,3 +957,7 @@ def export_model(directory: str, policy: Any, tokenizer: Any, value_model: Any =
             os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
             save_file({k: v.contiguous() for k, v in head.state_dict().items()},
                       os.path.join(tmp, "value", "value_head.safetensors"))
+        for folder in ("policy", "policy-merged", "value") if cards is not None else ():
+            if os.path.isdir(os.path.join(tmp, folder)):  # (replaces the card peft writes for an adapter)
+                with open(os.path.join(tmp, folder, "README.md"), "w", encoding="utf-8") as fh:
+                    fh.write(cards(folder))

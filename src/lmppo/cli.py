@@ -22,6 +22,8 @@ from lmppo import __version__
 from lmppo.config import Config, all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluate import main as eval_main
+from lmppo.push import check_hub_login, push_after_training
+from lmppo.push import main as push_main
 from lmppo.plot import plot_runs
 from lmppo.summary import summarize
 from lmppo.trainer import PPOTrainer
@@ -86,9 +88,16 @@ def cmd_train(argv: Sequence[str], console) -> int:
         trainer = PPOTrainer.resume(resume_dir, overrides=overrides, config_path=config_path, console=console)
     else:
         cfg = load_config(config_path, overrides)
+        if cfg.push_to_hub:
+            cfg.validate()
+            check_hub_login(cfg.push_to_hub)  # before the models load, not after training
         trainer = PPOTrainer(cfg, console=console)
+    if trainer.config.push_to_hub:
+        check_hub_login(trainer.config.push_to_hub)
     trainer.train()
     _print_summary(trainer, console)
+    if trainer.config.push_to_hub and trainer.accelerator.is_main_process:
+        push_after_training(trainer.config.output_dir, trainer.config.push_to_hub, console)
     return 0
 
 
@@ -142,6 +151,10 @@ def cmd_eval(argv: Sequence[str], console) -> int:
     return eval_main(argv, console)
 
 
+def cmd_push(argv: Sequence[str], console) -> int:
+    return push_main(argv, console)
+
+
 def quiet_libraries() -> None:
     """Lines a user cannot act on stay off the console: deprecation notices of torch / transformers / accelerate
     (FutureWarning, DeprecationWarning), transformers' and DeepSpeed's info and warning logs ("Setting accelerator
@@ -180,7 +193,7 @@ def _output_dir_of(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "push": cmd_push}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -201,14 +214,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"lmppo {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lmppo {train,eval,plot} ...   (lmppo train --help lists every training option; "
+        print("usage: lmppo {train,eval,plot,push} ...   (lmppo train --help lists every training option; "
               "lmppo --version)")
         return 0 if argv else EXIT_USER_ERROR
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         hint = difflib.get_close_matches(command, list(COMMANDS), n=1)
         print(f"error: unknown command {command!r}" + (f" (did you mean `{hint[0]}`?)" if hint else "")
-              + "; commands: train, eval, plot", file=sys.stderr)
+              + "; commands: train, eval, plot, push", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
         return COMMANDS[command](rest, console)

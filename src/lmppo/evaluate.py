@@ -39,7 +39,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from lmppo.config import BUILTIN_MODELS, load_config, parse_overrides, recipe_path
+from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.data import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import LmppoError
@@ -87,7 +87,7 @@ def _is_adapter(path: str) -> bool:
 
 def _check_model_folder(path: str, what: str) -> None:
 
-    if path in BUILTIN_MODELS or path.startswith("hub:"):
+    if path in BUILTIN_MODELS or hub_repo_id(path) is not None:
         return
     if not os.path.isdir(path):
         raise LmppoError(f"{what} {path!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a model "
@@ -108,6 +108,7 @@ def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Op
 
     _check_model_folder(model_path, "model")
     mc = cfg.model
+    model_path = resolve_model_path(model_path, "model", mc.allow_pickle)  # a Hub id: its downloaded folder
     if _is_adapter(model_path):
         try:
             from peft import PeftModel
@@ -118,10 +119,10 @@ def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Op
         base = reference or base_name
         if not base:
             raise LmppoError(f"the adapter {model_path} does not name its base model; give it with --reference")
-        if reference is None and not os.path.isdir(base):
+        if reference is None and not os.path.isdir(base) and hub_repo_id(base) is None:
             base = mc.policy  # the base folder moved (another machine, a cleared cache): the run's model.policy
         _check_model_folder(base, "base model")
-        base_path = resolve_model_path(base)
+        base_path = resolve_model_path(base, "--reference" if reference else "base model", mc.allow_pickle)
         tokenizer = load_tokenizer(model_path if os.path.isfile(os.path.join(model_path, "tokenizer_config.json"))
                                    else base_path, mc)
         from transformers import AutoModelForCausalLM
@@ -139,7 +140,8 @@ def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Op
     full = _full_weights(mc)
     tokenizer = load_tokenizer(model_path, mc)
     policy = load_policy(full, model_path).to(device)
-    start = load_policy(full, resolve_model_path(start_name)).to(device)
+    start = load_policy(full, resolve_model_path(start_name, "--reference" if reference else "model.policy",
+                                                 mc.allow_pickle)).to(device)
     return LoadedModels(policy, tokenizer, start, model_path, start_name, run_dir)
 
 
@@ -225,9 +227,9 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     args, rest = _parser().parse_known_args(list(argv))
     overrides = parse_overrides(rest)
     model_path, run_dir = find_run(args.model)
-    if not os.path.exists(model_path) and model_path not in ("smollm2",) and not model_path.startswith("hub:"):
+    if not os.path.exists(model_path) and model_path not in BUILTIN_MODELS and hub_repo_id(model_path) is None:
         raise LmppoError(f"model {args.model!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a "
-                         "model folder or a LoRA adapter folder")
+                         "model folder, a LoRA adapter folder or a Hub model id (ORG/NAME)")
     config_path = args.config or (os.path.join(run_dir, "config.yaml") if run_dir else None)
     config_given = config_path is not None
     cfg = load_config(config_path or recipe_path("sentiment"), overrides)
@@ -246,7 +248,8 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     models = load_models(model_path, args.reference, cfg, run_dir, device, config_given)
     result = evaluate_models(models, cfg, sources, seed=seed, judge=judge, num_prompts=args.num_prompts,
                              samples_per_prompt=args.samples_per_prompt)
-    out = args.output or os.path.join(run_dir or os.path.dirname(os.path.abspath(model_path)), "eval.json")
+    beside = os.path.dirname(os.path.abspath(model_path)) if hub_repo_id(model_path) is None else os.getcwd()
+    out = args.output or os.path.join(run_dir or beside, "eval.json")
     _write_json(result, out)
     if console is None:
         from rich.console import Console
@@ -262,7 +265,8 @@ def build_sources(cfg: Any, device: torch.device) -> list:
 
     return build_reward_sources(cfg.reward, ctx=SourceContext(
         device=str(device), allow_pickle=cfg.model.allow_pickle, trust_remote_code=cfg.model.trust_remote_code,
-        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size, resolve_path=resolve_model_path))
+        batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+        resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle)))
 
 
 def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:

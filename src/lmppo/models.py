@@ -20,18 +20,45 @@ import torch
 from torch import nn
 
 from lmppo.assets import resolve_model
-from lmppo.config import BUILTIN_MODELS, Config, ModelConfig
+from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.hub import download_model
 from lmppo.model_files import check_model_folder, check_tokenizer_folder, loading
 
 
-def resolve_model_path(name_or_path: str) -> str:
-    """A folder (or hub id) that `from_pretrained` accepts; built-in names are converted and cached once."""
-    if name_or_path.startswith("hub:"):
-        return name_or_path[len("hub:"):]
+def resolve_model_path(name_or_path: str, field: str = "model", allow_pickle: bool = False,
+                       weights: bool = True) -> str:
+    """A local folder that `from_pretrained` reads: built-in names are converted and cached once, Hub ids
+    (`hub:ORG/NAME`, or `ORG/NAME` that is not a local folder) downloaded once (`lmppo.hub`); `field` names the
+    config field in errors."""
     if name_or_path in BUILTIN_MODELS:
         return resolve_model(name_or_path)
-    return name_or_path
+    repo = hub_repo_id(name_or_path)
+    if repo is None:
+        return name_or_path
+    return download_model(repo, field, name_or_path, allow_pickle=allow_pickle, weights=weights)
+
+
+def model_fields(cfg: Config) -> list[tuple[str, str]]:
+    """(field, value) of every model path a run of `cfg` loads: policy, tokenizer, critic start, reward models."""
+    fields = [("model.policy", cfg.model.policy)]
+    if cfg.model.tokenizer:
+        fields.append(("model.tokenizer", cfg.model.tokenizer))
+    if cfg.value.mode == "critic" and cfg.value.init_from not in ("auto", "reward_model", "policy"):
+        fields.append(("value.init_from", cfg.value.init_from))
+    fields += [(f"reward.sources[{i}].path", s.path) for i, s in enumerate(cfg.reward.sources) if s.kind == "model"]
+    return fields
+
+
+def fetch_hub_models(cfg: Config, policy_given: bool = False) -> None:
+    """Download every Hub model the run names, before any model is loaded: a Hub that cannot be reached is one
+    error naming the field, not a failure after the policy has loaded. `policy_given`: the policy and tokenizer
+    are objects passed in, not loaded from `model.policy`."""
+    for field, value in model_fields(cfg):
+        if policy_given and field in ("model.policy", "model.tokenizer"):
+            continue
+        if hub_repo_id(value) is not None:
+            resolve_model_path(value, field, cfg.model.allow_pickle, weights=field != "model.tokenizer")
 
 
 def _load_kwargs(mc: ModelConfig) -> dict:
@@ -122,6 +149,41 @@ def prepare_policy(model: nn.Module, mc: ModelConfig) -> nn.Module:
     if hasattr(model, "generation_config") and model.generation_config is not None:
         model.generation_config.use_cache = True
     return model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """HF gradient checkpointing on `model` (`model.gradient_checkpointing`), non-reentrant (LoRA needs no input
+    that requires grad). lmppo keeps every model in eval mode (dropout off), and HF checkpoints a decoder layer only
+    when the layer is in training mode: the checkpointed layers' own `training` flag is set, their submodules stay
+    in eval mode (dropout still off)."""
+    base = hf_model(model)
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError("model.gradient_checkpointing", True, f"{type(base).__name__} does not support gradient "
+                          "checkpointing in transformers")
+    kwargs = {"use_reentrant": False}
+    if hasattr(base, "activation_checkpointing_enable"):  # transformers' current name
+        base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    layers = checkpointed_layers(base)
+    if not layers:
+        raise ConfigError("model.gradient_checkpointing", True, f"{type(base).__name__} has no layers that "
+                          "transformers checkpoints")
+    for layer in layers:
+        layer.training = True  # this module only (not .train(): its dropout stays off)
+
+
+def checkpointed_layers(model: nn.Module) -> list[nn.Module]:
+    """The layers of `model` that HF gradient checkpointing recomputes, with checkpointing switched on."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in hf_model(model).modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+def is_checkpointing(model: nn.Module) -> bool:
+    """Gradient checkpointing is on and active in `model`: its checkpointed layers see training mode."""
+    layers = checkpointed_layers(model)
+    return bool(layers) and all(m.training for m in layers)
 
 
 def hf_model(policy: nn.Module) -> nn.Module:
@@ -266,3 +328,31 @@ class Actor(nn.Module):
 
 def is_peft_model(policy: nn.Module) -> bool:
     return hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
+
+
+def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict of the plain HF model that a LoRA `policy` computes: each adapted weight W becomes
+    W + scale * B @ A (peft's own `get_delta_weight`, in float32, cast back to W's dtype), the adapter tensors are
+    dropped and the keys lose peft's `.base_layer`. The policy itself is not changed (no merge in place, no copy
+    of the whole model)."""
+    base = hf_model(policy)
+    merged: dict[str, torch.Tensor] = {}
+    with torch.no_grad():
+        for name, module in base.named_modules():
+            if not (hasattr(module, "get_delta_weight") and hasattr(module, "base_layer")):
+                continue
+            weight = module.base_layer.weight
+            delta = sum(module.get_delta_weight(a).float() for a in module.active_adapters if a in module.lora_A)
+            merged[f"{name}.weight"] = (weight.float() + delta).to(weight.dtype)
+        out = {}
+        for key, tensor in base.state_dict().items():
+            if ".lora_" in key:
+                continue
+            key = key.replace(".base_layer.", ".")
+            out[key] = merged.get(key, tensor)
+    return out
+
+
+def save_merged(policy: nn.Module, folder: str) -> None:
+    """`folder`: the LoRA `policy` with its adapters merged (`merged_state_dict`), as a Hugging Face folder."""
+    hf_model(policy).save_pretrained(folder, state_dict=merged_state_dict(policy), safe_serialization=True)

@@ -164,6 +164,13 @@ def summarize(trainer: Any, console: Any = None, num_samples: int = NUM_SAMPLES,
         return None
     summary = heldout_summary(trainer, num_samples, samples_per_prompt)
     path = write_summary(summary, os.path.join(trainer.config.output_dir, "summary.json"))
+    final = os.path.join(trainer.config.output_dir, "final")
+    if "after" in summary and os.path.isdir(final) and hasattr(trainer, "rewrite_model_cards"):
+        k = summary["samples_per_prompt"]
+        trainer.rewrite_model_cards(final, metric_rows(summary["before"] or {}, summary["after"], summary["weights"]),
+                                    f"{summary['heldout_prompts']} held-out prompts (`data.holdout`), {k} "
+                                    f"sample{'s' * (k > 1)} each at temperature {summary['temperature']:g}, seed "
+                                    f"{summary['seed']}; `before`: the initial policy.")
     if console is not None:
         print_summary(summary, console)
         console.print(f"summary in {path}; model in {os.path.join(trainer.config.output_dir, 'final')}",

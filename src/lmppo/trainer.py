@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -28,7 +29,7 @@ from lmppo.assembly import Components, build_components, prompts_per_iteration
 from lmppo.batch import Rollout
 from lmppo.callbacks import callback_list
 from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
-from lmppo.config import Config
+from lmppo.config import Config, hub_repo_id
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.kl import KL_ESTIMATORS, updated_policy_kl
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
@@ -41,12 +42,14 @@ from lmppo.engines import PromptBatch, SamplingEngine, build_sampling_engine
 from lmppo.errors import TrainingError
 from lmppo.heldout import sample_and_score
 from lmppo.metrics import MetricsAccumulator, MetricsLogger, make_trackers, warn_negative_kl
-from lmppo.models import PolicyOutput
+from lmppo.model_card import card_folders, card_text
+from lmppo.models import PolicyOutput, is_peft_model
 from lmppo.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
 from lmppo.progress import ProgressDisplay
 from lmppo.rewards import decode_completion, score_rollout
 from lmppo.rollout import left_pad
 from lmppo.sampling import response_seed
+from lmppo.storage import write_text
 
 
 @dataclass
@@ -115,6 +118,7 @@ class PPOTrainer:
         self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
         self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
         self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
+        self.base_model, self.prompt_source = c.base_model, c.prompt_source  # as the model cards name them
         self.score_moments = RunningMoments()
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
         self.first_epoch_forward: Optional[PolicyOutput] = None  # see `_reuses_rollout_forward`
@@ -572,15 +576,45 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ saving
     def save_model(self, directory: str) -> None:
-        """The trained policy (and value model) in Hugging Face format with safetensors, written atomically."""
+        """The trained policy (and value model) in Hugging Face format with safetensors, written atomically, each
+        folder with its model card; a LoRA policy also merged into full weights (`model.lora.save_merged`)."""
         with self.strategy.saving(self.actor):  # ZeRO-3: every process gathers the full weights for the save
             if self.accelerator.is_main_process:
                 unwrap = self.accelerator.unwrap_model
                 export_model(directory, self.policy, self.tokenizer, value_head=unwrap(self.actor).value_head,
                              value_model=unwrap(self.critic).model if self.critic is not None else None,
                              keep="the checkpoint of the last iteration is complete: free space and run "
-                                  f"`lmppo train --resume {self.config.output_dir}` to write it again")
+                                  f"`lmppo train --resume {self.config.output_dir}` to write it again",
+                             merged=self._writes_merged(), cards=self.model_card,
+                             adapter_base=hub_repo_id(self.base_model) if self.base_model else None)
                 self.callbacks.call("on_save", self, directory)
+
+    def _writes_merged(self) -> bool:
+        mc = self.config.model
+        if not (mc.lora.save_merged and is_peft_model(self.policy)):
+            return False
+        if mc.load_in_4bit:
+            warnings.warn("model.lora.save_merged: no final/policy-merged for a 4-bit base (model.load_in_4bit); "
+                          "merge the adapter in final/policy onto the base loaded in bf16", stacklevel=2)
+            return False
+        return True
+
+    def model_card(self, folder: str, heldout: Optional[Sequence[tuple[str, str, str, str]]] = None,
+                   heldout_title: str = "") -> str:
+        """The README.md text of `final/<folder>` (`lmppo.model_card`); `heldout`: the before/after rows."""
+        return card_text(folder, self.config, redacted_config_dict(self.config), self.base_model,
+                         adapter=is_peft_model(self.policy),
+                         merged=self._writes_merged() if folder != "value" else False, iterations=self.iteration,
+                         heldout=heldout, heldout_title=heldout_title,
+                         rewards=[(source.name, float(source.weight)) for source in self.reward_sources],
+                         prompts=self.prompt_source if self.prompt_source.startswith("passed") else "")
+
+    def rewrite_model_cards(self, directory: str, heldout: Sequence[tuple[str, str, str, str]],
+                            heldout_title: str) -> None:
+        """The cards of the folders in `directory` written again with the held-out before/after table."""
+        for folder in card_folders(directory):
+            write_text(os.path.join(directory, folder, "README.md"), self.model_card(folder, heldout, heldout_title),
+                       "the model card")
 
     def save_checkpoint(self) -> Optional[str]:
         path = save_checkpoint(self)  # (sharded under DeepSpeed: `lmppo.strategy`)

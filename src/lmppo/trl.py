@@ -216,7 +216,8 @@ REFUSED_UNLESS_DEFAULT = {
     "fsdp": "lmppo has no FSDP support; use DeepSpeed ZeRO (the `deepspeed` field) for sharding",
     "fsdp_config": "lmppo has no FSDP support; use DeepSpeed ZeRO (the `deepspeed` field) for sharding",
     "include_num_input_tokens_seen": "lmppo does not add `num_input_tokens_seen` to the logs",
-    "push_to_hub": "lmppo does not upload models; save_model() writes a Hugging Face folder to upload yourself",
+    "push_to_hub": "the trainer does not upload models; save_model() writes a Hugging Face folder, and "
+                   "`lmppo push FOLDER --repo-id ORG/NAME` uploads it",
     "model_adapter_name": "lmppo trains the PEFT model's active adapter only",
     "ref_adapter_name": "lmppo's LoRA reference is the policy with its adapters switched off (ref_model=None)",
     "whiten_rewards": "lmppo does not whiten per-token rewards; reward.normalize (running mean/std of scores) is the "
