@@ -559,5 +559,15 @@ def main(argv=None):
     print(text)
 
 
+def percentile(xs, q):
+    """The q-th percentile of xs, linear between the two nearest values."""
+    xs = sorted(xs)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
 if __name__ == "__main__":
     main()
+

@@ -20,14 +20,7 @@ import torch
 
 from lmppo.config import load_config, recipe_path
 from lmppo.trainer import PPOTrainer
-
-
-def percentile(xs, q):
-    xs = sorted(xs)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 
 def main() -> None:

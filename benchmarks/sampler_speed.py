@@ -27,14 +27,7 @@ from lmppo.config import ModelConfig
 from lmppo.models import load_tokenizer, prepare_policy, resolve_model_path
 from lmppo.rollout import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling import SamplingWeights, response_seed, sample_native
-
-
-def percentile(xs, q):
-    xs = sorted(xs)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 
 def main() -> None:

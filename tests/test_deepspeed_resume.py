@@ -31,6 +31,9 @@ from lmppo.checkpoint import latest_checkpoint, list_checkpoints
 from test_deepspeed import needs_deepspeed
 from train_worker import comparable, read_jsonl
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from fault_injection import process_tree  # noqa: E402  (torchrun starts its workers in sessions of their own)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "zero_worker.py")
 ITERATIONS = 4
@@ -105,21 +108,6 @@ def finish(proc: subprocess.Popen, log) -> str:
     text = open(log, encoding="utf-8", errors="replace").read()
     assert proc.returncode == 0, text[-4000:]
     return text
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and every process below it (torchrun starts its workers in sessions of their own)."""
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo += [int(c) for c in fh.read().split()]
-        except OSError:
-            continue
-    return found
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
