@@ -308,11 +308,6 @@ class KLConfig(_Section):
     kd: float = 1.0
     """`pi` controller, look-ahead gain: a KL that rose by d nats since the last iteration is read as kd * d nats
     higher, so beta rises before a fast-moving policy passes the target (0: react to the KL as it is)."""
-    ceiling: float = 0.0
-    """`pi` and `adaptive` controllers: a hard stop above the target. During an iteration's PPO update the policy's
-    KL to the reference is estimated on the iteration's responses (importance-weighted k1); once it passes
-    `ceiling` x `target` and is above the rollout's own KL, the rest of the iteration's steps are skipped, so a
-    policy moving faster than beta can react does not run far past the budget. 0 turns it off; else > 1."""
     coef_min: float = 1e-4
     """`pi` controller: beta never goes below this."""
     coef_max: float = 10.0
@@ -549,8 +544,6 @@ class Config(_Section):
         _one_of(k.estimator, "kl.estimator", tuple(KL_ESTIMATORS))
         if k.controller in ("adaptive", "pi"):
             _positive(k.target, "kl.target")
-            if k.ceiling and not k.ceiling > 1:
-                raise ConfigError("kl.ceiling", k.ceiling, "must be 0 (off) or above 1 (a multiple of kl.target)")
         if k.controller == "adaptive":
             _positive(k.horizon, "kl.horizon")
         if k.controller == "pi":
@@ -599,7 +592,6 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "kl.kp": (0.0, 1e3),
     "kl.ki": (0.0, 1e3),
     "kl.coef_min": (0.0, 1e3),
-    "kl.ceiling": (0.0, 1e6),
     "kl.coef_max": (0.0, 1e6),
     "kl.warn_below": (-1e6, 1e6),
     "ppo.learning_rate": (0.0, 1.0),

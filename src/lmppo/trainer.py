@@ -31,7 +31,7 @@ from lmppo.callbacks import callback_list
 from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
 from lmppo.config import Config, hub_repo_id
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
-from lmppo.core.kl import KL_ESTIMATORS, updated_policy_kl
+from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
 from lmppo.core.masking import masked_mean, masked_sum
@@ -319,8 +319,6 @@ class PPOTrainer:
         cfg = self.config
         W = self.accelerator.num_processes
         B, mb, micro = rollout.batch_size, cfg.minibatch_size // W, cfg.ppo.micro_batch_size
-        rollout_kl = self.strategy.gather_mean(updated_policy_kl(
-            rollout.logprobs, rollout.logprobs, rollout.ref_logprobs, train_mask.float())) if self._kl_ceiling() else 0.0
         for epoch, minibatch in self._minibatches(B, mb):
             # DDP averages gradients over processes, so each divides by (global token count / W):
             # the result is the token mean over the whole global minibatch
@@ -338,8 +336,8 @@ class PPOTrainer:
                     self.accelerator.backward(loss, **self.strategy.backward_kwargs)
                 losses.append(loss.detach())
             self.optimizer_step(self.accelerator.reduce(torch.stack(losses).sum(), "sum"), stats)
-            if self._update_went_too_far(stats, len(losses)) or self._past_kl_ceiling(stats, len(losses), rollout_kl):
-                break  # ppo.target_kl or kl.ceiling: the rest of this iteration's steps are skipped
+            if self._update_went_too_far(stats, len(losses)):
+                break  # ppo.target_kl: the rest of this iteration's epochs are skipped
         self.update_lr = self.scheduler.get_last_lr()[0]  # the rate this iteration's updates used
         self.scheduler.step()
 
@@ -349,24 +347,6 @@ class PPOTrainer:
             order = torch.randperm(batch_size, generator=self.update_generator).to(self.device)
             for start in range(0, batch_size, minibatch_size):
                 yield epoch, order[start:start + minibatch_size]
-
-    def _kl_ceiling(self) -> float:
-        """`kl.ceiling` x `kl.target` in nats per response, or 0 when the brake is off."""
-        k = self.config.kl
-        return k.ceiling * k.target if k.ceiling and k.controller in ("pi", "adaptive") else 0.0
-
-    def _past_kl_ceiling(self, stats: MetricsAccumulator, micro_batches: int, rollout_kl: float) -> bool:
-        """`kl.ceiling`: after a minibatch's step, whether the update is carrying the policy past the budget: the
-        rollout's KL to the reference plus the change its forward measured on the minibatch (the policy after the
-        steps before it) passed the ceiling, the change being a rise; every process decides alike."""
-        ceiling = self._kl_ceiling()
-        if not ceiling:
-            return False
-        change = self.strategy.process_mean(stats.recent_mean("ppo/policy_kl_change", micro_batches))
-        stats.add("ppo/policy_kl", torch.tensor(rollout_kl + change))
-        stopped = change > 0 and rollout_kl + change > ceiling
-        stats.add("ppo/kl_ceiling_stop", float(stopped))
-        return stopped
 
     def _update_went_too_far(self, stats: MetricsAccumulator, micro_batches: int) -> bool:
         """`ppo.target_kl`: after a minibatch's step, whether the approximate KL its forward measured (the policy
@@ -414,10 +394,6 @@ class PPOTrainer:
                             ("policy/approxkl_avg", pg_stats["approx_kl"]), ("policy/entropy_avg", entropy),
                             ("val/ratio", pg_stats["ratio"])):
             stats.add(name, masked_mean(value.detach(), mask))
-        if self._kl_ceiling():  # how far the steps so far moved this micro-batch's KL to the reference
-            stats.add("ppo/policy_kl_change", (
-                updated_policy_kl(logprobs.detach(), batch.logprobs, batch.ref_logprobs, mask)
-                - updated_policy_kl(batch.logprobs, batch.logprobs, batch.ref_logprobs, mask)).mean())
         return token_mean(per_token, mask, num_tokens)
 
     def _sync_gradients(self, last: bool):
@@ -538,10 +514,6 @@ class PPOTrainer:
         if "ppo/updates" in stats:  # ppo.target_kl: optimizer steps taken, and whether the brake stopped them
             m["ppo/updates"] = float(len(stats._values["ppo/updates"]))
             m["ppo/early_stop"] = max(v.item() for v in stats._values["ppo/early_stop"])
-        if "ppo/kl_ceiling_stop" in stats:  # kl.ceiling: whether it stopped the update, and the last KL estimate
-            m["ppo/updates"] = float(len(stats._values["ppo/kl_ceiling_stop"]))
-            m["ppo/kl_ceiling_stop"] = max(v.item() for v in stats._values["ppo/kl_ceiling_stop"])
-            m["ppo/policy_kl"] = stats._values["ppo/policy_kl"][-1].item()  # already the same on every process
         if "val/ratio" in stats:
             m["val/ratio_var"] = procs.process_mean(stats.var("val/ratio"))
         if "update/skipped_nonfinite" in stats:

@@ -46,15 +46,6 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_r) - log_r
 
 
-def updated_policy_kl(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
-    """(B,) KL to the reference of the policy being updated, per response, estimated on responses sampled from the
-    rollout policy: sum over the response's tokens of ratio_t * (log pi_t - log pi_ref_t), ratio_t = pi_t / pi_old_t
-    (PPO's per-token importance weight). With pi = pi_old it is the rollout's k1 KL (objective/kl)."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    return (ratio * (logprobs - ref_logprobs) * mask).sum(-1)
-
-
 class FixedKLController:
     """A constant KL coefficient."""
 
