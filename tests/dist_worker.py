@@ -33,6 +33,18 @@ class StopOnMainProcess:
             trainer.stop()
 
 
+class PoisonZeroPadding:
+    """POISON_ZERO3_PADDING=1: before each checkpoint, NaN in the padding of every ZeRO-3 partition of this process
+    (what uninitialised padding may hold); the checkpoint's finiteness check must read only the real elements."""
+
+    def on_iteration_end(self, trainer, metrics):
+        for p in trainer.actor.parameters():
+            if hasattr(p, "ds_tensor"):
+                shard = p.ds_tensor.data.reshape(-1)
+                real = max(0, min(p.ds_numel - torch.distributed.get_rank() * shard.numel(), shard.numel()))
+                shard[real:] = float("nan")
+
+
 def main(out_path: str) -> None:
     tok = make_bpe_tokenizer()
     cfg = Config()
@@ -63,7 +75,8 @@ def main(out_path: str) -> None:
         policy = None
     trainer = PPOTrainer(cfg, policy=policy, tokenizer=tok, prompts=PROMPTS * 2,
                          reward_functions=[length_reward],
-                         callbacks=[StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else None)
+                         callbacks=([StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else [])
+                         + ([PoisonZeroPadding()] if os.environ.get("POISON_ZERO3_PADDING") else []))
     history = trainer.train()
     if trainer.accelerator.is_main_process:
         with open(out_path, "w") as fh:

@@ -78,7 +78,7 @@ import lmppo.lock as lock
 import lmppo.ownership as ownership
 import lmppo.storage as storage
 from lmppo.config import Config, apply_override, from_dict, load_config
-from lmppo.distributed import ENGINE_TAG, requested_zero_stage
+from lmppo.distributed import ENGINE_TAG, real_shard, requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError, LmppoError, StorageError
 from lmppo.models import save_merged
 from lmppo.optim import lr_factor
@@ -400,7 +400,7 @@ def _nonfinite_shards(trainer: "Trainer") -> Optional[str]:
         if module is None or bad is not None:
             continue
         for name, p in _unwrap(trainer, module).named_parameters():
-            shard = getattr(p, "ds_tensor", p)
+            shard = real_shard(p)  # a ZeRO-3 partition's padding is uninitialised: only the real elements count
             if p.requires_grad and shard.is_floating_point() and not bool(torch.isfinite(shard).all()):
                 bad = prefix + name
                 break

@@ -136,6 +136,17 @@ def local_shard(param: torch.Tensor) -> torch.Tensor:
     return param.ds_tensor if hasattr(param, "ds_tensor") else param
 
 
+def real_shard(param: torch.Tensor) -> torch.Tensor:
+    """The elements of this process's shard that belong to the parameter, flattened: a ZeRO-3 partition is padded
+    to an equal size on every process, and its padding is uninitialised memory (it may hold NaN)."""
+    if not hasattr(param, "ds_tensor"):
+        return param.reshape(-1)
+    shard = param.ds_tensor.reshape(-1)
+    rank = torch.distributed.get_rank(group=getattr(param, "ds_process_group", None))
+    real = max(0, min(param.ds_numel - rank * shard.numel(), shard.numel()))
+    return shard[:real]
+
+
 class ActorWithCritic(nn.Module):
     """Actor and critic as one module, so that one DeepSpeed engine (and one optimizer) trains both. Calling it
     is calling the actor (`lmppo.models.Actor.forward`); the trainer calls `.critic` directly (under ZeRO-3 its
