@@ -30,19 +30,10 @@ from lmppo.sampling import SamplingWeights, response_seed, sample_native
 from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--new", type=int, default=24)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--lora", action="store_true", help="LoRA r 16, alpha 32, all-linear (the default job's)")
-    ap.add_argument("--bf16", action="store_true", help="bf16 autocast for every sampler")
-    ap.add_argument("--samplers", default="unfolded,folded,hf")
-    ap.add_argument("--profile", action="store_true")
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+def bench_policy(args):
+    """The benchmark's policy (LoRA r 16 all-linear with random nonzero B if `args.lora`: trained adapters are not
+    zero), its tokenizer, and a batch of `args.batch` prompts with one random stream per response: shared by
+    sampler_speed.py and sampling_anchors.py. Returns (tokenizer, model, ids, mask, no_stop, seeds, gen_config)."""
     from transformers import AutoModelForCausalLM
 
     mc = ModelConfig()
@@ -61,6 +52,23 @@ def main() -> None:
     no_stop = torch.tensor([], dtype=torch.long)
     seeds = [response_seed(0, 0, i) for i in range(args.batch)]
     gen_config = pure_sampling_config(model, 1.0, args.new, [], tok.pad_token_id)
+    return tok, model, ids, mask, no_stop, seeds, gen_config
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--lora", action="store_true", help="LoRA r 16, alpha 32, all-linear (the default job's)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 autocast for every sampler")
+    ap.add_argument("--samplers", default="unfolded,folded,hf")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    tok, model, ids, mask, no_stop, seeds, gen_config = bench_policy(args)
     weights = SamplingWeights()
 
     def autocast():

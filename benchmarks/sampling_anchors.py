@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-from lmppo.config import ModelConfig
-from lmppo.models import load_tokenizer, prepare_policy, resolve_model_path
-from lmppo.rollout import left_pad, pure_sampling_config, sample_responses
-from lmppo.sampling import SamplingWeights, response_seed, sample_native
+from lmppo.models import resolve_model_path
+from lmppo.rollout import sample_responses
+from lmppo.sampling import SamplingWeights, sample_native
+from sampler_speed import bench_policy  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flops  # noqa: E402
@@ -58,19 +58,8 @@ def main() -> None:
     ap.add_argument("--lora", action="store_true", help="LoRA r 16 all-linear on the policy (the default job's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM
-
+    tok, model, ids, mask, no_stop, seeds, gen_config = bench_policy(args)
     path = resolve_model_path(args.model)
-    mc = ModelConfig()
-    if args.lora:
-        mc.lora.enabled, mc.lora.r, mc.lora.alpha, mc.lora.target_modules = True, 16, 32, ["all-linear"]
-    tok = load_tokenizer(path, ModelConfig())
-    model = prepare_policy(AutoModelForCausalLM.from_pretrained(path), mc)
-    texts = [f"The movie number {i} was" + " really" * (i % 5) for i in range(args.batch)]
-    ids, mask = left_pad([tok(t)["input_ids"] for t in texts], tok.pad_token_id)
-    no_stop = torch.tensor([], dtype=torch.long)
-    seeds = [response_seed(0, 0, i) for i in range(args.batch)]
-    gen_config = pure_sampling_config(model, 1.0, args.new, [], tok.pad_token_id)
     weights = SamplingWeights()
 
     def autocast():
