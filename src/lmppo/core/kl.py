@@ -93,7 +93,8 @@ class PIKLController:
       e_t = clip(log(ahead_t / target), -1, 1)         the error in log units: 2x and 0.5x the target weigh alike
       I_t = I_{t-1} + e_t                            always above the target; below it only while the KL is not
                                                      rising by itself (kl_t <= kl_{t-1}), and never while beta sits
-                                                     at a bound that e_t pushes it past
+                                                     at a bound that e_t pushes it past; I is set to 0 (before
+                                                     adding e_t) the first time ahead_t reaches the target
       log beta_t = log beta_0 + kp * e_t + ki * I_t,  beta_t clamped to [coef_min, coef_max]
 
     Response time, in iterations: with the KL a factor x above target and staying there (e = log x, |e| <= 1),
@@ -106,8 +107,12 @@ class PIKLController:
     integral-on-integral control overshoots; the proportional and look-ahead terms damp it (Stooke et al. 2020,
     PID Lagrangian methods). Why the integral is conditional below the target: while the KL climbs from 0 at the
     start of a run every iteration is "below target", and a plain integral would wind beta down to its floor just
-    before the KL arrives, so the KL would shoot past the target. Above the target it always integrates: a KL
-    that hovers above the target, drifting down a little now and then, must still see beta rise.
+    before the KL arrives, so the KL would shoot past the target. Even so, a climb that stalls now and then (the
+    KL of a batch is a noisy reading) gathers a negative integral, and a policy arriving with beta still wound
+    down runs on past the target (issue 13: 8 nats for a target of 5). So the integral gathered on the way up is
+    dropped when the KL, read ahead, first reaches the target: beta is then `coef * (ahead / target)**(kp+ki)`,
+    and the integral learns the equilibrium from there. Above the target it always integrates: a KL that hovers
+    above the target, drifting down a little now and then, must still see beta rise.
     """
 
     def __init__(self, init_coef: float, target: float, kp: float = 1.0, ki: float = 0.5,
@@ -119,6 +124,7 @@ class PIKLController:
         self.init_coef, self.target, self.kp, self.ki, self.kd = init_coef, target, kp, ki, kd
         self.coef_min, self.coef_max = coef_min, coef_max
         self.integral = 0.0
+        self.arrived = False  # has the KL (read ahead) reached the target yet
         self.last_kl: float | None = None
         self.value = min(max(init_coef, coef_min), coef_max)
 
@@ -134,6 +140,8 @@ class PIKLController:
         rising = last is not None and current_kl > last  # False for NaN readings
         ahead = current_kl + self.kd * (current_kl - last) if rising else current_kl
         e = self.error(ahead)
+        if not self.arrived and ahead >= self.target:  # first arrival: drop the windup of the climb
+            self.arrived, self.integral = True, 0.0
         integrates = e > 0 or (last is not None and not rising)
         lo, hi = math.log(self.coef_min), math.log(self.coef_max)
         integral = self.integral + e if integrates else self.integral
@@ -145,12 +153,13 @@ class PIKLController:
         self.value = math.exp(min(max(log_beta, lo), hi))
 
     def state_dict(self) -> dict:
-        return {"value": self.value, "integral": self.integral, "last_kl": self.last_kl}
+        return {"value": self.value, "integral": self.integral, "last_kl": self.last_kl, "arrived": self.arrived}
 
     def load_state_dict(self, state: dict) -> None:
         self.value = state["value"]
         self.integral = state.get("integral", 0.0)
         self.last_kl = state.get("last_kl")
+        self.arrived = state.get("arrived", True)  # saved before the arrival reset existed: never reset
 
 
 def make_kl_controller(settings) -> "FixedKLController | AdaptiveKLController | PIKLController":
