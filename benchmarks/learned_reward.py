@@ -15,7 +15,7 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     .venv-trl/bin/python benchmarks/learned_reward.py trl --kl-coef 0.05 --seed 0
     python benchmarks/learned_reward.py judge RUN_DIR               # eval + judge a TRL run (lmppo venv)
     python benchmarks/learned_reward.py interpolate RUN_DIR         # a LoRA run interpolated toward its start
-    python benchmarks/learned_reward.py report                      # the table (and a plot) of every run
+    python benchmarks/learned_reward.py report [--lmppo PREFIX]     # the table (and a plot) of the runs
 
 Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/.
 """
@@ -441,8 +441,12 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
     return lines
 
 
-def report(_args) -> None:
-    points = collect()
+def report(args) -> None:
+    """Every run's line, then lmppo against TRL. `--lmppo PREFIX` keeps only the lmppo runs (and their
+    interpolations) whose folder name starts with PREFIX: one recipe's family, so runs of other settings kept in
+    the cache do not enter its curve. TRL's runs all count (the best at each KL is kept)."""
+    points = [p for p in collect()
+              if p["side"] == "trl" or p["name"].startswith(args.lmppo)]
     for p in points:
         print(summary_line(p["name"], p["result"]) + f" | rm SE {p['rm_se']:.2f}")
     trl = [p for p in points if p["side"] == "trl"]
@@ -511,7 +515,9 @@ def main(argv=None) -> None:
     ip = sub.add_parser("interpolate")
     ip.add_argument("run")
     ip.add_argument("--lambdas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
-    sub.add_parser("report")
+    rp = sub.add_parser("report")
+    rp.add_argument("--lmppo", default="lmppo-", metavar="PREFIX",
+                    help="only lmppo runs whose folder name starts with PREFIX (default: every lmppo run)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

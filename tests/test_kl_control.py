@@ -45,6 +45,43 @@ def test_pi_controller_hand_worked_sequence():
                                                   0.19227, 0.082401]
 
 
+def test_pi_controller_drops_the_windup_of_the_climb_on_arrival():
+    # beta_0 0.05, target 4, kp 1, ki 0.5, kd 1: a climb that stalls twice winds the integral down
+    c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=1.0)
+    c.update(1.0)  # first reading, e = ln 0.25 (-1.386) clipped to -1, not yet a rise or a stall: I = 0
+    assert c.value == pytest.approx(0.05 * math.exp(-1)) and c.integral == 0.0
+    c.update(0.8)  # stalled: e = ln 0.2 -> -1, integrates: I = -1; beta = 0.05 e^-1 e^-0.5
+    assert c.value == pytest.approx(0.05 * math.exp(-1.5)) and c.integral == pytest.approx(-1.0)
+    c.update(1.6)  # rising, read as 2.4: e = ln 0.6, no integration; beta = 0.05 * 0.6 * e^-0.5
+    assert c.value == pytest.approx(0.05 * 0.6 * math.exp(-0.5)) and c.integral == pytest.approx(-1.0)
+    c.update(1.2)  # stalled: e = ln 0.3 (-1.204) -> -1: I = -2
+    assert c.value == pytest.approx(0.05 * math.exp(-2)) and c.integral == pytest.approx(-2.0)
+    c.update(2.2)  # rising by 1, read as 3.2: e = ln 0.8, below target: I stays -2
+    assert c.value == pytest.approx(0.05 * 0.8 * math.exp(-1)) and c.integral == pytest.approx(-2.0)
+    c.update(3.0)  # rising by 0.8, read as 3.8: still short of the target
+    assert c.value == pytest.approx(0.05 * 0.95 * math.exp(-1)) and c.integral == pytest.approx(-2.0)
+    # rising by 0.6, read as 4.2: arrives. I = 0 + ln 1.05; beta = 0.05 * 1.05 ** 1.5 (not 1.05 ** 1.5 / e)
+    c.update(3.6)
+    assert c.arrived and c.integral == pytest.approx(math.log(1.05))
+    assert c.value == pytest.approx(0.05 * 1.05 ** 1.5)
+    # after the arrival the integral runs as before: a stall below the target winds it down again, and a second
+    # arrival does not reset it
+    c.update(2.0)  # stalled: e = ln 0.5, I = ln 1.05 + ln 0.5 = ln 0.525
+    c.update(2.0)  # stalled again: I = ln(0.525 * 0.5)
+    assert c.integral == pytest.approx(math.log(0.2625))
+    c.update(4.4)  # rising by 2.4, read as 6.8: e = ln 1.7, integrates: I = ln(0.2625 * 1.7)
+    assert c.integral == pytest.approx(math.log(0.2625 * 1.7))
+    assert c.value == pytest.approx(0.05 * 1.7 * (0.2625 * 1.7) ** 0.5)
+    # the arrival survives a checkpoint, and a checkpoint from before the reset existed never resets
+    restored = PIKLController(0.05, 4.0)
+    restored.load_state_dict(c.state_dict())
+    assert restored.arrived
+    legacy = PIKLController(0.05, 4.0)
+    legacy.load_state_dict({"value": 0.02, "integral": -2.0, "last_kl": 1.0})
+    legacy.update(8.0)
+    assert legacy.integral == pytest.approx(-2.0 + 1.0)  # read as 15: e clipped to 1, I not reset
+
+
 def test_pi_controller_look_ahead_gain():
     # the same readings with kd 0: the KL is read as it is
     c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=0.0)
