@@ -63,9 +63,7 @@ class Decoder:
 
         self.ll, self.prompts = ll, prompts
         ll.llama_backend_init()
-        mp = ll.llama_model_default_params()
-        mp.use_mmap = True
-        self.model = ll.llama_model_load_from_file(model_path.encode(), mp)
+        self.model = ll.llama_model_load_from_file(model_path.encode(), ll.llama_model_default_params())
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {model_path}")
         n_seq = len(prompts)
