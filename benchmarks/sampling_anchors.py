@@ -88,13 +88,17 @@ class LlamaWorker:
 
     def _ask(self, obj: dict) -> dict:
         self.proc.stdin.write(json.dumps(obj) + "\n")
-        line = self.proc.stdout.readline()
-        if not line:
-            return {"ok": False, "error": f"the worker exited (code {self.proc.wait()})"}
-        return json.loads(line)
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                return {"ok": False, "error": f"the worker exited (code {self.proc.wait()})"}
+            if line.startswith("{"):  # anything else is a native library writing to stdout
+                return json.loads(line)
 
     def run(self, new: int):
         out = self._ask({"new": new})
+        if "tokens" not in out:
+            raise RuntimeError(f"llama.cpp worker: {out.get('error')}")
         assert out["tokens"] == [new] * self.batch, out["tokens"]
         return out["cpu"], out["wall"]
 
