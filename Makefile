@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train lint test bench bench-equivalence clean
+.PHONY: setup train lint test bench bench-equivalence bench-llama-venv bench-anchors clean
 
 setup: $(STAMP)
 
@@ -45,5 +45,21 @@ bench: $(STAMP) $(TRL_VENV)/bin/python
 bench-equivalence: $(STAMP) $(TRL_VENV)/bin/python
 	PYTHONPATH=src $(TRL_VENV)/bin/python benchmarks/trl_equivalence.py $(ARGS)
 
+# llama.cpp (llama-cpp-python, the `bench-llama` extra) in a third venv: a sampling anchor for
+# benchmarks/sampling_anchors.py, run there as a worker process; never a dependency of lmppo. pip builds it from source
+# (C/C++ compiler and cmake; minutes on a few cores, CMAKE_BUILD_PARALLEL_LEVEL sets the build jobs).
+LLAMA_VENV ?= .venv-llama
+LLAMA_STAMP := $(LLAMA_VENV)/.llama-installed
+$(LLAMA_STAMP):
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	$(LLAMA_VENV)/bin/python -m pip install --quiet "llama-cpp-python==0.3.36"
+	touch $(LLAMA_STAMP)
+
+bench-llama-venv: $(LLAMA_STAMP)
+
+# lmppo's sampler, HF generate and llama.cpp's batched decoding on the same prompts, against the roofline
+bench-anchors: $(STAMP) $(LLAMA_STAMP)
+	PYTHONPATH=src $(PY) benchmarks/sampling_anchors.py --llama-python $(LLAMA_VENV)/bin/python $(ARGS)
+
 clean:
-	rm -rf $(VENV) $(TRL_VENV) runs
+	rm -rf $(VENV) $(TRL_VENV) $(LLAMA_VENV) runs
