@@ -131,12 +131,20 @@ def wait_for(path, proc: subprocess.Popen, log, timeout: float = 600) -> None:
 
 
 def straight_run(assets, stage: str):
-    """The uninterrupted run of `stage`, run once per module."""
+    """The uninterrupted run of `stage`, run once per module. A failed run is remembered: the later tests that need
+    it fail with its own message, not with "already holds a run" from a second attempt in the same folder."""
     if stage not in assets["straight"]:
         run = assets["root"] / f"straight-{stage}"
-        finish(launch(["train", config_file(assets, stage, run)], str(run) + ".log"), str(run) + ".log")
+        try:
+            finish(launch(["train", config_file(assets, stage, run)], str(run) + ".log"), str(run) + ".log")
+        except AssertionError as failure:
+            assets["straight"][stage] = failure
+            raise
         assets["straight"][stage] = run
-    return assets["straight"][stage]
+    done = assets["straight"][stage]
+    if isinstance(done, AssertionError):
+        raise AssertionError(f"the uninterrupted {stage} run failed earlier in this module:\n{done}")
+    return done
 
 
 def shard_tensors(checkpoint) -> dict:

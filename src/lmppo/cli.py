@@ -98,6 +98,11 @@ def cmd_train(argv: Sequence[str], console) -> int:
     _print_summary(trainer, console)
     if trainer.config.push_to_hub and trainer.accelerator.is_main_process:
         push_after_training(trainer.config.output_dir, trainer.config.push_to_hub, console)
+    if trainer.accelerator.num_processes > 1:
+        # every process done, then the process group closed before the interpreter exits: left to exit-time
+        # destructors, gloo's worker threads can abort a finished run ("terminate called without an active exception")
+        trainer.accelerator.wait_for_everyone()
+        trainer.accelerator.state.destroy_process_group()
     return 0
 
 
