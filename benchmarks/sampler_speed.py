@@ -55,8 +55,8 @@ def bench_policy(args):
     return tok, model, ids, mask, no_stop, seeds, gen_config
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_policy_args(ap: argparse.ArgumentParser) -> None:
+    """The options of `bench_policy` and the timing loop, shared by the sampling benchmarks."""
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new", type=int, default=24)
@@ -64,6 +64,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--lora", action="store_true", help="LoRA r 16, alpha 32, all-linear (the default job's)")
     ap.add_argument("--bf16", action="store_true", help="bf16 autocast for every sampler")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_policy_args(ap)
     ap.add_argument("--samplers", default="unfolded,folded,hf")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()

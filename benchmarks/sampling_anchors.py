@@ -43,7 +43,7 @@ import torch
 from lmppo.models import resolve_model_path
 from lmppo.rollout import sample_responses
 from lmppo.sampling import SamplingWeights, sample_native
-from sampler_speed import bench_policy  # noqa: E402  (benchmarks/ is on the path when a script runs)
+from sampler_speed import add_policy_args, bench_policy  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -160,13 +160,7 @@ def start_llama(args, ids, mask, seeds) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--new", type=int, default=24)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--lora", action="store_true", help="LoRA r 16 all-linear on the policy (the default job's)")
+    add_policy_args(ap)
     ap.add_argument("--llama", default="gguf", help="llama.cpp variants, comma-separated: gguf (the packaged file "
                     "as it is), f32, bf16, f16 (converted by llama.cpp's quantizer); 'none' to skip")
     ap.add_argument("--llama-python", default=None, help="the interpreter with llama_cpp (default: .venv-llama's "

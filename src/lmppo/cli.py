@@ -86,14 +86,14 @@ def cmd_train(argv: Sequence[str], console) -> int:
     if resume_dir is not None:
         _refuse_ignored_with_resume(resume_dir, overrides, config_path)
         trainer = PPOTrainer.resume(resume_dir, overrides=overrides, config_path=config_path, console=console)
+        if trainer.config.push_to_hub:
+            check_hub_login(trainer.config.push_to_hub)  # before training, not after
     else:
         cfg = load_config(config_path, overrides)
         if cfg.push_to_hub:
             cfg.validate()
             check_hub_login(cfg.push_to_hub)  # before the models load, not after training
         trainer = PPOTrainer(cfg, console=console)
-    if trainer.config.push_to_hub:
-        check_hub_login(trainer.config.push_to_hub)
     trainer.train()
     _print_summary(trainer, console)
     if trainer.config.push_to_hub and trainer.accelerator.is_main_process:

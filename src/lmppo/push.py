@@ -103,7 +103,10 @@ def push_after_training(output_dir: str, repo_id: str, console: Any = None) -> N
     except LmppoError as err:
         raise LmppoError(f"{err} (the run finished and its model is in {os.path.join(output_dir, 'final')}; "
                          f"upload it later with `lmppo push {output_dir} --repo-id {repo_id}`)") from None
-    line = f"pushed {path} to {repo_id}: {getattr(info, 'commit_url', None) or repo_id}"
+    _say(f"pushed {path} to {repo_id}: {getattr(info, 'commit_url', None) or repo_id}", console)
+
+
+def _say(line: str, console: Any) -> None:
     if console is not None:
         console.print(line, highlight=False, soft_wrap=True)
     else:
@@ -130,9 +133,5 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     path, info = push(args.run, args.repo_id, folder=args.folder, private=args.private,
                       commit_message=args.commit_message, revision=args.revision)
     url = getattr(info, "commit_url", None) or getattr(info, "repo_url", None) or args.repo_id
-    line = f"pushed {path} to {args.repo_id}: {url}"
-    if console is not None:
-        console.print(line, highlight=False, soft_wrap=True)
-    else:
-        print(line)
+    _say(f"pushed {path} to {args.repo_id}: {url}", console)
     return 0

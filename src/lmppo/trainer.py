@@ -550,6 +550,10 @@ class PPOTrainer:
     def save_model(self, directory: str) -> None:
         """The trained policy (and value model) in Hugging Face format with safetensors, written atomically, each
         folder with its model card; a LoRA policy also merged into full weights (`model.lora.save_merged`)."""
+        mc = self.config.model
+        if mc.lora.save_merged and mc.load_in_4bit and is_peft_model(self.policy) and self.accelerator.is_main_process:
+            warnings.warn("model.lora.save_merged: no final/policy-merged for a 4-bit base (model.load_in_4bit); "
+                          "merge the adapter in final/policy onto the base loaded in bf16", stacklevel=2)
         with self.strategy.saving(self.actor):  # ZeRO-3: every process gathers the full weights for the save
             if self.accelerator.is_main_process:
                 unwrap = self.accelerator.unwrap_model
@@ -562,14 +566,9 @@ class PPOTrainer:
                 self.callbacks.call("on_save", self, directory)
 
     def _writes_merged(self) -> bool:
+        """Whether final/ gets policy-merged: `model.lora.save_merged` on a LoRA policy, not on a 4-bit base."""
         mc = self.config.model
-        if not (mc.lora.save_merged and is_peft_model(self.policy)):
-            return False
-        if mc.load_in_4bit:
-            warnings.warn("model.lora.save_merged: no final/policy-merged for a 4-bit base (model.load_in_4bit); "
-                          "merge the adapter in final/policy onto the base loaded in bf16", stacklevel=2)
-            return False
-        return True
+        return bool(mc.lora.save_merged and is_peft_model(self.policy) and not mc.load_in_4bit)
 
     def model_card(self, folder: str, heldout: Optional[Sequence[tuple[str, str, str, str]]] = None,
                    heldout_title: str = "") -> str:
