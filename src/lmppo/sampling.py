@@ -10,8 +10,9 @@ The loop runs the HF model with its KV cache, computing logits only for the last
 `SamplingWeights` gives the loop a sampling copy of a LoRA policy on CPU: the adapters folded into plain linear
 layers (W + scale * B @ A, computed once per rollout instead of two extra matmuls per layer per token), stored in
 the autocast dtype when autocast is on. Everything else (embeddings, norms, LM head, buffers) is shared with the
-policy, not copied. The copy is refreshed from the policy's weights at every rollout, so it never samples from
-stale weights.
+policy, not copied; the frozen LM head keeps one cast to the autocast dtype (`lmppo.frozen_casts`) instead of
+being cast at every decoding step. The copy is refreshed from the policy's weights at every rollout, so it never
+samples from stale weights.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 from torch import nn
 
 from lmppo.core.masking import stop_token_mask
+from lmppo.frozen_casts import FrozenCastLinear, reuse_frozen_casts
 from lmppo.models import hf_model, position_ids_from_mask
 
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
@@ -122,7 +124,7 @@ def _foldable(module: nn.Module) -> bool:
     base = module.base_layer
     dropout_on = any(d.training and getattr(d, "p", 0.0) > 0 for d in module.lora_dropout.values())
     dora = any(getattr(module, "use_dora", {}).values())
-    return (type(base) is nn.Linear and base.weight.is_floating_point() and not dropout_on and not dora
+    return (type(base) in (nn.Linear, FrozenCastLinear) and base.weight.is_floating_point() and not dropout_on and not dora
             and not getattr(module, "merged", False) and not getattr(module, "fan_in_fan_out", False))
 
 
@@ -139,6 +141,7 @@ class SamplingWeights:
         self.layers: list[tuple[nn.Module, nn.Linear]] = []  # (policy's LoRA layer, the copy's plain layer)
         self.dtype: Optional[torch.dtype] = None
         self.refreshes = 0
+        self.keep_casts = True  # the copy's other frozen linear layers (the LM head) cast once (lmppo.frozen_casts)
 
     @staticmethod
     def compute_dtype(model: nn.Module) -> Optional[torch.dtype]:
@@ -158,6 +161,7 @@ class SamplingWeights:
             if not self._build(model, dtype):
                 return model
         self._refresh()  # every call: fused optimizers update in place without bumping tensor versions
+        reuse_frozen_casts(self.copy, enabled=self.keep_casts and self.dtype is not None)  # under autocast
         return self.copy
 
     def _build(self, model: nn.Module, dtype: Optional[torch.dtype]) -> bool:
