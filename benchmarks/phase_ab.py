@@ -1,0 +1,151 @@
+"""The default job's phases at two commits, side by side: alternating worker processes, one per source tree.
+
+    python benchmarks/phase_ab.py --base REV [--head REV] [--rounds 6] [--iterations 2] [--threads 1]
+        [--precision bf16]
+
+Each tree is `git archive REV src` unpacked into a temporary folder (`--head` defaults to the working tree's src/).
+Every round runs one worker per tree, in turn. A worker imports lmppo from its tree, builds the trainer of that
+tree's built-in default recipe (`lmppo train` with no arguments: SmolLM2-135M, LoRA, batch 32, 24 new tokens),
+runs one warm-up iteration and then `--iterations` timed ones: the rollout phase (sampling, the reference pass, the
+policy/value pass), the score/rewards/advantages phases, and the PPO update, each in process CPU time, plus the
+sampling engine's share of the rollout. It prints, per phase, min / p10 / median over all timed iterations of each
+tree, and the base/head ratio of each round's medians with its spread. CPU time is what survives a shared
+machine; `--threads 1` keeps it so.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from io import BytesIO
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+PHASES = ("iteration", "rollout", "sampling", "update")
+
+
+def unpack(rev: str, into: Path) -> Path:
+    """`src/` of commit `rev` under `into`; returns the folder to put on PYTHONPATH."""
+    blob = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "src"], check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=BytesIO(blob)) as tar:
+        tar.extractall(into, filter="data")
+    return into / "src"
+
+
+def worker(args) -> None:
+    import torch
+
+    import lmppo
+    from lmppo.config import load_config
+    from lmppo.metrics import MetricsAccumulator
+    from lmppo.trainer import PPOTrainer
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config(str(Path(lmppo.__file__).parent / "recipes" / "sentiment.yaml"))  # the tree's default job
+    cfg.output_dir, cfg.overwrite, cfg.log.trackers, cfg.log.progress = tempfile.mkdtemp(), True, [], False
+    cfg.precision = args.precision
+    trainer = PPOTrainer(cfg)
+    spent: dict[str, float] = {}
+    engine = trainer.sampling_engine() if hasattr(trainer, "sampling_engine") else None
+    if engine is not None:
+        sample = engine.sample
+
+        def timed(policy, prompts):
+            start = time.process_time()
+            try:
+                return sample(policy, prompts)
+            finally:
+                spent["sampling"] = time.process_time() - start
+
+        engine.sample = timed
+    rows = []
+    for i in range(args.iterations + 1):  # the first: warm-up
+        start = time.process_time()
+        rollout = trainer.collect_rollout()
+        spent["rollout"] = time.process_time() - start
+        scored = trainer.score(rollout)
+        rewards = trainer.token_rewards(rollout, scored)
+        advantages, returns = trainer.advantages(rollout, rewards)
+        mark = time.process_time()
+        trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, MetricsAccumulator())
+        spent["update"] = time.process_time() - mark
+        spent["iteration"] = time.process_time() - start
+        if i:
+            rows.append({p: spent.get(p) for p in PHASES})
+    Path(args.result).write_text(json.dumps({"rows": rows, "lmppo": lmppo.__file__}))
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", help="the commit to compare against (git rev); required")
+    ap.add_argument("--head", default=None, help="default: the working tree's src/")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--iterations", type=int, default=2, help="timed iterations per worker (after one warm-up)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--precision", default="bf16", help="the same for both trees (older trees have no `auto`)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if not args.base:
+        ap.error("--base REV is required")
+    import torch
+
+    tmp = Path(tempfile.mkdtemp(prefix="phase_ab-"))
+    trees = {"base": unpack(args.base, tmp / "base"),
+             "head": unpack(args.head, tmp / "head") if args.head else ROOT / "src"}
+    labels = {"base": args.base, "head": args.head or "working tree"}
+    results: dict[str, list[list[dict]]] = {side: [] for side in trees}
+    load = [os.getloadavg()]
+    for r in range(args.rounds):
+        for side, src in trees.items():
+            out = tmp / f"{side}-{r}.json"
+            env = {**os.environ, "PYTHONPATH": str(src), "OMP_NUM_THREADS": str(args.threads)}
+            with open(tmp / f"{side}-{r}.log", "w") as log:
+                done = subprocess.run([sys.executable, __file__, "--worker", "--result", str(out), "--iterations",
+                                       str(args.iterations), "--threads", str(args.threads), "--precision",
+                                       args.precision], env=env, cwd=tmp, stdout=log, stderr=subprocess.STDOUT)
+            if done.returncode:
+                sys.exit(f"error: the {side} worker failed (exit {done.returncode}); its output: {log.name}")
+            result = json.loads(out.read_text())
+            if not result["lmppo"].startswith(str(src)):  # an installed lmppo shadowed the tree
+                sys.exit(f"error: the {side} worker imported lmppo from {result['lmppo']}, not from {src}")
+            results[side].append(result["rows"])
+            print(f"round {r + 1}/{args.rounds} {side:4} iteration medians "
+                  f"{statistics.median(row['iteration'] for row in results[side][-1]):.2f} s", flush=True)
+    load.append(os.getloadavg())
+    print(f"\nthe default job's phases, base {labels['base']} against head {labels['head']}: {args.rounds} rounds x "
+          f"{args.iterations} iterations per tree, precision {args.precision}, {args.threads} thread(s); capability "
+          f"{torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 {torch.cpu._is_avx512_bf16_supported()}; load "
+          f"average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
+    print(f"{'phase (cpu s)':14} {'side':5} {'min':>7} {'p10':>7} {'p50':>7} | base/head per round (medians)")
+    for phase in PHASES:
+        per_round = {side: [statistics.median(row[phase] for row in rows) for rows in results[side]
+                            if all(row[phase] is not None for row in rows)] for side in trees}
+        for side in trees:
+            xs = [row[phase] for rows in results[side] for row in rows if row[phase] is not None]
+            if xs:
+                print(f"{phase:14} {side:5} {min(xs):7.3f} {percentile(xs, 10):7.3f} {percentile(xs, 50):7.3f}")
+        if per_round["base"] and per_round["head"]:
+            ratios = [b / h for b, h in zip(per_round["base"], per_round["head"])]
+            print(f"{phase:14} speed-up head vs base: median x{statistics.median(ratios):.2f} "
+                  f"[{min(ratios):.2f}, {max(ratios):.2f}] over rounds")
+
+
+if __name__ == "__main__":
+    main()
