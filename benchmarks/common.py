@@ -568,6 +568,41 @@ def percentile(xs, q):
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def time_sampling(trainer, spent: dict) -> None:
+    """Count the CPU time of each call of an lmppo trainer's sampling engine in `spent["sampling"]` (trainers from
+    before sampling engines existed are left alone)."""
+    if not hasattr(trainer, "sampling_engine"):
+        return
+    engine = trainer.sampling_engine()
+    sample = engine.sample
+
+    def timed(policy, prompts):
+        start = time.process_time()
+        try:
+            return sample(policy, prompts)
+        finally:
+            spent["sampling"] = time.process_time() - start
+
+    engine.sample = timed
+
+
+def timed_iteration(trainer, spent: dict) -> None:
+    """One iteration of `PPOTrainer.train`'s loop (without its logging and checkpoint); the CPU seconds of the
+    rollout, the PPO update and the whole iteration go into `spent`."""
+    from lmppo.metrics import MetricsAccumulator
+
+    start = time.process_time()
+    rollout = trainer.collect_rollout()
+    spent["rollout"] = time.process_time() - start
+    scored = trainer.score(rollout)
+    rewards = trainer.token_rewards(rollout, scored)
+    advantages, returns = trainer.advantages(rollout, rewards)
+    mark = time.process_time()
+    trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, MetricsAccumulator())
+    spent["update"] = time.process_time() - mark
+    spent["iteration"] = time.process_time() - start
+
+
 if __name__ == "__main__":
     main()
 

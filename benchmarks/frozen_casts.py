@@ -19,15 +19,13 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 import torch
 
 from lmppo.config import RewardSourceConfig, load_config, recipe_path
 from lmppo.frozen_casts import reuse_frozen_casts
-from lmppo.metrics import MetricsAccumulator
 from lmppo.trainer import PPOTrainer
-from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
+from common import percentile, time_sampling, timed_iteration  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 VARIANTS = ("cast each pass", "cast once")
 
@@ -41,36 +39,6 @@ def switch(trainer: PPOTrainer, keep: bool, where: str) -> None:
                                                                   for s in trainer.reward_sources]:
             if isinstance(model, torch.nn.Module):
                 reuse_frozen_casts(model, enabled=keep)
-
-
-def time_sampling(trainer: PPOTrainer, spent: dict[str, float]) -> None:
-    """Count the sampling engine's CPU time (inside the rollout phase) in `spent["sampling"]`."""
-    engine = trainer.sampling_engine()
-    sample = engine.sample
-
-    def timed(policy, prompts):
-        start = time.process_time()
-        try:
-            return sample(policy, prompts)
-        finally:
-            spent["sampling"] = time.process_time() - start
-
-    engine.sample = timed
-
-
-def iteration(trainer: PPOTrainer, spent: dict[str, float]) -> dict[str, float]:
-    """One iteration of `PPOTrainer.train`'s loop, the CPU seconds of its phases (and of sampling, `time_sampling`)."""
-    start = time.process_time()
-    rollout = trainer.collect_rollout()
-    spent["rollout"] = time.process_time() - start
-    scored = trainer.score(rollout)
-    rewards = trainer.token_rewards(rollout, scored)
-    advantages, returns = trainer.advantages(rollout, rewards)
-    mark = time.process_time()
-    trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, MetricsAccumulator())
-    spent["update"] = time.process_time() - mark
-    spent["iteration"] = time.process_time() - start
-    return spent
 
 
 def main() -> None:
@@ -96,7 +64,7 @@ def main() -> None:
     for r in range(args.rounds + 1):  # round 0: warm-up (the sampling copy and the casts are built there)
         for variant in VARIANTS:
             switch(trainer, variant == "cast once", args.where)
-            iteration(trainer, spent)
+            timed_iteration(trainer, spent)
             if r:
                 for phase in phases:
                     times[variant][phase].append(spent[phase])

@@ -21,9 +21,10 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from io import BytesIO
 from pathlib import Path
+
+from common import percentile, time_sampling, timed_iteration  # noqa: E402  (benchmarks/ is on the path)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -43,7 +44,6 @@ def worker(args) -> None:
 
     import lmppo
     from lmppo.config import load_config
-    from lmppo.metrics import MetricsAccumulator
     from lmppo.trainer import PPOTrainer
 
     torch.set_num_threads(args.threads)
@@ -52,40 +52,13 @@ def worker(args) -> None:
     cfg.precision = args.precision
     trainer = PPOTrainer(cfg)
     spent: dict[str, float] = {}
-    engine = trainer.sampling_engine() if hasattr(trainer, "sampling_engine") else None
-    if engine is not None:
-        sample = engine.sample
-
-        def timed(policy, prompts):
-            start = time.process_time()
-            try:
-                return sample(policy, prompts)
-            finally:
-                spent["sampling"] = time.process_time() - start
-
-        engine.sample = timed
+    time_sampling(trainer, spent)
     rows = []
     for i in range(args.iterations + 1):  # the first: warm-up
-        start = time.process_time()
-        rollout = trainer.collect_rollout()
-        spent["rollout"] = time.process_time() - start
-        scored = trainer.score(rollout)
-        rewards = trainer.token_rewards(rollout, scored)
-        advantages, returns = trainer.advantages(rollout, rewards)
-        mark = time.process_time()
-        trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, MetricsAccumulator())
-        spent["update"] = time.process_time() - mark
-        spent["iteration"] = time.process_time() - start
+        timed_iteration(trainer, spent)
         if i:
             rows.append({p: spent.get(p) for p in PHASES})
     Path(args.result).write_text(json.dumps({"rows": rows, "lmppo": lmppo.__file__}))
-
-
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (k - lo)
 
 
 def main() -> None:
