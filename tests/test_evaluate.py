@@ -166,6 +166,9 @@ def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
     assert res["held_out"] and res["prompts"] == 4 and res["judge"] == "judge"
     assert res["start"] == full_run.config.model.policy
     assert res["trained"]["kl_k3"] >= 0 and res["start_point"]["kl"] == 0.0
+    per_response = [s["trained_kl"] for s in res["samples"]]  # each response's KL; their mean is the reported KL
+    assert sum(per_response) / len(per_response) == pytest.approx(res["trained"]["kl"], rel=1e-6, abs=1e-9)
+    assert len(set(per_response)) > 1
     assert set(res["win_rate_by_source"]) == {"length", "judge"} and 0 <= res["win_rate"] <= 1
     # the held-out prompts are the run's own, and the trained responses are the summary's "after" ones
     k = res["samples_per_prompt"]

@@ -330,7 +330,8 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
         "win_rate": wins[judge], "win_rate_by_source": wins,
         "samples": [{"prompt": texts[i], "start": start.responses[i], "trained": trained.responses[i],
                      "start_scores": {k: float(v[i]) for k, v in start.scores.items()},
-                     "trained_scores": {k: float(v[i]) for k, v in trained.scores.items()}}
+                     "trained_scores": {k: float(v[i]) for k, v in trained.scores.items()},
+                     "trained_kl": float(trained.kl_k1[i])}  # this response's log pi - log pi_start, summed (k1)
                     for i in range(len(ids))],
     }
 
