@@ -4,8 +4,8 @@ Under autocast a linear layer casts its fp32 weight to bf16 on every call. torch
 the autocast region only for weights that require grad, so a frozen weight (a LoRA policy's LM head, tied to the
 embeddings) is cast again at every decoding step: on the default job (SmolLM2-135M, LoRA, bf16 on CPU) the LM
 head's cast was 20% of the sampler's time. In a pass over a whole batch the cast is small next to the matmuls
-(a few percent, `benchmarks/frozen_casts.py`), so lmppo keeps casts where it decodes: the sampling copy
-(`lmppo.sampling.SamplingWeights`).
+(keeping every frozen weight's cast sped the update phase up by 1%: `benchmarks/frozen_casts.py --where all`), so
+lmppo keeps casts only where it decodes: the sampling copy (`lmppo.sampling.SamplingWeights`).
 
 `FrozenCastLinear` is an `nn.Linear` that keeps one cast of its frozen fp32 weight and reuses it while the weight
 is unchanged (same storage, same version counter: any in-place write, such as a checkpoint load, makes a new

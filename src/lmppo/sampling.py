@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from lmppo.core.masking import stop_token_mask
-from lmppo.frozen_casts import FrozenCastLinear, reuse_frozen_casts
+from lmppo.frozen_casts import reuse_frozen_casts
 from lmppo.models import hf_model, position_ids_from_mask
 
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
@@ -124,7 +124,7 @@ def _foldable(module: nn.Module) -> bool:
     base = module.base_layer
     dropout_on = any(d.training and getattr(d, "p", 0.0) > 0 for d in module.lora_dropout.values())
     dora = any(getattr(module, "use_dora", {}).values())
-    return (type(base) in (nn.Linear, FrozenCastLinear) and base.weight.is_floating_point() and not dropout_on and not dora
+    return (type(base) is nn.Linear and base.weight.is_floating_point() and not dropout_on and not dora
             and not getattr(module, "merged", False) and not getattr(module, "fan_in_fan_out", False))
 
 
