@@ -151,7 +151,7 @@ def test_make_kl_controller_reads_every_setting():
 @pytest.mark.parametrize("field,value,allowed", [
     ("kl.controller", "pid", "fixed"), ("kl.kp", -1.0, ">= 0"), ("kl.ki", -0.1, ">= 0"), ("kl.kd", -0.5, ">= 0"),
     ("kl.coef_min", 0.0, "> 0"), ("kl.coef_max", 1e-5, ">= kl.coef_min"), ("ppo.target_kl", -0.01, ">= 0"),
-    ("kl.coef", 0.0, "> 0"),
+    ("kl.coef", 0.0, "> 0"), ("kl.react", "later", "now"),
 ])
 def test_bad_kl_settings_name_the_field(field, value, allowed):
     cfg = Config()
@@ -176,8 +176,9 @@ def _length_reward(prompts, completions):
 
 
 def test_kl_target_changes_the_run(tmp_path, tokenizer):
-    low = _tiny_run(tmp_path, tokenizer, "low", iterations=4, kl__target=1e-4)
-    high = _tiny_run(tmp_path, tokenizer, "high", iterations=4, kl__target=100.0)
+    # kl.react next: iteration t runs on the beta of the readings before it, so the indices below are those readings
+    low = _tiny_run(tmp_path, tokenizer, "low", iterations=4, kl__react="next", kl__target=1e-4)
+    high = _tiny_run(tmp_path, tokenizer, "high", iterations=4, kl__react="next", kl__target=100.0)
     assert low[0]["objective/kl_coef"] == high[0]["objective/kl_coef"] == 0.05  # the first rollout: beta_0
     assert low[0]["objective/kl"] == 0.0  # policy == reference: the first reading is below any target
     # once the policy has moved, beta follows each run's own target: up for a KL above it, not for one below
@@ -188,21 +189,49 @@ def test_kl_target_changes_the_run(tmp_path, tokenizer):
 
 
 def test_kl_gains_change_the_run(tmp_path, tokenizer):
-    a = _tiny_run(tmp_path, tokenizer, "a", kl__target=1e-4)
-    b = _tiny_run(tmp_path, tokenizer, "b", kl__target=1e-4, kl__kp=3.0)
+    a = _tiny_run(tmp_path, tokenizer, "a", kl__react="next", kl__target=1e-4)
+    b = _tiny_run(tmp_path, tokenizer, "b", kl__react="next", kl__target=1e-4, kl__kp=3.0)
     assert b[1]["objective/kl_coef"] == pytest.approx(0.05 * math.exp(-3))
     assert a[1]["objective/kl_coef"] == pytest.approx(0.05 * math.exp(-1))
-    c = _tiny_run(tmp_path, tokenizer, "c", kl__target=1e-4, kl__ki=2.0)  # integrates from the 2nd reading
+    c = _tiny_run(tmp_path, tokenizer, "c", kl__react="next", kl__target=1e-4, kl__ki=2.0)  # integrates from reading 2
     assert a[1]["objective/kl_coef"] == c[1]["objective/kl_coef"] and a[2]["objective/kl_coef"] < c[2]["objective/kl_coef"]
-    d = _tiny_run(tmp_path, tokenizer, "d", kl__target=1e-4, kl__coef_max=0.06)
+    d = _tiny_run(tmp_path, tokenizer, "d", kl__react="next", kl__target=1e-4, kl__coef_max=0.06)
     assert d[2]["objective/kl_coef"] == pytest.approx(0.06) and a[2]["objective/kl_coef"] > 0.06
-    e = _tiny_run(tmp_path, tokenizer, "e", kl__target=1e-4, kl__coef_min=0.04)
+    e = _tiny_run(tmp_path, tokenizer, "e", kl__react="next", kl__target=1e-4, kl__coef_min=0.04)
     assert e[1]["objective/kl_coef"] == pytest.approx(0.04) and a[1]["objective/kl_coef"] < 0.04
     # the look-ahead: a KL rising from 0 toward a far target reads as past it with a huge kd, as itself with kd 0
-    f = _tiny_run(tmp_path, tokenizer, "f", kl__target=10.0, kl__kd=1e9)
-    g = _tiny_run(tmp_path, tokenizer, "g", kl__target=10.0, kl__kd=0.0)
+    f = _tiny_run(tmp_path, tokenizer, "f", kl__react="next", kl__target=10.0, kl__kd=1e9)
+    g = _tiny_run(tmp_path, tokenizer, "g", kl__react="next", kl__target=10.0, kl__kd=0.0)
     assert f[1]["objective/kl"] > f[0]["objective/kl"] and g[1]["objective/kl"] > g[0]["objective/kl"]
     assert f[2]["objective/kl_coef"] > 0.05 > g[2]["objective/kl_coef"]
+
+
+@pytest.mark.parametrize("react", ["now", "next"])
+def test_kl_react_sets_when_beta_answers_a_batch(tmp_path, tokenizer, react):
+    """`now`: a batch's own rewards carry the beta its KL asks for; `next`: that beta waits for the next batch."""
+    run = _tiny_run(tmp_path, tokenizer, react, iterations=4, kl__target=0.5, kl__react=react)
+    shadow = PIKLController(0.05, 0.5)  # the defaults' gains, fed the run's own readings
+    for m in run:
+        if react == "now":
+            shadow.update(m["objective/kl"])
+        assert m["objective/kl_coef"] == pytest.approx(shadow.value, rel=1e-12)
+        # the batch's penalty used that beta: non-score reward = -beta * KL per response
+        assert m["objective/non_score_reward"] == pytest.approx(-shadow.value * m["objective/kl"], rel=1e-5, abs=1e-12)
+        if react == "next":
+            shadow.update(m["objective/kl"])
+    assert run[0]["objective/kl"] == 0.0 and run[1]["objective/kl"] > 0.0  # readings that move beta
+
+
+def test_kl_react_auto_is_now_for_pi_and_next_for_adaptive(tmp_path, tokenizer):
+    pi = _tiny_run(tmp_path, tokenizer, "pi", iterations=1, kl__target=0.5)
+    assert pi[0]["objective/kl_coef"] == pytest.approx(0.05 * math.exp(-1))  # read KL 0 at once: error -1
+    ziegler = _tiny_run(tmp_path, tokenizer, "ziegler", iterations=2, kl__controller="adaptive", kl__target=0.5,
+                        kl__horizon=8)
+    assert ziegler[0]["objective/kl_coef"] == 0.05  # Ziegler's timing: beta_0 on the first batch
+    assert ziegler[1]["objective/kl_coef"] == pytest.approx(0.05 * (1 - 0.2 * 8 / 8))
+    now = _tiny_run(tmp_path, tokenizer, "ziegler-now", iterations=1, kl__controller="adaptive", kl__target=0.5,
+                    kl__horizon=8, kl__react="now")
+    assert now[0]["objective/kl_coef"] == pytest.approx(0.05 * (1 - 0.2 * 8 / 8))
 
 
 def test_ppo_target_kl_stops_the_epochs(tmp_path, tokenizer):

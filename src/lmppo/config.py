@@ -305,6 +305,11 @@ class KLConfig(_Section):
     ki: float = 0.5
     """`pi` controller, integral gain: while the KL stays x times the target, beta moves by x**ki more each
     iteration (0.5: a factor 2 every 2 iterations at twice the target)."""
+    react: Literal["auto", "now", "next"] = "auto"
+    """When beta answers a batch's KL: `now` (the controller reads the batch's KL before its rewards are made, so
+    the batch's own penalty already carries the beta that reading asks for: one iteration less delay in the
+    loop), `next` (the new beta applies from the next batch on, as in Ziegler et al. 2019 and TRL), or `auto`:
+    `now` for `pi`, `next` for `adaptive` (whose meaning stays Ziegler's). `fixed` has nothing to react."""
     kd: float = 1.0
     """`pi` controller, look-ahead gain: a KL that rose by d nats since the last iteration is read as kd * d nats
     higher, so beta rises before a fast-moving policy passes the target (0: react to the KL as it is)."""

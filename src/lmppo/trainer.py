@@ -149,6 +149,8 @@ class PPOTrainer:
                 with timer("score"):
                     scored = self.score(rollout)  # 2. reward sources -> placed scores
                 with timer("rewards"):
+                    if self.kl_reacts_now:
+                        self.adapt_kl_coef(rollout)  # 3. beta answers this batch's KL (kl.react: now)
                     rewards = self.token_rewards(rollout, scored)  # 3. scores - beta * KL, truncation policy
                 with timer("advantages"):
                     advantages, returns = self.advantages(rollout, rewards)  # 4. GAE, whitening
@@ -289,11 +291,26 @@ class PPOTrainer:
                              per_source={k: v.to(self.device) for k, v in result.per_source.items()})
 
     # ------------------------------------------------------------------ 3. per-token rewards
+    def batch_kl(self, rollout: Rollout) -> torch.Tensor:
+        """Per-token KL to the reference (`kl.estimator`), 0 past each response's end."""
+        kl = KL_ESTIMATORS[self.config.kl.estimator](rollout.logprobs, rollout.ref_logprobs)
+        return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
+
+    @property
+    def kl_reacts_now(self) -> bool:
+        """`kl.react`: whether beta answers a batch's KL before that batch's rewards (else after its update)."""
+        k = self.config.kl
+        return k.react == "now" or (k.react == "auto" and k.controller == "pi")
+
+    def adapt_kl_coef(self, rollout: Rollout) -> None:
+        """The KL controller reads the batch's mean KL per response (`objective/kl`, over all processes)."""
+        kl_per_response = masked_sum(self.batch_kl(rollout), rollout.response_mask, dim=1)
+        self.kl_controller.update(self.strategy.gather_mean(kl_per_response), self.config.rollout.batch_size)
+
     def token_rewards(self, rollout: Rollout, scored: ScoredRollout) -> TokenRewards:
         cfg = self.config
         mask = rollout.response_mask
-        kl = KL_ESTIMATORS[cfg.kl.estimator](rollout.logprobs, rollout.ref_logprobs)
-        kl = torch.where(mask, kl, torch.zeros_like(kl))
+        kl = self.batch_kl(rollout)
         beta = self.kl_controller.value if cfg.kl.placement in ("reward", "both") else 0.0
         rewards = kl_penalized_rewards(scored.token_scores, kl, beta, mask)
         if cfg.reward.truncation == "bootstrap":
@@ -428,7 +445,8 @@ class PPOTrainer:
         metrics = self.iteration_metrics(rollout, scored, rewards, stats, timer)
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
-        self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
+        if not self.kl_reacts_now:
+            self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
         warn_negative_kl(metrics["objective/kl"], cfg.kl.warn_below, rewards.kl, rollout.response_mask,

@@ -97,6 +97,9 @@ class PIKLController:
                                                      adding e_t) the first time ahead_t reaches the target
       log beta_t = log beta_0 + kp * e_t + ki * I_t,  beta_t clamped to [coef_min, coef_max]
 
+    Which batch the new beta penalises is the trainer's choice (`kl.react`): the batch just read (`now`, one
+    iteration less delay around the loop) or the next one (`next`, Ziegler's and TRL's timing).
+
     Response time, in iterations: with the KL a factor x above target and staying there (e = log x, |e| <= 1),
     beta moves at once by x**kp (x**(kp + ki) once the error integrates) and then by a further x**ki every
     iteration. With the defaults (kp 1, ki 0.5) a KL stuck at twice the target multiplies beta by 2.8 within an
