@@ -150,7 +150,7 @@ class PPOTrainer:
                     scored = self.score(rollout)  # 2. reward sources -> placed scores
                 with timer("rewards"):
                     if self.kl_reacts_now:
-                        self.adapt_kl_coef(rollout)  # 3. beta answers this batch's KL (kl.react: now)
+                        self.adapt_kl_coef(rollout)  # beta answers this batch's own KL (kl.react: now)
                     rewards = self.token_rewards(rollout, scored)  # 3. scores - beta * KL, truncation policy
                 with timer("advantages"):
                     advantages, returns = self.advantages(rollout, rewards)  # 4. GAE, whitening
