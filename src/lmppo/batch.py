@@ -30,6 +30,8 @@ class Rollout:
     prompts_text: list[str]  # B prompt strings (as the policy saw them, template applied)
     responses_text: list[str]  # B completions, decoded without padding or the stop token
     entropy: Optional[torch.Tensor] = field(default=None)  # (B, T) policy entropy per position (log.token_stats)
+    ref_logits: Optional[torch.Tensor] = field(default=None)  # (B, T, V) reference logits / temperature (kl exact)
+    exact_kl: Optional[torch.Tensor] = field(default=None)  # (B, T) KL(pi_old || pi_ref) of each state (kl exact)
     prompt_columns: Optional[list[dict]] = field(default=None)  # B dicts, the prompt records' other fields
     #                                                              (reward functions take them by name); None: none
 

@@ -290,7 +290,13 @@ class KLConfig(_Section):
     """KL coefficient beta (the starting value with the adaptive controller)."""
     estimator: str = "k1"
     """Per-token KL estimator: `k1` (log p - log p_ref, unbiased, can be negative per token), `k2`
-    (0.5 * (log ratio)^2) or `k3` ((r - 1) - log r with r = p_ref / p; unbiased and never negative)."""
+    (0.5 * (log ratio)^2), `k3` ((r - 1) - log r with r = p_ref / p; unbiased and never negative), or `exact`:
+    the KL of each next-token distribution summed over the whole vocabulary, what the others estimate from the
+    one sampled token. With `exact` and placement `reward`, a token's reward carries the KL of the state it leads
+    into and the loss carries the KL of the state it is chosen in, together the exact gradient of beta times the
+    response's KL (less noise than k1's one sample per token); with placement `loss`, only the loss term. It
+    keeps the reference's logits over the vocabulary for every response token of a batch until its update
+    (batch x response length x vocabulary values)."""
     placement: Literal["reward", "loss", "both"] = "reward"
     """Where the KL acts: `reward` (per-token penalty in the rewards, as in Ziegler et al. 2019), `loss` (a
     loss term on the current policy), or `both`."""
@@ -546,7 +552,10 @@ class Config(_Section):
                               f"must be at least rollout.batch_size ({r.batch_size}) for one iteration")
         _check_reward(c.reward)
         k = c.kl
-        _one_of(k.estimator, "kl.estimator", tuple(KL_ESTIMATORS))
+        _one_of(k.estimator, "kl.estimator", tuple(KL_ESTIMATORS) + ("exact",))
+        if k.estimator == "exact" and k.placement == "both":
+            raise ConfigError("kl.placement", k.placement, "with kl.estimator `exact`, use `reward` (the exact gradient "
+                              "of the response's KL, through the rewards and a loss term) or `loss` (the loss term only)")
         if k.controller in ("adaptive", "pi"):
             _positive(k.target, "kl.target")
         if k.controller == "adaptive":

@@ -78,12 +78,16 @@ class ReferencePolicy:
         """(B, T) log pi_ref(response_t | prefix) at the sampling temperature.
 
         input_ids / attention_mask: (B, P + T) prompt and response; response_ids: (B, T)."""
+        return selective_log_softmax(self.logits(policy, input_ids, attention_mask, prompt_len, temperature),
+                                     response_ids)
+
+    def logits(self, policy: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+               temperature: float) -> torch.Tensor:
+        """(B, T, V) the reference's next-token logits at the response positions, divided by the temperature."""
         if self.model is not None:
-            logits = policy_forward(self.model, input_ids, attention_mask, prompt_len, temperature).logits
-        else:
-            with self.as_reference(policy):
-                logits = policy_forward(policy, input_ids, attention_mask, prompt_len, temperature).logits
-        return selective_log_softmax(logits, response_ids)
+            return policy_forward(self.model, input_ids, attention_mask, prompt_len, temperature).logits
+        with self.as_reference(policy):
+            return policy_forward(policy, input_ids, attention_mask, prompt_len, temperature).logits
 
     @contextmanager
     def as_reference(self, policy: nn.Module) -> Iterator[None]:

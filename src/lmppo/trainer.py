@@ -31,7 +31,7 @@ from lmppo.callbacks import callback_list
 from lmppo.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
 from lmppo.config import Config, hub_repo_id
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
-from lmppo.core.kl import KL_ESTIMATORS
+from lmppo.core.kl import KL_ESTIMATORS, exact_kl, next_state_kl
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
 from lmppo.core.masking import masked_mean, masked_sum
@@ -197,19 +197,25 @@ class PPOTrainer:
         attention_mask = torch.cat([prompt_mask, response_mask], 1)
         chunk = cfg.forward_batch_size or input_ids.shape[0]
         reuse = self._reuses_rollout_forward(input_ids.shape[0], chunk)
-        logprobs, ref_logprobs, values, entropies = [], [], [], []
+        exact = self.config.kl.estimator == "exact"
+        logprobs, ref_logprobs, values, entropies, ref_logits, exact_kls = [], [], [], [], [], []
         with self._autocast():
             for s in range(0, input_ids.shape[0], chunk):
                 ids, att, resp = input_ids[s:s + chunk], attention_mask[s:s + chunk], response_ids[s:s + chunk]
                 with torch.inference_mode():  # first: a LoRA reference adapter is swapped in place, which would
                     # invalidate a graph kept from the policy pass (`_reuses_rollout_forward`)
-                    ref_logprobs.append(self.reference.logprobs(self.policy, ids, att, P, resp, cfg.temperature))
+                    ref = self.reference.logits(self.policy, ids, att, P, cfg.temperature)
+                    ref_logprobs.append(selective_log_softmax(ref, resp))
                 out = self._old_policy_and_values(ids, att, P, keep_graph=reuse)
                 with torch.inference_mode():
                     logprobs.append(selective_log_softmax(out.logits, resp))
                     if self.config.log.token_stats:
                         entropies.append(entropy_from_logits(out.logits))
+                    if exact:
+                        ref_logits.append(ref)
+                        exact_kls.append(exact_kl(out.logits, ref))
                     values.append(out.values)
+                del ref
         # clone out of inference mode: these tensors enter the loss as constants
         logprobs, ref_logprobs, all_values = (torch.cat(x).clone() for x in (logprobs, ref_logprobs, values))
         lengths = response_mask.sum(1)
@@ -224,6 +230,8 @@ class PPOTrainer:
             terminated=terminated, truncated=truncated, group_ids=group_ids,
             prompts_text=[self.prompt_set.texts[i] for i in index], responses_text=responses_text,
             entropy=torch.cat(entropies).clone() if entropies else None,
+            ref_logits=torch.cat(ref_logits) if exact else None,  # (cat already leaves inference mode: no copy)
+            exact_kl=torch.where(response_mask, torch.cat(exact_kls), zeros) if exact else None,
             prompt_columns=self.prompt_set.columns_of(index) if self.prompt_set.columns else None)
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
@@ -293,6 +301,8 @@ class PPOTrainer:
     # ------------------------------------------------------------------ 3. per-token rewards
     def batch_kl(self, rollout: Rollout) -> torch.Tensor:
         """Per-token KL to the reference (`kl.estimator`), 0 past each response's end."""
+        if self.config.kl.estimator == "exact":
+            return rollout.exact_kl
         kl = KL_ESTIMATORS[self.config.kl.estimator](rollout.logprobs, rollout.ref_logprobs)
         return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
 
@@ -312,7 +322,9 @@ class PPOTrainer:
         mask = rollout.response_mask
         kl = self.batch_kl(rollout)
         beta = self.kl_controller.value if cfg.kl.placement in ("reward", "both") else 0.0
-        rewards = kl_penalized_rewards(scored.token_scores, kl, beta, mask)
+        # exact: a token's reward carries the KL of the state it leads into; its own state's KL is a loss term
+        penalized = next_state_kl(kl, mask) if cfg.kl.estimator == "exact" else kl
+        rewards = kl_penalized_rewards(scored.token_scores, penalized, beta, mask)
         if cfg.reward.truncation == "bootstrap":
             rewards = bootstrap_truncated(rewards, mask, rollout.truncated, rollout.final_values, cfg.ppo.gamma)
         keep = scored.valid
@@ -402,8 +414,12 @@ class PPOTrainer:
         else:
             with torch.no_grad():
                 entropy = entropy_from_logits(logits.detach())
-        if cfg.kl.placement in ("loss", "both"):
+        kl_term = None
+        if cfg.kl.estimator == "exact":  # the KL of the state each token is chosen in (with either placement)
+            kl_term = exact_kl(logits, batch.ref_logits)
+        elif cfg.kl.placement in ("loss", "both"):
             kl_term = KL_ESTIMATORS["k3"](logprobs, batch.ref_logprobs)
+        if kl_term is not None:
             per_token = per_token + self.kl_controller.value * kl_term
             stats.add("loss/kl_avg", masked_mean(kl_term.detach(), mask))
         for name, value in (("loss/policy_avg", pg_loss), ("loss/value_avg", vf_loss),
@@ -679,4 +695,6 @@ def _trim(batch: Rollout) -> tuple[Rollout, int]:
     return replace(batch, prompt_ids=batch.prompt_ids[:, first_real:], prompt_mask=batch.prompt_mask[:, first_real:],
                    response_ids=batch.response_ids[:, :keep], response_mask=batch.response_mask[:, :keep],
                    logprobs=batch.logprobs[:, :keep], ref_logprobs=batch.ref_logprobs[:, :keep],
-                   values=batch.values[:, :keep]), keep
+                   values=batch.values[:, :keep],
+                   ref_logits=None if batch.ref_logits is None else batch.ref_logits[:, :keep],
+                   exact_kl=None if batch.exact_kl is None else batch.exact_kl[:, :keep]), keep

@@ -5,6 +5,8 @@ Per-token estimators of KL(pi || pi_ref) from the log-probabilities of the *samp
   k1 = -log r              unbiased, can be negative per token
   k2 = (log r)^2 / 2       biased, low variance, never negative
   k3 = (r - 1) - log r     unbiased, never negative
+`exact` (not in the registry: it needs both models' whole next-token distributions) is KL(pi || pi_ref) of each
+next-token distribution over the vocabulary, the per-token value every estimator above estimates.
 """
 
 from __future__ import annotations
@@ -44,6 +46,24 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     """(B, T) (r - 1) - log r with r = pi_ref / pi."""
     log_r = ref_logprobs - logprobs
     return torch.expm1(log_r) - log_r
+
+
+def exact_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """(...) KL(p || p_ref) of each next-token distribution, summed over the whole vocabulary: the expectation of
+    k1 over the token, not a one-sample estimate of it. logits, ref_logits: (..., V), computed in fp32."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    logq = torch.log_softmax(ref_logits.float(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+def next_state_kl(kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) the exact KL of the state each token leads into: out[:, t] = kl[:, t + 1] where token t + 1 is a real
+    response token, else 0. As a per-token penalty in the rewards this is the part of the response's KL that token
+    t's choice decides; the KL of the state it is chosen in (kl[:, t]) reaches the policy as a loss term instead,
+    and the two together give the exact gradient of the response's KL (`kl.estimator: exact`)."""
+    shifted = torch.zeros_like(kl)
+    shifted[:, :-1] = torch.where(mask[:, 1:], kl[:, 1:], torch.zeros_like(kl[:, 1:]))
+    return torch.where(mask, shifted, torch.zeros_like(shifted))
 
 
 class FixedKLController:
