@@ -17,6 +17,7 @@ from lmppo.assets import arithmetic_problems, builtin_records
 from lmppo.config import Config, DataConfig, RewardSourceConfig
 from lmppo.data import load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import DataError, RewardError
+from lmppo.evaluate import eval_prompt_set
 from lmppo.rewards import FunctionSource, SourceContext, build_reward_sources, score_rollout
 from lmppo.rewards.builtin import exact_match, final_answer
 from lmppo.summary import heldout_summary
@@ -218,3 +219,19 @@ def test_build_reward_sources_binds_the_builtin_by_path():
     [source] = build_reward_sources(Config().reward.__class__(sources=[RewardSourceConfig(
         kind="function", path="lmppo.rewards.builtin:exact_match")]), ctx=SourceContext())
     assert source.by_keyword and source.required == ["solution"]
+
+
+def test_holdout_seed_keeps_the_same_prompts_out_whatever_the_run_seed(tokenizer, tmp_path):
+    """Training and `lmppo eval` both split with `data.holdout_seed`; without it the run's seed decides."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"question {i}"}) + "\n" for i in range(40)))
+    held = {}
+    for name, seed, holdout_seed in [("a", 0, None), ("b", 5, 0), ("c", 5, None)]:
+        cfg = Config()
+        cfg.seed, cfg.data.prompts, cfg.data.holdout, cfg.data.holdout_seed = seed, str(path), 8, holdout_seed
+        prompts = tokenize_prompts(load_prompt_records(cfg.data), tokenizer, cfg.data)
+        train, kept_out = split_holdout(prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
+        evaluated, is_held_out = eval_prompt_set(cfg, tokenizer, 0)
+        assert is_held_out and evaluated.texts == kept_out.texts and set(train.texts).isdisjoint(kept_out.texts)
+        held[name] = kept_out.texts
+    assert held["b"] == held["a"] and held["c"] != held["a"]

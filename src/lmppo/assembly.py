@@ -136,7 +136,7 @@ def build_components(config: Config, *, policy: Optional[nn.Module] = None, toke
 
     # --- data and rewards
     all_prompts = tokenize_prompts(load_prompt_records(cfg.data, prompts), tokenizer, cfg.data)
-    prompt_set, holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.seed)
+    prompt_set, holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
     check_process_split(cfg, accelerator.num_processes)
     stream = PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle)
     reward_sources = build_reward_sources(cfg.reward, reward_functions, ctx=SourceContext(

@@ -186,6 +186,13 @@ class DataConfig(_Section):
     """Shuffle the prompts every pass over the data (seeded)."""
     holdout: NonNegativeInt = 0
     """Prompts kept out of training (a seeded random choice) for evaluation before and after training."""
+    holdout_seed: Seed | None = None
+    """Seed of that choice (default: `seed`). Runs with different seeds but one `holdout_seed` keep out the same
+    prompts, so they can be compared, or their policies merged (`lmppo merge`), on prompts none of them trained on."""
+
+    def holdout_seed_for(self, seed: int) -> int:
+        """The seed of the held-out choice for a run seeded `seed`."""
+        return seed if self.holdout_seed is None else self.holdout_seed
 
 
 @section

@@ -186,7 +186,7 @@ def eval_prompt_set(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[PromptS
         warnings.simplefilter("ignore")  # long prompts were reported at training time
         prompts = tokenize_prompts(load_prompt_records(cfg.data), tokenizer, cfg.data)
     if cfg.data.holdout > 0:
-        _, held = split_holdout(prompts, cfg.data.holdout, cfg.seed)
+        _, held = split_holdout(prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
         n = min(num_prompts, len(held.ids)) if num_prompts > 0 else len(held.ids)
         return PromptSet(held.ids[:n], held.texts[:n], held.columns[:n]), True
     order = torch.randperm(len(prompts.ids), generator=torch.Generator().manual_seed(cfg.seed + 11)).tolist()
