@@ -14,7 +14,9 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     python benchmarks/learned_reward.py lmppo --target 5 --seed 0   # train (640 episodes), eval, judge
     .venv-trl/bin/python benchmarks/learned_reward.py trl --kl-coef 0.05 --seed 0
     python benchmarks/learned_reward.py judge RUN_DIR               # eval + judge a TRL run (lmppo venv)
-    python benchmarks/learned_reward.py interpolate RUN_DIR         # a LoRA run interpolated toward its start
+    python benchmarks/learned_reward.py interpolate RUN_DIR         # a run interpolated toward its start
+    python benchmarks/learned_reward.py lmppo --target 5 --seed 100 --set data.holdout_seed 0 --name lmppo-b-t5-s0
+    python benchmarks/learned_reward.py merge lmppo-m2-t5-s0 lmppo-pin-t5-s0 lmppo-b-t5-s0   # WARP's merge
     python benchmarks/learned_reward.py report [--lmppo PREFIX]     # the table (and a plot) of the runs
 
 Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/.
@@ -288,27 +290,37 @@ def judge_trl(args) -> None:
 
 # ----------------------------------------------------------------------------- interpolation toward the start
 def interpolate(args) -> None:
-    """WARP's interpolation step on a LoRA run: W0 + lam * B A for each `lam`, i.e. lora_B scaled by lam (exactly
-    the linear interpolation between the start and the trained weights), evaluated like any run."""
-    from safetensors.torch import load_file, save_file
-
+    """WARP's interpolation step on a run: W0 + lam * (W - W0) for each `lam` (`lmppo merge --toward-start` on the
+    one run), evaluated like any run."""
     out = Path(args.run)
-    adapter = out / "run" / "final" / "policy"
-    weights = load_file(adapter / "adapter_model.safetensors")
     for lam in args.lambdas:
         sub = out / f"interp-{lam:g}"
         if (sub / "result.json").exists():
             continue
-        folder = sub / "policy"
-        folder.mkdir(parents=True, exist_ok=True)
-        for f in adapter.iterdir():
-            if f.name != "adapter_model.safetensors" and f.is_file():
-                shutil.copy(f, folder / f.name)
-        save_file({k: v * lam if "lora_B" in k else v for k, v in weights.items()},
-                  str(folder / "adapter_model.safetensors"))
+        shutil.rmtree(sub / "policy", ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "lmppo.cli", "merge", str(out / "run"), "--toward-start", str(lam),
+                        "--output", str(sub / "policy")], check=True, cwd=ROOT)
         settings = json.loads((out / "result.json").read_text())["settings"] | {"interpolation": lam}
-        judge(sub, folder, reference=None, train_seconds=None, side="lmppo-interp", settings=settings,
+        judge(sub, sub / "policy", reference=None, train_seconds=None, side="lmppo-interp", settings=settings,
               config=out / "run" / "config.yaml")
+
+
+def merge_runs(args) -> None:
+    """WARP's merging step: `lmppo merge` of runs of one recipe, seeds apart, one held-out split (`data.holdout_seed`),
+    evaluated like any run on that split; its cost is the runs' episodes and training time together."""
+    out = RUNS / args.name
+    runs = [RUNS / r for r in args.runs]
+    if (out / "result.json").exists():
+        return
+    shutil.rmtree(out / "policy", ignore_errors=True)
+    cmd = [sys.executable, "-m", "lmppo.cli", "merge", *[str(r / "run") for r in runs], "--output", str(out / "policy")]
+    if args.toward_start != 1.0:
+        cmd += ["--toward-start", str(args.toward_start)]
+    subprocess.run(cmd, check=True, cwd=ROOT)
+    results = [json.loads((r / "result.json").read_text()) for r in runs]
+    seconds = sum(r.get("train_seconds") or 0.0 for r in results)
+    judge(out, out / "policy", reference=None, train_seconds=seconds, side="lmppo-merge",
+          settings={"merge": args.runs, "toward_start": args.toward_start}, config=runs[0] / "run" / "config.yaml")
 
 
 # ----------------------------------------------------------------------------- report
@@ -515,6 +527,10 @@ def main(argv=None) -> None:
     ip = sub.add_parser("interpolate")
     ip.add_argument("run")
     ip.add_argument("--lambdas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
+    mg = sub.add_parser("merge")
+    mg.add_argument("name", help="the merged policy's folder under the runs cache (its name's -sS: the split)")
+    mg.add_argument("runs", nargs="+", help="runs of the cache to merge")
+    mg.add_argument("--toward-start", type=float, default=1.0)
     rp = sub.add_parser("report")
     rp.add_argument("--lmppo", default="lmppo-", metavar="PREFIX",
                     help="only lmppo runs whose folder name starts with PREFIX (default: every lmppo run)")
@@ -535,6 +551,8 @@ def main(argv=None) -> None:
         judge_trl(args)
     elif args.cmd == "interpolate":
         interpolate(args)
+    elif args.cmd == "merge":
+        merge_runs(args)
     else:
         report(args)
 

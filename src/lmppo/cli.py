@@ -1,4 +1,4 @@
-"""The `lmppo` command: `train`, `eval`, `plot`.
+"""The `lmppo` command: `train`, `eval`, `plot`, `push`, `merge`.
 
     lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]
 
@@ -22,6 +22,7 @@ from lmppo import __version__
 from lmppo.config import Config, all_fields, load_config, parse_overrides, recipe_path  # noqa: F401  (re-exported)
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluate import main as eval_main
+from lmppo.merge import main as merge_main
 from lmppo.push import check_hub_login, push_after_training
 from lmppo.push import main as push_main
 from lmppo.plot import plot_runs
@@ -160,6 +161,10 @@ def cmd_push(argv: Sequence[str], console) -> int:
     return push_main(argv, console)
 
 
+def cmd_merge(argv: Sequence[str], console) -> int:
+    return merge_main(argv, console)
+
+
 def quiet_libraries() -> None:
     """Lines a user cannot act on stay off the console: deprecation notices of torch / transformers / accelerate
     (FutureWarning, DeprecationWarning), transformers' and DeepSpeed's info and warning logs ("Setting accelerator
@@ -198,7 +203,7 @@ def _output_dir_of(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "push": cmd_push}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "push": cmd_push, "merge": cmd_merge}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -219,14 +224,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"lmppo {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lmppo {train,eval,plot,push} ...   (lmppo train --help lists every training option; "
+        print("usage: lmppo {train,eval,plot,push,merge} ...   (lmppo train --help lists every training option; "
               "lmppo --version)")
         return 0 if argv else EXIT_USER_ERROR
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         hint = difflib.get_close_matches(command, list(COMMANDS), n=1)
         print(f"error: unknown command {command!r}" + (f" (did you mean `{hint[0]}`?)" if hint else "")
-              + "; commands: train, eval, plot, push", file=sys.stderr)
+              + "; commands: train, eval, plot, push, merge", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
         return COMMANDS[command](rest, console)
