@@ -107,7 +107,7 @@ def test_eval_every_logs_eval_metrics_and_changes_no_training_metric(tokenizer, 
         for k, v in a.items():
             if not k.startswith(("time/", "eps", "tokens_per_s")):
                 assert b[k] == v, k
-    expected = {"eval/score", "eval/reward/brevity", "eval/kl", "eval/kl_k3", "eval/length", "eval/terminated_frac"}
+    expected = {"eval/score", "eval/reward/brevity", "eval/kl", "eval/kl_k3", "eval/kl_exact", "eval/length", "eval/terminated_frac"}
     for row in with_eval:
         assert expected <= set(row)
         assert row["eval/score"] == pytest.approx(row["eval/reward/brevity"])

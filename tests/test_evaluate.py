@@ -16,7 +16,6 @@ from lmppo.config import Config, RewardSourceConfig
 from lmppo.errors import LmppoError
 from lmppo.evaluate import default_judge, main as eval_main, repeat_prompts, sample_and_score, win_rate
 from lmppo.models import policy_forward
-from lmppo.core.logprobs import selective_log_softmax
 from lmppo.rewards import FunctionSource
 from lmppo.summary import SAMPLES_PER_PROMPT, print_summary, summarize
 from lmppo.trainer import PPOTrainer
@@ -61,24 +60,57 @@ def test_sample_and_score_is_seeded_scores_every_source_and_kl_to_itself_is_zero
     common = dict(tokenizer=tokenizer, sources=sources, temperature=1.0, max_new_tokens=6,
                   stop_ids=torch.tensor([tokenizer.eos_token_id]), seed=5, batch_size=3)
 
-    def logprobs_of(model):
-        return lambda ids_, att, P, resp: selective_log_softmax(policy_forward(model, ids_, att, P, 1.0).logits, resp)
+    def logits_of(model):
+        return lambda ids_, att, P: policy_forward(model, ids_, att, P, 1.0).logits
 
-    a = sample_and_score(policy, ids, PROMPTS, reference_logprobs=logprobs_of(policy), **common)
+    a = sample_and_score(policy, ids, PROMPTS, reference_logits=logits_of(policy), **common)
     b = sample_and_score(policy, ids, PROMPTS, **common)
     assert a.responses == b.responses  # fixed seed: the same responses, whatever else was computed
     assert len(a.responses) == len(PROMPTS) and a.lengths.shape == (len(PROMPTS),)
     assert torch.allclose(a.scores["length_reward"], torch.tensor(length_reward(PROMPTS, a.responses)))
     assert torch.allclose(a.scores["vowel_judge"], torch.tensor(vowel_judge(PROMPTS, a.responses)))
     assert torch.allclose(a.total, a.scores["length_reward"])  # the judge has weight 0
-    assert torch.equal(a.kl_k1, torch.zeros(len(PROMPTS))) and torch.equal(a.kl_k3, torch.zeros(len(PROMPTS)))
+    for kl in (a.kl_k1, a.kl_k3, a.kl_exact):
+        assert torch.allclose(kl, torch.zeros(len(PROMPTS)), atol=1e-6)
     assert b.kl_k1 is None and b.means()["kl"] is None
-    c = sample_and_score(policy, ids, PROMPTS, reference_logprobs=logprobs_of(other), **common)
+    c = sample_and_score(policy, ids, PROMPTS, reference_logits=logits_of(other), **common)
     assert c.responses == a.responses
-    assert (c.kl_k3 >= 0).all() and c.kl_k3.sum() > 0 and c.kl_k1.abs().sum() > 0
+    assert (c.kl_k3 >= 0).all() and c.kl_k3.sum() > 0 and c.kl_k1.abs().sum() > 0 and (c.kl_exact > 0).all()
     # the batch split does not change the samples (each response has its own random stream)
     d = sample_and_score(policy, ids, PROMPTS, **{**common, "batch_size": 8})
     assert d.responses == a.responses
+
+
+def test_exact_kl_of_held_out_responses_is_the_vocabulary_sum_and_what_k1_estimates(tokenizer):
+    """`kl_exact` of a response is the sum, over the states its tokens are chosen in, of KL(pi || pi_ref) of the
+    next-token distribution (checked against torch.distributions' Categorical KL on the same sequences); over many
+    samples, the per-response k1 sums average to it (within 4 standard errors)."""
+    policy, other = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=3)
+    prompts = PROMPTS * 40
+    ids = _ids(tokenizer, prompts)
+    common = dict(tokenizer=tokenizer, sources=[FunctionSource.from_callable(length_reward)], temperature=1.0,
+                  max_new_tokens=5, stop_ids=torch.tensor([tokenizer.eos_token_id]), seed=7, batch_size=64)
+    seen = []  # the sequences the reference was asked about, to recompute their KL independently
+
+    def other_logits(input_ids, attention, P):
+        seen.append((input_ids.clone(), attention.clone(), P))
+        return policy_forward(other, input_ids, attention, P, 1.0).logits
+
+    res = sample_and_score(policy, ids, prompts, reference_logits=other_logits, **common)
+    input_ids, attention, P = seen[0]
+    with torch.no_grad():
+        p = policy_forward(policy, input_ids, attention, P, 1.0).logits
+        q = policy_forward(other, input_ids, attention, P, 1.0).logits
+    per_state = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=p),
+                                                  torch.distributions.Categorical(logits=q))
+    expected = (per_state * attention[:, P:]).sum(1)
+    assert torch.allclose(res.kl_exact[:len(expected)], expected, rtol=1e-4, atol=1e-6)
+    assert torch.equal(attention[:, P:].sum(1), res.lengths[:len(expected)])
+    k1, exact = res.kl_k1, res.kl_exact
+    se = float((k1 - exact).std()) / len(prompts) ** 0.5
+    assert abs(float(k1.mean() - exact.mean())) < 4 * se
+    assert float(exact.std()) < float(k1.std())  # the vocabulary sum has no sampling noise of its own per token
+    assert res.means()["kl_exact"] == pytest.approx(float(exact.mean()))
 
 
 def _write_prompts(tmp_path):
@@ -123,7 +155,7 @@ def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, 
     assert saved["heldout_prompts"] == 4 == summary["heldout_prompts"]
     assert set(trainer.holdout_set.texts).isdisjoint(trainer.prompt_set.texts)
     for side in ("before", "after"):
-        for key in ("score", "reward/length", "reward/judge", "kl", "kl_k3", "length"):
+        for key in ("score", "reward/length", "reward/judge", "kl", "kl_k3", "kl_exact", "length"):
             assert saved[side][key] is not None, (side, key)
     assert saved["before"]["kl"] == 0.0 and saved["after"]["kl_k3"] >= 0
     assert saved["judge"] == "judge" and 0 <= saved["win_rate"]["judge"] <= 1

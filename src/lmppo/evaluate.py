@@ -15,8 +15,9 @@ comparison is paired:
   sources, before normalisation and the truncation policy);
 - the win rate of the trained model over its starting point by one source (`--judge`; default the first source of
   weight 0, the held-out judge, else the first source): per prompt 1 if its response scores higher, 0.5 on a tie;
-- the KL of the trained policy to the starting point, per response (summed over its tokens), with the k1 and k3
-  estimators over responses sampled from the trained policy, taken as in training (same temperature and precision);
+- the KL of the trained policy to the starting point, per response (summed over its tokens), on responses sampled
+  from the trained policy, taken as in training (same temperature and precision): k1 and k3 of the sampled tokens,
+  and the exact KL of each next-token distribution over the vocabulary (`kl_exact`, what the other two estimate);
 - the response length in tokens (stop token included) and the fraction that ended with the stop token.
 
 Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.sample_native` (or `rollout`'s HF
@@ -40,11 +41,10 @@ import torch
 from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
-from lmppo.core.logprobs import selective_log_softmax
 from lmppo.data import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import LmppoError
 from lmppo.heldout import (  # noqa: F401  (re-exported: their home was here)
-    EVAL_STREAM, PolicyEval, RefLogprobs, compare, repeat_columns, repeat_prompts, sample_and_score, win_rate)
+    EVAL_STREAM, PolicyEval, RefLogits, compare, repeat_columns, repeat_prompts, sample_and_score, win_rate)
 from lmppo.models import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.precision import choose_precision
 from lmppo.rewards import SourceContext, build_reward_sources
@@ -201,7 +201,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="lmppo eval",
         description="Score a trained policy against its starting point on held-out prompts: mean reward per "
-                    "source, win rate by a judge, KL to the start (k1, k3), response length. Any other "
+                    "source, win rate by a judge, KL to the start (k1, k3, exact), response length. Any other "
                     "--section.field VALUE overrides the run's config (e.g. --rollout.temperature 1.0).")
     p.add_argument("model", help="a run's output_dir, OUTPUT_DIR/final/policy, a model folder or a LoRA adapter folder")
     p.add_argument("--reference", default=None, help="the starting model to compare with (default: the adapter's "
@@ -307,14 +307,13 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
                   batch_size=r.forward_batch_size or r.batch_size, autocast=autocast, columns=columns)
     policy = models.policy
 
-    def start_logprobs(input_ids, attention, P, resp):
+    def start_logits(input_ids, attention, P):
         if models.start is not None:
-            return selective_log_softmax(policy_forward(models.start, input_ids, attention, P, r.temperature).logits,
-                                         resp)
+            return policy_forward(models.start, input_ids, attention, P, r.temperature).logits
         with adapters_off(policy):
-            return selective_log_softmax(policy_forward(policy, input_ids, attention, P, r.temperature).logits, resp)
+            return policy_forward(policy, input_ids, attention, P, r.temperature).logits
 
-    trained = sample_and_score(policy, ids, texts, reference_logprobs=start_logprobs, **common)
+    trained = sample_and_score(policy, ids, texts, reference_logits=start_logits, **common)
     if models.start is not None:
         start = sample_and_score(models.start, ids, texts, **common)
     else:
@@ -326,7 +325,7 @@ def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, s
         "prompts": num, "samples_per_prompt": samples_per_prompt, "held_out": held_out,
         "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
         "seed": seed, "precision": precision, "judge": judge, "weights": weights,
-        "trained": trained.means(), "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0},
+        "trained": trained.means(), "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0, "kl_exact": 0.0},
         "win_rate": wins[judge], "win_rate_by_source": wins,
         "samples": [{"prompt": texts[i], "start": start.responses[i], "trained": trained.responses[i],
                      "start_scores": {k: float(v[i]) for k, v in start.scores.items()},
@@ -356,6 +355,7 @@ def metric_rows(before: dict[str, Optional[float]], after: dict[str, Optional[fl
         rows.append((f"reward/{name}{tag}", before.get(f"reward/{name}"), after.get(f"reward/{name}"), "+"))
     rows.append(("KL to reference, k1 (nats)", before.get("kl"), after.get("kl"), ""))
     rows.append(("KL to reference, k3 (nats)", before.get("kl_k3"), after.get("kl_k3"), ""))
+    rows.append(("KL to reference, exact (nats)", before.get("kl_exact"), after.get("kl_exact"), ""))
     rows.append(("length (tokens)", before.get("length"), after.get("length"), ""))
     rows.append(("ended with stop token", before.get("terminated_frac"), after.get("terminated_frac"), ""))
 

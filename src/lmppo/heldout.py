@@ -2,10 +2,11 @@
 `lmppo eval`, the end-of-run summary and evaluation during training (`log.eval_every`).
 
 ``sample_and_score`` samples one response per prompt by pure sampling at the training temperature, scores it
-with every reward source (the prompts' columns included) and, given the reference's log-probabilities, measures
-the KL (k1 and k3, summed per response). Nothing here re-implements the trainer's pieces: sampling is
-`lmppo.sampling.sample_native` (or `rollout`'s HF backend), log-probabilities come from `models.policy_forward`,
-the KL from `core.kl`, scores from `rewards.score_rollout`.
+with every reward source (the prompts' columns included) and, given the reference's next-token logits, measures
+the KL (k1 and k3 of the sampled tokens, and the exact KL over the vocabulary, each summed per response).
+Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.sample_native` (or `rollout`'s HF
+backend), log-probabilities come from `models.policy_forward`, the KL from `core.kl`, scores from
+`rewards.score_rollout`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from lmppo.core.kl import KL_ESTIMATORS
+from lmppo.core.kl import KL_ESTIMATORS, exact_kl
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
@@ -30,8 +31,9 @@ EVAL_STREAM = 1 << 40
 """The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
 evaluation draws its own random streams (response i of a run with seed s always uses response_seed(s, EVAL_STREAM, i))."""
 
-RefLogprobs = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], torch.Tensor]
-"""(input_ids (B, P + T), attention_mask (B, P + T), prompt length P, response_ids (B, T)) -> (B, T) log pi_ref."""
+RefLogits = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""(input_ids (B, P + T), attention_mask (B, P + T), prompt length P) -> (B, T, V) the reference's next-token
+logits at the response positions, divided by the sampling temperature."""
 
 
 # ----------------------------------------------------------------------------- sampling and scoring
@@ -48,14 +50,17 @@ class PolicyEval:
     terminated: torch.Tensor  # (N,) bool, the response ended with the stop token
     kl_k1: Optional[torch.Tensor] = None  # (N,) sum over the response's tokens of log pi - log pi_ref (k1)
     kl_k3: Optional[torch.Tensor] = None  # (N,) same with the k3 estimator; None when no reference was given
+    kl_exact: Optional[torch.Tensor] = None  # (N,) sum over the response's states of KL(pi || pi_ref), whole vocabulary
     source_weights: dict[str, float] = field(default_factory=dict)
 
     def means(self) -> dict[str, Optional[float]]:
-        """`score`, `reward/<name>`, `kl`, `kl_k3`, `length`, `terminated_frac`: means over the responses."""
+        """`score`, `reward/<name>`, `kl`, `kl_k3`, `kl_exact`, `length`, `terminated_frac`: means over the
+        responses."""
         out: dict[str, Optional[float]] = {"score": _mean(self.total)}
         out.update({f"reward/{name}": _mean(v) for name, v in self.scores.items()})
         out["kl"] = _mean(self.kl_k1) if self.kl_k1 is not None else None
         out["kl_k3"] = _mean(self.kl_k3) if self.kl_k3 is not None else None
+        out["kl_exact"] = _mean(self.kl_exact) if self.kl_exact is not None else None
         out["length"] = _mean(self.lengths.float())
         out["terminated_frac"] = _mean(self.terminated.float())
         return out
@@ -78,10 +83,12 @@ def win_rate(a: torch.Tensor, b: torch.Tensor) -> float:
 def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], prompt_texts: Sequence[str], *,
                      tokenizer: Any, sources: Sequence[Any], temperature: float, max_new_tokens: int,
                      stop_ids: torch.Tensor, seed: int, backend: str = "native", batch_size: int = 16,
-                     reference_logprobs: Optional[RefLogprobs] = None, autocast: Callable[[], Any] = nullcontext,
+                     reference_logits: Optional[RefLogits] = None, autocast: Callable[[], Any] = nullcontext,
                      first_position: int = 0, columns: Optional[Sequence[dict]] = None) -> PolicyEval:
     """Sample one response per prompt from `policy` by pure sampling at `temperature`, score it with every reward
-    source, and, given `reference_logprobs`, measure its KL to the reference (k1 and k3, summed per response).
+    source, and, given `reference_logits`, measure its KL to the reference per response: k1 and k3 of the sampled
+    tokens, and the exact KL of each next-token distribution over the vocabulary, summed over the response's
+    states (what k1 and k3 estimate, without their sampling noise).
 
     Response i draws from its own random stream `response_seed(seed, EVAL_STREAM, first_position + i)` (backend
     `native`), so two policies given the same seed and prompts are compared on common random numbers. With backend
@@ -97,7 +104,7 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
     stop_ids = stop_ids.to(device)
     responses: list[str] = []
     per_source: dict[str, list[torch.Tensor]] = {}
-    totals, lengths, terminated_all, k1_all, k3_all = [], [], [], [], []
+    totals, lengths, terminated_all, k1_all, k3_all, exact_all = [], [], [], [], [], []
     for chunk, start in enumerate(range(0, len(prompt_ids), batch_size)):
         ids_list = prompt_ids[start:start + batch_size]
         texts = list(prompt_texts[start:start + batch_size])
@@ -117,21 +124,23 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
         lengths.append(resp_mask.sum(1).cpu())
         terminated_all.append(terminated.cpu())
         responses += completions
-        if reference_logprobs is not None:
+        if reference_logits is not None:
             P = p_ids.shape[1]
             input_ids, attention = torch.cat([p_ids, resp], 1), torch.cat([p_mask, resp_mask], 1)
             with torch.inference_mode(), autocast():
-                logprobs = selective_log_softmax(policy_forward(policy, input_ids, attention, P, temperature).logits,
-                                                 resp)
-                ref = reference_logprobs(input_ids, attention, P, resp)
+                logits = policy_forward(policy, input_ids, attention, P, temperature).logits
+                ref_logits = reference_logits(input_ids, attention, P)
+            logprobs, ref = selective_log_softmax(logits, resp), selective_log_softmax(ref_logits, resp)
             k1_all.append(masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), resp_mask, dim=1).float().cpu())
             k3_all.append(masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), resp_mask, dim=1).float().cpu())
+            exact_all.append(masked_sum(exact_kl(logits, ref_logits), resp_mask, dim=1).float().cpu())
     cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0))
     return PolicyEval(prompts=list(prompt_texts), responses=responses,
                       scores={k: torch.cat(v) for k, v in per_source.items()}, total=cat(totals),
                       lengths=cat(lengths), terminated=cat(terminated_all).bool(),
-                      kl_k1=cat(k1_all) if reference_logprobs is not None else None,
-                      kl_k3=cat(k3_all) if reference_logprobs is not None else None,
+                      kl_k1=cat(k1_all) if reference_logits is not None else None,
+                      kl_k3=cat(k3_all) if reference_logits is not None else None,
+                      kl_exact=cat(exact_all) if reference_logits is not None else None,
                       source_weights={s.name: float(s.weight) for s in sources})
 
 

@@ -72,17 +72,17 @@ def heldout_summary(trainer: Any, num_samples: int = NUM_SAMPLES,
                   autocast=trainer._autocast, columns=repeat_columns(held.columns, samples_per_prompt))
     policy = trainer.policy
 
-    def reference_logprobs(input_ids, attention, P, resp):
-        return trainer.reference.logprobs(policy, input_ids, attention, P, resp, r.temperature)
+    def reference_logits(input_ids, attention, P):
+        return trainer.reference.logits(policy, input_ids, attention, P, r.temperature)
 
     ids, texts = repeat_prompts(held.ids, held.texts, samples_per_prompt)
-    after = sample_and_score(policy, ids, texts, reference_logprobs=reference_logprobs, **common)
+    after = sample_and_score(policy, ids, texts, reference_logits=reference_logits, **common)
     before: Optional[PolicyEval] = None
     with initial_policy(trainer) as (model, is_reference):
         if model is not None:
             before = sample_and_score(model, ids, texts, **common)
             if is_reference:  # the initial policy is the reference: its KL to it is 0 by definition
-                before.kl_k1 = before.kl_k3 = before.total.new_zeros(before.total.shape)
+                before.kl_k1 = before.kl_k3 = before.kl_exact = before.total.new_zeros(before.total.shape)
     out.update({"heldout_prompts": len(held.ids), "samples_per_prompt": samples_per_prompt,
                 "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
                 "seed": cfg.seed, "judge": judge, "weights": weights,

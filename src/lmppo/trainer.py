@@ -492,8 +492,8 @@ class PPOTrainer:
             return {}
         policy = self.policy
 
-        def reference_logprobs(input_ids, attention, P, resp):
-            return self.reference.logprobs(policy, input_ids, attention, P, resp, r.temperature)
+        def reference_logits(input_ids, attention, P):
+            return self.reference.logits(policy, input_ids, attention, P, r.temperature)
 
         with self.strategy.full_weights(self.actor):  # ZeRO-3: the full weights, as for the end-of-run summary
             if not self.accelerator.is_main_process:
@@ -503,7 +503,7 @@ class PPOTrainer:
                                       max_new_tokens=r.max_new_tokens, stop_ids=self.stop_ids, seed=self.config.seed,
                                       backend="hf" if r.backend == "hf" else "native",
                                       batch_size=r.forward_batch_size or r.batch_size,
-                                      reference_logprobs=reference_logprobs, autocast=self._autocast,
+                                      reference_logits=reference_logits, autocast=self._autocast,
                                       columns=held.columns or None)
         metrics = {f"eval/{k}": v for k, v in result.means().items() if v is not None}
         self.callbacks.call("on_evaluate", self, dict(metrics))
