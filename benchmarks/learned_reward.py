@@ -19,7 +19,9 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     python benchmarks/learned_reward.py merge lmppo-m2-t5-s0 lmppo-pin-t5-s0 lmppo-b-t5-s0   # WARP's merge
     python benchmarks/learned_reward.py report [--lmppo PREFIX]     # the table (and a plot) of the runs
 
-Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/.
+Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/; its result.json and
+eval.json (the held-out samples and their scores) are also copied to benchmarks/results/learned_reward/NAME/, which
+is committed, so `report` can read runs whose cache is gone (a run in the cache wins over its record).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 CACHE = HERE / ".cache" / "learned_reward"
 RUNS = CACHE / "runs"
+RECORDS = HERE / "results" / "learned_reward"  # each judged run's result.json and eval.json, kept in the repository
 RM_SPLIT_SEED = 13
 RM_TRAIN = 160
 HOLDOUT = 32
@@ -246,8 +249,17 @@ def judge(out: Path, model: Path, reference: Path | None, train_seconds: float |
                            "scores": [r["objective/scores"] for r in rows],
                            "kl_late_min": min(late), "kl_late_max": max(late), "kl_late_mean": sum(late) / len(late)}
     (out / "result.json").write_text(json.dumps(result, indent=1))
+    record(out)
     print(summary_line(out.name, result))
     return result
+
+
+def record(out: Path) -> None:
+    """Copy a judged run's result.json and eval.json to the committed records (RECORDS/NAME, NAME as in `collect`)."""
+    dest = RECORDS / out.relative_to(RUNS)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("result.json", "eval.json"):
+        shutil.copyfile(out / name, dest / name)
 
 
 def hacking_checks(prompts: list[str], completions: list[str]) -> dict:
@@ -335,16 +347,6 @@ def summary_line(name: str, r: dict) -> str:
             f" | self-sim {js['self_similarity']:.2f}->{jt['self_similarity']:.2f}{late}")
 
 
-def _per_prompt(result_dir: Path) -> tuple[list[float], list[float]]:
-    """Per held-out prompt: mean reward-model score of the trained policy's samples, and of the start policy's."""
-    ev = json.loads((result_dir / "eval.json").read_text())
-    by: dict[str, list] = {}
-    for s in ev["samples"]:
-        by.setdefault(s["prompt"], []).append((s["trained_scores"]["rm"], s["start_scores"]["rm"]))
-    groups = list(by.values())
-    return [sum(t for t, _ in g) / len(g) for g in groups], [sum(b for _, b in g) / len(g) for g in groups]
-
-
 def _bootstrap_se(values: list[float], rounds: int = 2000, seed: int = 0) -> float:
     import random
 
@@ -356,18 +358,25 @@ def _bootstrap_se(values: list[float], rounds: int = 2000, seed: int = 0) -> flo
 
 
 def collect() -> list[dict]:
-    points = []
-    for path in (sorted(RUNS.glob("*/result.json")) + sorted(RUNS.glob("*/eval-iter-*/result.json"))
-                 + sorted(RUNS.glob("*/interp-*/result.json"))):
-        r = json.loads(path.read_text())
-        trained, _ = _per_prompt(path.parent)
-        name = path.parent.name if path.parent.parent == RUNS else f"{path.parent.parent.name}/{path.parent.name}"
-        by_prompt, start_by_prompt = _by_prompt(path.parent)
-        points.append({"name": name, "side": r["side"], "settings": r["settings"], "result": r,
-                       "by_prompt": by_prompt, "start_by_prompt": start_by_prompt,
-                       "kl": r["heldout"]["trained"]["kl"], "rm": r["heldout"]["trained"]["reward/rm"],
-                       "rm_se": _bootstrap_se(trained)})
+    """Every judged run: those in the cache, then the committed records of runs the cache no longer holds."""
+    points, seen = [], set()
+    for root in (RUNS, RECORDS):
+        for path in (sorted(root.glob("*/result.json")) + sorted(root.glob("*/eval-iter-*/result.json"))
+                     + sorted(root.glob("*/interp-*/result.json"))):
+            name = str(path.parent.relative_to(root))
+            if name not in seen:
+                seen.add(name)
+                points.append(_point(name, path))
     return points
+
+
+def _point(name: str, path: Path) -> dict:
+    r = json.loads(path.read_text())
+    by_prompt, start_by_prompt = _by_prompt(path.parent)
+    return {"name": name, "side": r["side"], "settings": r["settings"], "result": r,
+            "by_prompt": by_prompt, "start_by_prompt": start_by_prompt,
+            "kl": r["heldout"]["trained"]["kl"], "rm": r["heldout"]["trained"]["reward/rm"],
+            "rm_se": _bootstrap_se(list(by_prompt.values()))}
 
 
 def _interpolate(points: list[dict], kl: float) -> tuple[float, float] | None:
