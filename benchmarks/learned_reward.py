@@ -496,14 +496,15 @@ def _plot(points: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for side, marker in (("lmppo", "o"), ("lmppo-interp", "^"), ("trl", "s")):
+    for side, marker in (("lmppo", "o"), ("lmppo-interp", "^"), ("lmppo-merge", "D"), ("trl", "s")):
         pts = sorted((p for p in points if p["side"] == side), key=lambda p: p["kl"])
         if pts:
             ax.errorbar([p["kl"] for p in pts], [p["rm"] for p in pts], yerr=[p["rm_se"] for p in pts],
                         marker=marker, linestyle="-" if side == "trl" else "none", label=side, capsize=3)
     ax.set_xlabel("held-out KL to the start policy (nats per response)")
     ax.set_ylabel("held-out reward-model score")
-    ax.legend()
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
