@@ -33,6 +33,7 @@ def test_exact_kl_is_the_expectation_of_k1_over_the_token():
     expected = sum(logp[..., v].exp() * kl_k1(logp[..., v], logq[..., v]) for v in range(7))
     assert torch.allclose(exact_kl(logits, ref), expected, atol=1e-6)
     assert exact_kl(logits.bfloat16(), ref.bfloat16()).dtype == torch.float32  # computed in fp32
+    assert torch.allclose(exact_kl(logits, ref, chunk_size=4), expected, atol=1e-6)  # rows in chunks: same values
 
 
 def test_next_state_kl_hand_worked():

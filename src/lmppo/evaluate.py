@@ -46,6 +46,7 @@ from lmppo.errors import LmppoError
 from lmppo.heldout import (  # noqa: F401  (re-exported: their home was here)
     EVAL_STREAM, PolicyEval, RefLogits, compare, repeat_columns, repeat_prompts, sample_and_score, win_rate)
 from lmppo.models import load_policy, load_tokenizer, policy_forward, resolve_model_path
+from lmppo.model_files import is_adapter_folder
 from lmppo.precision import choose_precision
 from lmppo.rewards import SourceContext, build_reward_sources
 from lmppo.storage import write_json
@@ -81,10 +82,6 @@ def find_run(model: str) -> tuple[str, Optional[str]]:
     return model, None
 
 
-def _is_adapter(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "adapter_config.json"))
-
-
 def _check_model_folder(path: str, what: str) -> None:
 
     if path in BUILTIN_MODELS or hub_repo_id(path) is not None:
@@ -92,7 +89,7 @@ def _check_model_folder(path: str, what: str) -> None:
     if not os.path.isdir(path):
         raise LmppoError(f"{what} {path!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a model "
                          "folder or a LoRA adapter folder")
-    if not (os.path.isfile(os.path.join(path, "config.json")) or _is_adapter(path)):
+    if not (os.path.isfile(os.path.join(path, "config.json")) or is_adapter_folder(path)):
         if os.path.isfile(os.path.join(path, "metrics.jsonl")):
             raise LmppoError(f"{what} {path!r} is a run folder without a final model (final/policy): the run did not "
                              "finish; resume it with `lmppo train --resume` or evaluate one of its checkpoints")
@@ -109,7 +106,7 @@ def load_models(model_path: str, reference: Optional[str], cfg: Any, run_dir: Op
     _check_model_folder(model_path, "model")
     mc = cfg.model
     model_path = resolve_model_path(model_path, "model", mc.allow_pickle)  # a Hub id: its downloaded folder
-    if _is_adapter(model_path):
+    if is_adapter_folder(model_path):
         try:
             from peft import PeftModel
         except ImportError:

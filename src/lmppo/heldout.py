@@ -133,7 +133,7 @@ def sample_and_score(policy: nn.Module, prompt_ids: Sequence[Sequence[int]], pro
             logprobs, ref = selective_log_softmax(logits, resp), selective_log_softmax(ref_logits, resp)
             k1_all.append(masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), resp_mask, dim=1).float().cpu())
             k3_all.append(masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), resp_mask, dim=1).float().cpu())
-            exact_all.append(masked_sum(exact_kl(logits, ref_logits), resp_mask, dim=1).float().cpu())
+            exact_all.append(masked_sum(exact_kl(logits, ref_logits, chunk_size=64), resp_mask, dim=1).float().cpu())
     cat = (lambda xs: torch.cat(xs) if xs else torch.zeros(0))
     return PolicyEval(prompts=list(prompt_texts), responses=responses,
                       scores={k: torch.cat(v) for k, v in per_source.items()}, total=cat(totals),

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmppo.errors import LmppoError
+from lmppo.model_files import is_adapter_folder
 from lmppo.storage import atomic_dir, write_json
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -36,7 +37,7 @@ def policy_folder(path: str) -> str:
     final = os.path.join(path, "final", "policy")
     if os.path.isdir(final):
         return final
-    if os.path.isfile(os.path.join(path, ADAPTER_CONFIG)) or _weight_files(path):
+    if is_adapter_folder(path) or _weight_files(path):
         return path
     raise LmppoError(f"lmppo merge: {path!r} is neither a run (no final/policy) nor a model folder (no "
                      f"{ADAPTER_CONFIG}, no *.safetensors)")
@@ -44,10 +45,6 @@ def policy_folder(path: str) -> str:
 
 def _weight_files(folder: str) -> list[str]:
     return sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-
-
-def _is_adapter(folder: str) -> bool:
-    return os.path.isfile(os.path.join(folder, ADAPTER_CONFIG))
 
 
 def merge_adapters(folders: Sequence[str], toward_start: float) -> tuple[dict[str, torch.Tensor], dict]:
@@ -144,7 +141,7 @@ def merge(inputs: Sequence[str], output: str, toward_start: float = 1.0, start: 
         raise LmppoError(f"lmppo merge: --output {output!r} already exists and is not empty; nothing was written "
                          "(give a new folder)")
     folders = [policy_folder(p) for p in inputs]
-    kinds = {_is_adapter(f) for f in folders}
+    kinds = {is_adapter_folder(f) for f in folders}
     if len(kinds) > 1:
         raise LmppoError("lmppo merge: some inputs are LoRA adapters and some full models; merge one kind")
     with atomic_dir(output, "the merged policy") as tmp:

@@ -26,6 +26,11 @@ class ModelFolderError(LmppoError, ValueError):
     """A model folder is missing a file, or a file in it is corrupt."""
 
 
+def is_adapter_folder(folder: str) -> bool:
+    """A LoRA adapter folder (peft's adapter_config.json), rather than a full model."""
+    return os.path.isfile(os.path.join(folder, "adapter_config.json"))
+
+
 def _bad(what: str, folder: str, name: str, why: str) -> ModelFolderError:
     return ModelFolderError(f"{what} {folder}: {name} {why}")
 

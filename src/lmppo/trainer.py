@@ -213,7 +213,7 @@ class PPOTrainer:
                         entropies.append(entropy_from_logits(out.logits))
                     if exact:
                         ref_logits.append(ref)
-                        exact_kls.append(exact_kl(out.logits, ref))
+                        exact_kls.append(exact_kl(out.logits, ref, chunk_size=64))
                     values.append(out.values)
                 del ref
         # clone out of inference mode: these tensors enter the loss as constants

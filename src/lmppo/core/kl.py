@@ -48,12 +48,19 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.expm1(log_r) - log_r
 
 
-def exact_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+def exact_kl(logits: torch.Tensor, ref_logits: torch.Tensor, chunk_size: int | None = None) -> torch.Tensor:
     """(...) KL(p || p_ref) of each next-token distribution, summed over the whole vocabulary: the expectation of
-    k1 over the token, not a one-sample estimate of it. logits, ref_logits: (..., V), computed in fp32."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    logq = torch.log_softmax(ref_logits.float(), dim=-1)
-    return (logp.exp() * (logp - logq)).sum(-1)
+    k1 over the token, not a one-sample estimate of it. logits, ref_logits: (..., V), computed in fp32.
+    `chunk_size` (without gradients): rows at a time, so only (chunk, V) blocks of fp32 temporaries exist at once."""
+    if chunk_size is None:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        logq = torch.log_softmax(ref_logits.float(), dim=-1)
+        return (logp.exp() * (logp - logq)).sum(-1)
+    flat, ref_flat = logits.reshape(-1, logits.shape[-1]), ref_logits.reshape(-1, ref_logits.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
+    for start in range(0, flat.shape[0], chunk_size):
+        out[start:start + chunk_size] = exact_kl(flat[start:start + chunk_size], ref_flat[start:start + chunk_size])
+    return out.reshape(logits.shape[:-1])
 
 
 def next_state_kl(kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
