@@ -19,9 +19,11 @@ import pytest
 import yaml
 
 import lmppo.checkpoint as checkpoint_module
+import lmppo.lock as lock
 import lmppo.storage as storage
 import lmppo.trainer as trainer_module
 from lmppo.cli import main
+from lmppo.errors import RunLockedError
 from train_worker import read_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -207,6 +209,7 @@ LIMITED = textwrap.dedent("""
     limit = int(sys.argv[1])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     from lmppo.cli import main
+from lmppo.errors import RunLockedError
     sys.exit(main(sys.argv[2:]))
 """)
 
@@ -310,6 +313,30 @@ def test_two_runs_started_at_once_into_one_folder(tmp_path, tiny_model_dir):
     loser = next(lines for code, lines in results if code == 2)
     assert len(loser) == 1 and ("is in use by process" in loser[0] or "already holds a run" in loser[0]), loser
     assert [r["iteration"] for r in assert_whole_lines(os.path.join(out, "metrics.jsonl"))] == [1, 2]
+
+
+HOLDER_WRITES_LATE = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+open(sys.argv[1] + ".taken", "w").close()
+time.sleep(0.5)  # the lock is held, its record not yet written: the window the loser of a race reads in
+os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode())
+sys.stdin.read()
+"""
+
+
+def test_a_holder_that_writes_its_record_late_is_still_named(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    lock_file = str(out / lock.LOCK_NAME)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER_WRITES_LATE, lock_file], stdin=subprocess.PIPE)
+    try:
+        wait_for_file(lock_file + ".taken", holder)
+        with pytest.raises(RunLockedError, match=f"is in use by process {holder.pid} on host "):
+            lock.acquire(str(out))
+    finally:
+        holder.communicate(timeout=60)
 
 
 # ----------------------------------------------------------------------------- broken model folders

@@ -44,6 +44,17 @@ def _holder(fd: int) -> dict:
         return {}
 
 
+def _wait_for_holder(fd: int, seconds: float = 5.0) -> dict:
+    """The holder's record; a holder that has just taken the flock writes it a moment later, so an empty or
+    half-written record is read again for up to `seconds`."""
+    deadline = time.monotonic() + seconds
+    info = _holder(fd)
+    while not info and time.monotonic() < deadline:
+        time.sleep(0.02)
+        info = _holder(fd)
+    return info
+
+
 def _describe(info: dict) -> str:
     if not info:
         return "another process"
@@ -84,7 +95,7 @@ def acquire(output_dir: str) -> str:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                info = _holder(fd)
+                info = _wait_for_holder(fd)
                 os.close(fd)
                 raise RunLockedError(
                     f"output_dir {output_dir} is in use by {_describe(info)} (lock file {path}): two runs writing "
