@@ -209,7 +209,6 @@ LIMITED = textwrap.dedent("""
     limit = int(sys.argv[1])
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     from lmppo.cli import main
-from lmppo.errors import RunLockedError
     sys.exit(main(sys.argv[2:]))
 """)
 
