@@ -276,59 +276,87 @@ def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
     return judge
 
 
-def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, seed: int,
-                    judge: Optional[str] = None, num_prompts: int = 0, samples_per_prompt: int = 4) -> dict[str, Any]:
-    """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
+@dataclass
+class EvalPlan:
+    """What both sides of an evaluation share: the prompts (each repeated per sample), the sampling settings, and
+    the starting point's logits for the KL."""
+
+    ids: list
+    texts: list[str]
+    num_prompts: int
+    held_out: bool
+    precision: str
+    common: dict[str, Any]  # sample_and_score's keyword arguments
+    start_logits: RefLogits
+
+
+def eval_plan(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, seed: int, num_prompts: int = 0,
+              samples_per_prompt: int = 4) -> EvalPlan:
+    """The held-out prompts (`eval_prompt_set`), the sampling settings of `cfg.rollout` at the precision a new run
+    here would choose, and the starting point's logits (`models.start`, or the policy with its adapters off)."""
 
     tokenizer = models.tokenizer
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     device = next(models.policy.parameters()).device
-    weights = {s.name: float(s.weight) for s in sources}
-    judge = choose_judge(sources, judge)
     prompt_set, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
-    num = len(prompt_set.ids)
     ids, texts = repeat_prompts(prompt_set.ids, prompt_set.texts, samples_per_prompt)
     columns = repeat_columns(prompt_set.columns, samples_per_prompt)
     if not held_out:
         warnings.warn("the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts",
-                      stacklevel=2)
-    stop = stop_token_ids(tokenizer, cfg.rollout.stop_token)
+                      stacklevel=3)
     r = cfg.rollout
     precision = choose_precision(cfg.precision, device.type).precision  # `auto`: as a new run here would choose
     autocast = (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) \
         if precision == "bf16" else nullcontext
     common = dict(tokenizer=tokenizer, sources=sources, temperature=r.temperature, max_new_tokens=r.max_new_tokens,
-                  stop_ids=stop, seed=seed, backend="hf" if r.backend == "hf" else "native",
+                  stop_ids=stop_token_ids(tokenizer, r.stop_token), seed=seed,
+                  backend="hf" if r.backend == "hf" else "native",
                   batch_size=r.forward_batch_size or r.batch_size, autocast=autocast, columns=columns)
-    policy = models.policy
 
     def start_logits(input_ids, attention, P):
         if models.start is not None:
             return policy_forward(models.start, input_ids, attention, P, r.temperature).logits
-        with adapters_off(policy):
-            return policy_forward(policy, input_ids, attention, P, r.temperature).logits
+        with adapters_off(models.policy):
+            return policy_forward(models.policy, input_ids, attention, P, r.temperature).logits
 
-    trained = sample_and_score(policy, ids, texts, reference_logits=start_logits, **common)
+    return EvalPlan(ids, texts, len(prompt_set.ids), held_out, precision, common, start_logits)
+
+
+def sample_trained(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
+    """The policy's responses to the plan's prompts, scored, with their KL to the starting point."""
+    return sample_and_score(models.policy, plan.ids, plan.texts, reference_logits=plan.start_logits, **plan.common)
+
+
+def evaluate_models(models: LoadedModels, cfg: Any, sources: Sequence[Any], *, seed: int,
+                    judge: Optional[str] = None, num_prompts: int = 0, samples_per_prompt: int = 4) -> dict[str, Any]:
+    """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
+
+    weights = {s.name: float(s.weight) for s in sources}
+    judge = choose_judge(sources, judge)
+    plan = eval_plan(models, cfg, sources, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt)
+    trained = sample_trained(models, plan)
     if models.start is not None:
-        start = sample_and_score(models.start, ids, texts, **common)
+        start = sample_and_score(models.start, plan.ids, plan.texts, **plan.common)
     else:
-        with adapters_off(policy) as base:
-            start = sample_and_score(base, ids, texts, **common)
+        with adapters_off(models.policy) as base:
+            start = sample_and_score(base, plan.ids, plan.texts, **plan.common)
     wins = compare(trained, start)
+    r = cfg.rollout
+    texts = plan.texts
     return {
         "model": models.model_path, "start": models.start_name, "run_dir": models.run_dir,
-        "prompts": num, "samples_per_prompt": samples_per_prompt, "held_out": held_out,
+        "prompts": plan.num_prompts, "samples_per_prompt": samples_per_prompt, "held_out": plan.held_out,
         "temperature": r.temperature, "max_new_tokens": r.max_new_tokens,
-        "seed": seed, "precision": precision, "judge": judge, "weights": weights,
+        "seed": seed, "precision": plan.precision, "judge": judge, "weights": weights,
         "trained": trained.means(), "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0, "kl_exact": 0.0},
         "win_rate": wins[judge], "win_rate_by_source": wins,
         "samples": [{"prompt": texts[i], "start": start.responses[i], "trained": trained.responses[i],
                      "start_scores": {k: float(v[i]) for k, v in start.scores.items()},
                      "trained_scores": {k: float(v[i]) for k, v in trained.scores.items()},
                      "trained_kl": float(trained.kl_k1[i])}  # this response's log pi - log pi_start, summed (k1)
-                    for i in range(len(ids))],
+                    for i in range(len(plan.ids))],
     }
 
 
