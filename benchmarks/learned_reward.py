@@ -17,6 +17,7 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     python benchmarks/learned_reward.py interpolate RUN_DIR         # a run interpolated toward its start
     python benchmarks/learned_reward.py lmppo --target 5 --seed 100 --set data.holdout_seed 0 --name lmppo-b-t5-s0
     python benchmarks/learned_reward.py merge lmppo-m2-t5-s0 lmppo-pin-t5-s0 lmppo-b-t5-s0   # WARP's merge
+    python benchmarks/learned_reward.py merge lmppo-kb2-s0 lmppo-pin-t20-s0 lmppo-pinb-t20-s0 --kl-budget 2
     python benchmarks/learned_reward.py report [--lmppo PREFIX]     # the table (and a plot) of the runs
 
 Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/; its result.json and
@@ -326,13 +327,21 @@ def merge_runs(args) -> None:
         return
     shutil.rmtree(out / "policy", ignore_errors=True)
     cmd = [sys.executable, "-m", "lmppo.cli", "merge", *[str(r / "run") for r in runs], "--output", str(out / "policy")]
-    if args.toward_start != 1.0:
+    if args.kl_budget is not None:  # lambda chosen by lmppo merge on the held-out KL
+        cmd += ["--kl-budget", str(args.kl_budget)]
+    elif args.toward_start != 1.0:
         cmd += ["--toward-start", str(args.toward_start)]
+    t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)
+    record = json.loads((out / "policy" / "merge.json").read_text())
+    settings = {"merge": args.runs, "toward_start": record["toward_start"]}
+    if args.kl_budget is not None:
+        settings |= {"kl_budget": args.kl_budget, "search": record["kl_budget"]["steps"],
+                     "search_seconds": round(time.time() - t0, 1)}
     results = [json.loads((r / "result.json").read_text()) for r in runs]
     seconds = sum(r.get("train_seconds") or 0.0 for r in results)
     judge(out, out / "policy", reference=None, train_seconds=seconds, side="lmppo-merge",
-          settings={"merge": args.runs, "toward_start": args.toward_start}, config=runs[0] / "run" / "config.yaml")
+          settings=settings, config=runs[0] / "run" / "config.yaml")
 
 
 # ----------------------------------------------------------------------------- report
@@ -541,6 +550,7 @@ def main(argv=None) -> None:
     mg.add_argument("name", help="the merged policy's folder under the runs cache (its name's -sS: the split)")
     mg.add_argument("runs", nargs="+", help="runs of the cache to merge")
     mg.add_argument("--toward-start", type=float, default=1.0)
+    mg.add_argument("--kl-budget", type=float, default=None, help="let lmppo merge choose lambda for this held-out KL")
     rp = sub.add_parser("report")
     rp.add_argument("--lmppo", default="lmppo-", metavar="PREFIX",
                     help="only lmppo runs whose folder name starts with PREFIX (default: every lmppo run)")

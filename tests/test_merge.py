@@ -23,8 +23,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LINEARS = ["q_proj", "v_proj", "up_proj", "down_proj"]
 
 
-def _adapter(tokenizer, base_dir, out_dir, seed):
-    """A LoRA adapter on the tiny Llama saved in `base_dir`, with random (non-zero) A and B."""
+def _adapter(tokenizer, base_dir, out_dir, seed, scale=0.3):
+    """A LoRA adapter on the tiny Llama saved in `base_dir`, with random (non-zero) A and B of sd `scale`."""
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir)
@@ -33,7 +33,7 @@ def _adapter(tokenizer, base_dir, out_dir, seed):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return model
@@ -179,6 +179,9 @@ def test_search_lambda_hand_worked():
     assert choose_step([_step(1.0, 9.0), _step(0.7, 5.3), _step(0.69, 4.9)], 5.0, 0.1).toward_start == 0.69
 
 
+SMALL = 0.1  # the sd of a budget test's adapter factors: a weight change small beside the tiny model's weights
+
+
 def _budget_config(tmp_path, policy: str) -> str:
     from lmppo.config import Config, RewardSourceConfig, save_config
 
@@ -211,10 +214,10 @@ def test_kl_budget_lands_a_lora_merge_on_the_budget_and_writes_what_it_measured(
                                                                                  capsys):
     runs = [str(tmp_path / f"a{i}") for i in range(2)]
     for i, run in enumerate(runs):
-        _adapter(tokenizer, base_dir, run, seed=i)
+        _adapter(tokenizer, base_dir, run, seed=i, scale=SMALL)
     config = _budget_config(tmp_path, base_dir)
     _, whole, _ = merge_to_budget(runs, str(tmp_path / "whole"), 1e6, config=config, say=lambda _: None)
-    assert whole.toward_start == 1.0 and whole.kl_exact > 0.01
+    assert whole.toward_start == 1.0 and whole.kl_exact > 0.001
     budget = whole.kl_exact / 4
     assert main(["merge", *runs, "-o", str(tmp_path / "m"), "--kl-budget", f"{budget}", "--config", config]) == 0
     out = " ".join(capsys.readouterr().out.split())
@@ -277,3 +280,17 @@ def test_kl_budget_refusals_are_one_line_before_any_model_loads(tmp_path, tokeni
         assert err.startswith("error: lmppo merge") and message in err and len(err.splitlines()) == 1, err
     assert not any((tmp_path / f"o{i}").exists() for i in range(len(cases)))
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_kl_budget_moves_a_single_run_toward_its_start(tmp_path, tokenizer, base_dir):
+    run = str(tmp_path / "a0")
+    _adapter(tokenizer, base_dir, run, seed=0, scale=SMALL)
+    config = _budget_config(tmp_path, base_dir)
+    _, whole, _ = merge_to_budget([run], str(tmp_path / "whole"), 1e6, config=config, say=lambda _: None)
+    _, chosen, steps = merge_to_budget([run], str(tmp_path / "m"), whole.kl_exact / 2, config=config,
+                                       say=lambda _: None)
+    assert steps[0].kl_exact == pytest.approx(whole.kl_exact) and 0 < chosen.toward_start < 1
+    assert abs(chosen.kl_exact - whole.kl_exact / 2) <= 0.1 * whole.kl_exact / 2
+    a = load_file(os.path.join(run, "adapter_model.safetensors"))
+    m = load_file(tmp_path / "m" / "adapter_model.safetensors")
+    assert all(torch.allclose(m[k], a[k] * (chosen.toward_start if ".lora_B." in k else 1.0)) for k in a)
