@@ -287,10 +287,11 @@ def test_kl_budget_moves_a_single_run_toward_its_start(tmp_path, tokenizer, base
     _adapter(tokenizer, base_dir, run, seed=0, scale=SMALL)
     config = _budget_config(tmp_path, base_dir)
     _, whole, _ = merge_to_budget([run], str(tmp_path / "whole"), 1e6, config=config, say=lambda _: None)
-    _, chosen, steps = merge_to_budget([run], str(tmp_path / "m"), whole.kl_exact / 2, config=config,
-                                       say=lambda _: None)
+    out = tmp_path / "new" / "deeper" / "m"  # its parent folders do not exist yet
+    _, chosen, steps = merge_to_budget([run], str(out), whole.kl_exact / 2, config=config, say=lambda _: None)
     assert steps[0].kl_exact == pytest.approx(whole.kl_exact) and 0 < chosen.toward_start < 1
     assert abs(chosen.kl_exact - whole.kl_exact / 2) <= 0.1 * whole.kl_exact / 2
     a = load_file(os.path.join(run, "adapter_model.safetensors"))
-    m = load_file(tmp_path / "m" / "adapter_model.safetensors")
+    m = load_file(out / "adapter_model.safetensors")
     assert all(torch.allclose(m[k], a[k] * (chosen.toward_start if ".lora_B." in k else 1.0)) for k in a)
+    assert os.listdir(out.parent) == ["m"]  # the scratch copy is gone

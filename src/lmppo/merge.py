@@ -33,11 +33,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmppo.config import load_config
-from lmppo.errors import LmppoError
+from lmppo.errors import LmppoError, StorageError
 from lmppo.evaluate import LoadedModels, build_sources, eval_plan, find_run, load_models, sample_trained
 from lmppo.model_files import is_adapter_folder
 from lmppo.models import resolve_model_path
-from lmppo.storage import atomic_dir, write_json
+from lmppo.storage import atomic_dir, reason, write_json
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
@@ -305,7 +305,12 @@ def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start:
     seed = cfg.seed if seed is None else seed
     device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
     sources = build_sources(cfg, device)
-    scratch = tempfile.mkdtemp(prefix=".lmppo-merge-", dir=os.path.dirname(os.path.abspath(output)) or ".")
+    parent = os.path.dirname(os.path.abspath(output))
+    try:  # the merge at LAMBDA 1, beside the output (a model's size: not in a small /tmp)
+        os.makedirs(parent, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".lmppo-merge-", dir=parent)
+    except OSError as err:
+        raise StorageError(f"lmppo merge: could not make a scratch folder in {parent}: {reason(err, parent)}") from None
     try:
         whole = _write_merge(folders, os.path.join(scratch, "merged"), 1.0, None, None)
         models = load_models(whole, start if full else None, cfg, None, device, config_given=True)
