@@ -142,6 +142,9 @@ def run_trl(cfg: dict) -> dict:
             if logs:
                 self.logs.append({k: v for k, v in logs.items() if isinstance(v, (int, float))})
 
+    class StopAfter(Exception):
+        """cfg["stop_after"]: training ends after that many updates."""
+
     class SavePolicy(TrainerCallback):
         """cfg["save_policy_every"]: the policy every N updates, as out/policy-iter-N (a KL/reward trajectory)."""
 
@@ -153,6 +156,8 @@ def run_trl(cfg: dict) -> dict:
                 folder = out / f"policy-iter-{state.global_step:03d}"
                 self.trainer.accelerator.unwrap_model(self.trainer.model).policy.save_pretrained(folder)
                 tok.save_pretrained(folder)
+            if cfg.get("stop_after") and state.global_step >= cfg["stop_after"]:
+                raise StopAfter  # the learning-rate schedule stays that of the whole run: its first updates, finer
 
     rec, saver = Recorder(), SavePolicy()
     limits = _matmul_limits(cfg["threads"])
@@ -169,7 +174,10 @@ def run_trl(cfg: dict) -> dict:
     if prof:
         prof.enable()
     with phases.installed():
-        trainer.train()
+        try:
+            trainer.train()
+        except StopAfter:
+            pass
     if prof:
         prof.disable()
     t1, c1 = time.perf_counter(), time.process_time()

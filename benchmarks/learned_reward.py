@@ -179,7 +179,7 @@ def train_trl(args) -> Path:
                kl_coef=args.kl_coef, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1.0, lam=0.95,
                temperature=0.7, stop_token="eos", missing_eos_penalty=None, threads=int(args.threads),
                dtype="float32", seed=args.seed, episodes=EPISODES, cache=str(cache), out_dir=str(out),
-               lr_schedule="linear", save_policy_every=args.save_every)
+               lr_schedule="linear", save_policy_every=args.save_every, stop_after=args.stop_after)
     t0 = time.time()
     res = compare_trl.run_trl(cfg)
     res["wall_seconds"] = time.time() - t0
@@ -288,13 +288,14 @@ def judge_trl(args) -> None:
     """Every saved TRL policy of a run (`policy-iter-NNN`: the trajectory), evaluated as lmppo's runs are."""
     import yaml
 
-    out = Path(args.run)
+    out = Path(args.run).resolve()
     res = json.loads((out / "trl_result.json").read_text()) if (out / "trl_result.json").exists() else {}
     lm_cfg = out / "lmppo_view.yaml"
     lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", args.seed), sort_keys=False))
     for policy in sorted(out.glob("policy-iter-*")):
         sub = out / f"eval-{policy.name[len('policy-'):]}"
         if (sub / "result.json").exists():
+            record(sub)
             continue
         sub.mkdir(exist_ok=True)
         judge(sub, policy, reference=CACHE / "policy", train_seconds=res.get("train_seconds"), side="trl",
@@ -305,7 +306,7 @@ def judge_trl(args) -> None:
 def interpolate(args) -> None:
     """WARP's interpolation step on a run: W0 + lam * (W - W0) for each `lam` (`lmppo merge --toward-start` on the
     one run), evaluated like any run."""
-    out = Path(args.run)
+    out = Path(args.run).resolve()
     for lam in args.lambdas:
         sub = out / f"interp-{lam:g}"
         if (sub / "result.json").exists():
@@ -538,6 +539,8 @@ def main(argv=None) -> None:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int, default=2)
     tr.add_argument("--save-every", type=int, default=4, help="save the policy every N updates (the trajectory)")
+    tr.add_argument("--stop-after", type=int, default=None, help="end after N updates (the schedule stays that of "
+                    "the whole run): the start of a trajectory, saved finer")
     tr.add_argument("--name", default=None)
     j = sub.add_parser("judge")
     j.add_argument("run")
