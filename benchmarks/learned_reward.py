@@ -425,6 +425,12 @@ def _curve_at(points: list[tuple[float, dict[str, float]]], kl: float) -> dict[s
     return None
 
 
+def _trajectory(name: str) -> str:
+    """The TRL run a checkpoint belongs to: a `-early` run (`trl --stop-after`, the same seed and schedule) joins
+    the curve of its whole run."""
+    return re.sub(r"-early(?=-s\d+$)", "", name.split("/")[0])
+
+
 def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)) -> list[str]:
     """lmppo against TRL at the same held-out KL, paired by seed and by held-out prompt.
 
@@ -449,7 +455,7 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
             runs: dict[str, list] = {}
             for p in points:
                 if p["side"] == "trl" and _seed(p["name"]) == seed:
-                    runs.setdefault(p["name"].split("/")[0], []).append((p["kl"], p["by_prompt"]))
+                    runs.setdefault(_trajectory(p["name"]), []).append((p["kl"], p["by_prompt"]))
             curves = [c for c in (_curve_at(r + [start[seed]], kl) for r in runs.values()) if c is not None]
             trl = max(curves, key=lambda c: sum(c.values()), default=None)
             mean = (lambda c: sum(c.values()) / len(c))
@@ -469,6 +475,53 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
         verdict = ("yes" if abs(mean_diff) > 2 * noise else "no") + ("" if len(per_seed) > 1 else " (one seed)")
         lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean_diff:+.3f} ({len(per_seed)} seeds) | {noise:.3f} "
                      f"| {verdict} |")
+    return lines
+
+
+# TRL's held-out score at each KL and seed (0, 1, 2) as recorded in docs/choosing.md before its per-prompt files
+# were lost: the best of its runs at lr 1e-5, 5e-5 and 1e-4 at each KL.
+TRL_RECORDED_BEST = {0.5: (0.50, 0.28, 0.27), 1.0: (0.37, 0.32, 0.32), 2.0: (0.39, 0.44, 0.37),
+                     5.0: (0.65, 0.68, 0.37), 10.0: (0.76, 0.79, 0.68)}
+
+
+def recorded_floor_table(points: list[dict]) -> list[str]:
+    """lmppo against the larger of TRL's paired curve and TRL_RECORDED_BEST, per seed; the noise is the paired table's
+    (bootstrap of the per-prompt differences to the fresh curve, or the SE over seeds), since the recorded part has
+    no per-prompt scores."""
+    seeds = sorted({s for s in (_seed(p["name"]) for p in points) if s is not None and s < 3})
+    start = {}
+    for p in points:
+        start.setdefault(_seed(p["name"]), (0.0, p["start_by_prompt"]))
+    lines = ["", "against the larger of TRL's paired curve and its recorded best learning rate (lmppo / TRL paired / "
+             "TRL recorded)", "| KL | " + " | ".join(f"seed {s}" for s in seeds) + " | mean difference | noise (SE) | "
+             "differences / noise |", "|---|" + "---|" * (len(seeds) + 3)]
+    for kl, recorded in TRL_RECORDED_BEST.items():
+        cells, diffs, paired = [], [], []
+        for seed in seeds:
+            mine = [(p["kl"], p["by_prompt"]) for p in points
+                    if p["side"].startswith("lmppo") and _seed(p["name"]) == seed]
+            lm = _curve_at(mine + [start[seed]], kl) if mine else None
+            runs: dict[str, list] = {}
+            for p in points:
+                if p["side"] == "trl" and _seed(p["name"]) == seed:
+                    runs.setdefault(_trajectory(p["name"]), []).append((p["kl"], p["by_prompt"]))
+            curves = [c for c in (_curve_at(r + [start[seed]], kl) for r in runs.values()) if c is not None]
+            trl = max(curves, key=lambda c: sum(c.values()), default=None)
+            if lm is None or trl is None:
+                cells.append("-")
+                continue
+            mean_lm, mean_trl = sum(lm.values()) / len(lm), sum(trl.values()) / len(trl)
+            diffs.append(mean_lm - max(mean_trl, recorded[seed]))
+            paired += [lm[k] - trl[k] for k in lm]
+            cells.append(f"{mean_lm:.2f} / {mean_trl:.2f} / {recorded[seed]:.2f}")
+        if not diffs:
+            continue
+        mean = sum(diffs) / len(diffs)
+        between = ((sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 / len(diffs) ** 0.5
+                   if len(diffs) > 1 else 0.0)
+        noise = max(between, _bootstrap_se(paired))
+        lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean:+.3f} ({len(diffs)} seeds) | {noise:.3f} | "
+                     f"{mean / noise:.1f} |")
     return lines
 
 
@@ -493,6 +546,7 @@ def report(args) -> None:
                      f"| {diff:+.2f} ({se:.2f}) |")
     print("\n".join(lines))
     print("\n".join(frontier_table(points)))
+    print("\n".join(recorded_floor_table(points)))
     (CACHE / "report.json").write_text(json.dumps(
         [{k: v for k, v in p.items() if k not in ("result", "by_prompt", "start_by_prompt")} | {"judge": p["result"]["judge"]} for p in points], indent=1))
     _plot(points, CACHE / "frontier.png")
