@@ -431,6 +431,19 @@ def _trajectory(name: str) -> str:
     return re.sub(r"-early(?=-s\d+$)", "", name.split("/")[0])
 
 
+def _both_at(points: list[dict], start: tuple[float, dict], seed: int, kl: float) -> tuple[dict | None, dict | None]:
+    """(lmppo's, TRL's) per-prompt scores of `seed` at held-out KL `kl`: lmppo's one curve through all its points,
+    TRL's best trajectory there (None where a curve does not reach `kl`)."""
+    mine = [(p["kl"], p["by_prompt"]) for p in points if p["side"].startswith("lmppo") and _seed(p["name"]) == seed]
+    lm = _curve_at(mine + [start], kl) if mine else None
+    runs: dict[str, list] = {}
+    for p in points:
+        if p["side"] == "trl" and _seed(p["name"]) == seed:
+            runs.setdefault(_trajectory(p["name"]), []).append((p["kl"], p["by_prompt"]))
+    curves = [c for c in (_curve_at(r + [start], kl) for r in runs.values()) if c is not None]
+    return lm, max(curves, key=lambda c: sum(c.values()), default=None)
+
+
 def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)) -> list[str]:
     """lmppo against TRL at the same held-out KL, paired by seed and by held-out prompt.
 
@@ -449,15 +462,7 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
     for kl in kls:
         cells, per_seed, per_prompt = [], [], []
         for seed in seeds:
-            mine = [(p["kl"], p["by_prompt"]) for p in points
-                    if p["side"].startswith("lmppo") and _seed(p["name"]) == seed]
-            lm = _curve_at(mine + [start[seed]], kl) if mine else None
-            runs: dict[str, list] = {}
-            for p in points:
-                if p["side"] == "trl" and _seed(p["name"]) == seed:
-                    runs.setdefault(_trajectory(p["name"]), []).append((p["kl"], p["by_prompt"]))
-            curves = [c for c in (_curve_at(r + [start[seed]], kl) for r in runs.values()) if c is not None]
-            trl = max(curves, key=lambda c: sum(c.values()), default=None)
+            lm, trl = _both_at(points, start[seed], seed, kl)
             mean = (lambda c: sum(c.values()) / len(c))
             cells.append(("-" if lm is None else f"{mean(lm):.2f}") + " / " + ("-" if trl is None else f"{mean(trl):.2f}"))
             if lm is not None and trl is not None:
@@ -498,15 +503,7 @@ def recorded_floor_table(points: list[dict]) -> list[str]:
     for kl, recorded in TRL_RECORDED_BEST.items():
         cells, diffs, paired = [], [], []
         for seed in seeds:
-            mine = [(p["kl"], p["by_prompt"]) for p in points
-                    if p["side"].startswith("lmppo") and _seed(p["name"]) == seed]
-            lm = _curve_at(mine + [start[seed]], kl) if mine else None
-            runs: dict[str, list] = {}
-            for p in points:
-                if p["side"] == "trl" and _seed(p["name"]) == seed:
-                    runs.setdefault(_trajectory(p["name"]), []).append((p["kl"], p["by_prompt"]))
-            curves = [c for c in (_curve_at(r + [start[seed]], kl) for r in runs.values()) if c is not None]
-            trl = max(curves, key=lambda c: sum(c.values()), default=None)
+            lm, trl = _both_at(points, start[seed], seed, kl)
             if lm is None or trl is None:
                 cells.append("-")
                 continue
