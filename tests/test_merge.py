@@ -204,8 +204,10 @@ def length_reward(prompts, completions):
     return [len(c) / 10.0 for c in completions]
 
 
-def _eval_kl(model: str, config: str, out: str, reference: str | None = None) -> float:
-    argv = [model, "--config", config, "-o", out, "--show", "0"] + (["--reference", reference] if reference else [])
+def _eval_kl(model: str, config: str, out: str, reference: str | None = None, seed: int | None = None,
+            samples_per_prompt: int = 4) -> float:
+    argv = [model, "--config", config, "-o", out, "--show", "0", "--samples-per-prompt", str(samples_per_prompt)]
+    argv += (["--reference", reference] if reference else []) + (["--seed", str(seed)] if seed is not None else [])
     assert eval_main(argv, Console(file=io.StringIO())) == 0
     return json.load(open(out))["trained"]["kl_exact"]
 
@@ -272,6 +274,9 @@ def test_kl_budget_refusals_are_one_line_before_any_model_loads(tmp_path, tokeni
         ([a0, a1, "--kl-budget", "0", "--config", config], "--kl-budget 0.0: must be a number of nats > 0"),
         ([a0, a1, "--kl-budget", "2"], "give the runs' config with --config"),
         ([a0, a1, "--kl-budget", "2", "--tolerance", "1.5", "--config", config], "--tolerance 1.5"),
+        ([a0, a1, "--kl-budget", "2", "--max-evals", "0", "--config", config], "--max-evals 0: must be >= 1"),
+        ([a0, a1, "--kl-budget", "2", "--samples-per-prompt", "0", "--config", config],
+         "--samples-per-prompt 0: must be >= 1"),
     ]
     for i, (argv, message) in enumerate(cases):
         capsys.readouterr()
@@ -295,3 +300,17 @@ def test_kl_budget_moves_a_single_run_toward_its_start(tmp_path, tokenizer, base
     m = load_file(out / "adapter_model.safetensors")
     assert all(torch.allclose(m[k], a[k] * (chosen.toward_start if ".lora_B." in k else 1.0)) for k in a)
     assert os.listdir(out.parent) == ["m"]  # the scratch copy is gone
+
+
+def test_kl_budget_search_options_are_honoured(tmp_path, tokenizer, base_dir, capsys):
+    runs = [str(tmp_path / f"a{i}") for i in range(2)]
+    for i, run in enumerate(runs):
+        _adapter(tokenizer, base_dir, run, seed=i, scale=SMALL)
+    config = _budget_config(tmp_path, base_dir)
+    assert main(["merge", *runs, "-o", str(tmp_path / "m"), "--kl-budget", "1e-6", "--config", config,
+                 "--max-evals", "1", "--samples-per-prompt", "2", "--seed", "7"]) == 0
+    record = json.load(open(tmp_path / "m" / "merge.json"))["kl_budget"]
+    assert len(record["steps"]) == 1 and record["samples_per_prompt"] == 2 and record["seed"] == 7
+    assert "not within 10% of the budget after 1 tries" in " ".join(capsys.readouterr().out.split())
+    assert _eval_kl(str(tmp_path / "m"), config, str(tmp_path / "e.json"), seed=7, samples_per_prompt=2) == \
+        pytest.approx(record["chosen"]["kl_exact"], rel=1e-4)  # the seed and sample count were those used

@@ -236,7 +236,7 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     if args.samples_per_prompt < 1:
         raise LmppoError(f"--samples-per-prompt {args.samples_per_prompt}: must be >= 1")
     seed = cfg.seed if args.seed is None else args.seed
-    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device = eval_device(cfg)
     sources = build_sources(cfg, device)
     judge = choose_judge(sources, args.judge)
     from transformers.utils import logging as hf_logging
@@ -255,6 +255,11 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     print_eval(result, console, show=args.show)
     console.print(f"wrote {out}")
     return 0
+
+
+def eval_device(cfg: Any) -> torch.device:
+    """Where evaluation runs: CUDA when there is one and `device` does not say `cpu`."""
+    return torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
 
 
 def build_sources(cfg: Any, device: torch.device) -> list:

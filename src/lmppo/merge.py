@@ -14,7 +14,7 @@ LAMBDA is not 1. The other files (tokenizer, chat template) come from the first 
 `--kl-budget NATS` chooses LAMBDA for the user: the held-out KL of the merged policy to the start (per response,
 the exact KL over the vocabulary, on the run's held-out prompts and sampling settings, as `lmppo eval` measures it)
 is measured at LAMBDA = 1, then at LAMBDA = sqrt(budget / KL) (the KL grows about as LAMBDA squared), then by a power
-law through the last two points, until it is within `--tolerance` of the budget. Every LAMBDA is tried in memory on
+law through the two LAMBDAs that bracket the budget (`next_lambda`), until it is within `--tolerance` of the budget. Every LAMBDA is tried in memory on
 one loaded model, on the same prompts and random streams, and the search is written to merge.json.
 """
 
@@ -34,7 +34,8 @@ from safetensors.torch import load_file, save_file
 
 from lmppo.config import load_config
 from lmppo.errors import LmppoError, StorageError
-from lmppo.evaluate import LoadedModels, build_sources, eval_plan, find_run, load_models, sample_trained
+from lmppo.evaluate import (LoadedModels, build_sources, eval_device, eval_plan, find_run, load_models,
+                            sample_trained)
 from lmppo.model_files import is_adapter_folder
 from lmppo.models import resolve_model_path
 from lmppo.storage import atomic_dir, reason, write_json
@@ -280,7 +281,7 @@ class LambdaSetter:
 
 def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start: Optional[str] = None,
                     config: Optional[str] = None, seed: Optional[int] = None, samples_per_prompt: int = 4,
-                    num_prompts: int = 0, tolerance: float = 0.1, max_evals: int = 5,
+                    tolerance: float = 0.1, max_evals: int = 5,
                     say: Callable[[str], None] = print) -> tuple[str, BudgetStep, list[BudgetStep]]:
     """Merge `inputs` at the LAMBDA whose held-out KL to the start is `budget` nats per response (see the module's
     docstring); returns (output, the chosen step, every step)."""
@@ -290,6 +291,8 @@ def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start:
         raise LmppoError(f"lmppo merge: --tolerance {tolerance}: must be a fraction of the budget, in (0, 1)")
     if max_evals < 1:
         raise LmppoError(f"lmppo merge: --max-evals {max_evals}: must be >= 1")
+    if samples_per_prompt < 1:
+        raise LmppoError(f"lmppo merge: --samples-per-prompt {samples_per_prompt}: must be >= 1")
     _check_output(output)
     folders = _policy_folders(inputs)
     run_dir = find_run(inputs[0])[1]
@@ -303,7 +306,7 @@ def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start:
     if full and start is None:
         start = resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle)
     seed = cfg.seed if seed is None else seed
-    device = torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+    device = eval_device(cfg)
     sources = build_sources(cfg, device)
     parent = os.path.dirname(os.path.abspath(output))
     try:  # the merge at LAMBDA 1, beside the output (a model's size: not in a small /tmp)
@@ -314,8 +317,7 @@ def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start:
     try:
         whole = _write_merge(folders, os.path.join(scratch, "merged"), 1.0, None, None)
         models = load_models(whole, start if full else None, cfg, None, device, config_given=True)
-        plan = eval_plan(models, cfg, sources, seed=seed, num_prompts=num_prompts,
-                         samples_per_prompt=samples_per_prompt)
+        plan = eval_plan(models, cfg, sources, seed=seed, samples_per_prompt=samples_per_prompt)
         setter = LambdaSetter(models)
 
         def measure(lam: float) -> BudgetStep:
@@ -375,8 +377,6 @@ def main(argv: Sequence[str], console: Any = None) -> int:
         return 0
     if args.toward_start is not None:
         raise LmppoError("lmppo merge: give --toward-start or --kl-budget, not both (--kl-budget chooses LAMBDA)")
-    if args.samples_per_prompt < 1:
-        raise LmppoError(f"lmppo merge: --samples-per-prompt {args.samples_per_prompt}: must be >= 1")
     say(f"choosing lambda for a held-out KL of {args.kl_budget:g} nats (within {args.tolerance:.0%}):")
     out, chosen, steps = merge_to_budget(
         args.inputs, args.output, args.kl_budget, start=args.start, config=args.config, seed=args.seed,
