@@ -1,4 +1,4 @@
-"""The `lmppo` command: `train`, `eval`, `plot`, `push`, `merge`.
+"""The `lmppo` command: `train`, `eval`, `plot`, `push`, `merge`, `warp`.
 
     lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]
 
@@ -26,8 +26,9 @@ from lmppo.merge import main as merge_main
 from lmppo.push import check_hub_login, push_after_training
 from lmppo.push import main as push_main
 from lmppo.plot import plot_runs
-from lmppo.summary import summarize
+from lmppo.summary import print_run_summary
 from lmppo.trainer import PPOTrainer
+from lmppo.warp import main as warp_main
 from lmppo.yaml_input import load
 
 EXIT_USER_ERROR = 2
@@ -96,7 +97,7 @@ def cmd_train(argv: Sequence[str], console) -> int:
             check_hub_login(cfg.push_to_hub)  # before the models load, not after training
         trainer = PPOTrainer(cfg, console=console)
     trainer.train()
-    _print_summary(trainer, console)
+    print_run_summary(trainer, console)
     if trainer.config.push_to_hub and trainer.accelerator.is_main_process:
         push_after_training(trainer.config.output_dir, trainer.config.push_to_hub, console)
     if trainer.accelerator.num_processes > 1:
@@ -131,17 +132,6 @@ def _explicit_output_dir(config_path: str) -> Optional[str]:
     return str(value) if value is not None else None
 
 
-def _print_summary(trainer, console) -> None:
-    """The end-of-training summary (lmppo.summary): training score and KL at the first and last iteration, and on
-    the held-out prompts (`data.holdout`) score, judge, KL and samples before and after; also OUTPUT_DIR/summary.json."""
-    held = getattr(trainer, "holdout_set", None)
-    if console is not None and held is not None and len(held.ids):
-        console.print(f"[bold]done[/]; sampling the initial and the trained policy on the {len(held.ids)} held-out "
-                      "prompts ...", highlight=False)
-    with trainer.strategy.full_weights(trainer.actor):  # ZeRO-3: each process samples with the full weights
-        summarize(trainer, console)
-
-
 def cmd_plot(argv: Sequence[str], console) -> int:
     parser = argparse.ArgumentParser(prog="lmppo plot", description="PNG of the key training curves from "
                                      "OUTPUT_DIR/metrics.jsonl; several runs are overlaid.")
@@ -163,6 +153,10 @@ def cmd_push(argv: Sequence[str], console) -> int:
 
 def cmd_merge(argv: Sequence[str], console) -> int:
     return merge_main(argv, console)
+
+
+def cmd_warp(argv: Sequence[str], console) -> int:
+    return warp_main(argv, console)
 
 
 def quiet_libraries() -> None:
@@ -203,7 +197,8 @@ def _output_dir_of(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
-COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "push": cmd_push, "merge": cmd_merge}
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "plot": cmd_plot, "push": cmd_push, "merge": cmd_merge,
+            "warp": cmd_warp}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -224,14 +219,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"lmppo {__version__}")
         return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lmppo {train,eval,plot,push,merge} ...   (lmppo train --help lists every training option; "
+        print("usage: lmppo {train,eval,plot,push,merge,warp} ...   (lmppo train --help lists every training option; "
               "lmppo --version)")
         return 0 if argv else EXIT_USER_ERROR
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         hint = difflib.get_close_matches(command, list(COMMANDS), n=1)
         print(f"error: unknown command {command!r}" + (f" (did you mean `{hint[0]}`?)" if hint else "")
-              + "; commands: train, eval, plot, push, merge", file=sys.stderr)
+              + "; commands: train, eval, plot, push, merge, warp", file=sys.stderr)
         return EXIT_USER_ERROR
     try:
         return COMMANDS[command](rest, console)

@@ -176,3 +176,14 @@ def summarize(trainer: Any, console: Any = None, num_samples: int = NUM_SAMPLES,
         console.print(f"summary in {path}; model in {os.path.join(trainer.config.output_dir, 'final')}",
                       highlight=False)
     return summary
+
+
+def print_run_summary(trainer: Any, console: Any) -> None:
+    """What `lmppo train` prints at the end (`summarize`), announced, with the full weights on every process
+    (ZeRO-3: each process samples with them)."""
+    held = getattr(trainer, "holdout_set", None)
+    if console is not None and held is not None and len(held.ids):
+        console.print(f"[bold]done[/]; sampling the initial and the trained policy on the {len(held.ids)} held-out "
+                      "prompts ...", highlight=False)
+    with trainer.strategy.full_weights(trainer.actor):
+        summarize(trainer, console)
