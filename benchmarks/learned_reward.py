@@ -145,14 +145,15 @@ def train_lmppo(args) -> Path:
     out = RUNS / name
     out.mkdir(parents=True, exist_ok=True)
     cfg = recipe(out / "run", args.seed, **kl)
-    for dotted, value in (args.set or []):
-        section, field = dotted.split(".")
-        cfg.setdefault(section, {})[field] = yaml.safe_load(value)
+    for dotted, value in (args.set or []):  # `section.field` or a top-level field (total_episodes)
+        section, _, field = dotted.rpartition(".")
+        (cfg.setdefault(section, {}) if section else cfg)[field] = yaml.safe_load(value)
     (out / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     t0 = time.time()
     subprocess.run([sys.executable, "-m", "lmppo.cli", "train", str(out / "recipe.yaml")], check=True,
                    cwd=ROOT, stdout=open(out / "train.log", "w"), stderr=subprocess.STDOUT)
-    judge(out, out / "run", reference=None, train_seconds=time.time() - t0, side="lmppo", settings=kl)
+    settings = kl | ({"overrides": {k: yaml.safe_load(v) for k, v in args.set}} if args.set else {})
+    judge(out, out / "run", reference=None, train_seconds=time.time() - t0, side="lmppo", settings=settings)
     return out
 
 

@@ -155,3 +155,20 @@ def test_a_folder_of_another_warp_or_other_files_is_refused(tmp_path, tiny_model
     code, _, err = _run(["warp", config, "--kl-budget", "2", "--output_dir", str(other)], capsys)
     assert code == 2 and "already holds files" in err, err
     assert os.listdir(other) == ["notes.txt"]
+
+
+def test_ctrl_c_says_how_to_continue(tmp_path, tiny_model_dir):
+    config = _config(tmp_path, tiny_model_dir, name="stopped")
+    mark = tmp_path / "frozen"
+    env = dict(os.environ, OMP_NUM_THREADS="1", FREEZE_WHEN=str(tmp_path / "stopped" / "member-0" / "checkpoints" /
+                                                                 "iter-00000001"), FROZEN_MARK=str(mark))
+    proc = subprocess.Popen([sys.executable, "-m", "lmppo.cli", "warp", config, "--kl-budget", "2"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    while not mark.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert mark.exists(), "never reached member 0's second iteration"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert err.decode().strip().splitlines()[-1].startswith("interrupted; run the same `lmppo warp` command again")

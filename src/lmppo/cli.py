@@ -236,6 +236,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
+        if command == "warp":
+            print("interrupted; run the same `lmppo warp` command again: finished members are kept, the interrupted "
+                  "one resumes from its latest complete checkpoint", file=sys.stderr)
+            return 130
         out = _output_dir_of(rest) if command == "train" else None
         print("interrupted; the latest complete checkpoint (if any) is intact: resume with "
               f"`lmppo train --resume {out or 'OUTPUT_DIR'}`", file=sys.stderr)

@@ -152,7 +152,11 @@ def _say(console: Any, line: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmppo warp", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="lmppo warp", allow_abbrev=False,
+                                description="Train K runs of one config, seeds apart on one held-out split, and merge "
+                                "them at a held-out KL budget (WARP: `lmppo train` K times, then `lmppo merge "
+                                "--kl-budget`). Run it again to continue a killed run or to merge at another budget.",
+                                usage="lmppo warp [CONFIG] --kl-budget NATS [--members K] [--section.field VALUE ...]",
                                 epilog="Any other option is a config override, as for `lmppo train` (--kl.target 20).")
     p.add_argument("--kl-budget", type=float, required=True, metavar="NATS",
                    help="the merged policy's held-out KL to the start, per response (as lmppo eval measures it)")
