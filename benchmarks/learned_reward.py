@@ -18,7 +18,8 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     python benchmarks/learned_reward.py lmppo --target 5 --seed 100 --set data.holdout_seed 0 --name lmppo-b-t5-s0
     python benchmarks/learned_reward.py merge lmppo-m2-t5-s0 lmppo-pin-t5-s0 lmppo-b-t5-s0   # WARP's merge
     python benchmarks/learned_reward.py merge lmppo-kb2-s0 lmppo-pin-t20-s0 lmppo-pinb-t20-s0 --kl-budget 2
-    python benchmarks/learned_reward.py report [--lmppo PREFIX]     # the table (and a plot) of the runs
+    python benchmarks/learned_reward.py warp --target 20 --seed 2 --budgets 2 5 10   # `lmppo warp`, as a user runs it
+    python benchmarks/learned_reward.py report [--lmppo PREFIX ...] # the table (and a plot) of the runs
 
 Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/; its result.json and
 eval.json (the held-out samples and their scores) are also copied to benchmarks/results/learned_reward/NAME/, which
@@ -346,6 +347,32 @@ def merge_runs(args) -> None:
           settings=settings, config=runs[0] / "run" / "config.yaml")
 
 
+def warp_runs(args) -> None:
+    """`lmppo warp` on the task, as a user runs it: two members of the recipe at `--target` (seeds S and S+1, the
+    held-out split of S), trained once, merged at each of `--budgets` (NAME-bB-sS, judged like a run)."""
+    import yaml
+
+    base = RUNS / f"{args.name}-s{args.seed}"
+    base.mkdir(parents=True, exist_ok=True)
+    cfg = recipe(base / "warp", args.seed, controller="pi", target=args.target)
+    (base / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    for budget in args.budgets:
+        out = RUNS / f"{args.name}-b{budget:g}-s{args.seed}"
+        if (out / "result.json").exists():
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        t0 = time.time()
+        subprocess.run([sys.executable, "-m", "lmppo.cli", "warp", str(base / "recipe.yaml"), "--kl-budget",
+                        str(budget)], check=True, cwd=ROOT, stdout=open(out / "warp.log", "w"), stderr=subprocess.STDOUT)
+        merged = base / "warp" / f"merged-kl{budget:g}"
+        record = json.loads((merged / "merge.json").read_text())
+        settings = {"warp": {"members": 2, "target": args.target}, "toward_start": record["toward_start"],
+                    "kl_budget": budget, "search": record["kl_budget"]["steps"],
+                    "warp_seconds": round(time.time() - t0, 1)}  # the first budget's includes training the members
+        judge(out, merged, reference=None, train_seconds=None, side="lmppo-merge", settings=settings,
+              config=base / "warp" / "member-0" / "config.yaml")
+
+
 # ----------------------------------------------------------------------------- report
 def summary_line(name: str, r: dict) -> str:
     t, s = r["heldout"]["trained"], r["heldout"]["start"]
@@ -432,20 +459,34 @@ def _trajectory(name: str) -> str:
     return re.sub(r"-early(?=-s\d+$)", "", name.split("/")[0])
 
 
-def _both_at(points: list[dict], start: tuple[float, dict], seed: int, kl: float) -> tuple[dict | None, dict | None]:
-    """(lmppo's, TRL's) per-prompt scores of `seed` at held-out KL `kl`: lmppo's one curve through all its points,
-    TRL's best trajectory there (None where a curve does not reach `kl`)."""
-    mine = [(p["kl"], p["by_prompt"]) for p in points if p["side"].startswith("lmppo") and _seed(p["name"]) == seed]
-    lm = _curve_at(mine + [start], kl) if mine else None
+def _both_at(points: list[dict], start: tuple[float, dict], seed: int, kl: float,
+             families: tuple[str, ...] = ("lmppo-",)) -> tuple[dict | None, dict | None]:
+    """(lmppo's, TRL's) per-prompt scores of `seed` at held-out KL `kl`. lmppo: one curve per family (the runs whose
+    name starts with one of `families`: replicates of a recipe, trained apart), their per-prompt mean over the
+    families that reach `kl`. TRL: its best trajectory there. None where no curve reaches `kl`."""
+    curves = []
+    for family in families:
+        mine = [(p["kl"], p["by_prompt"]) for p in points if p["side"].startswith("lmppo")
+                and _seed(p["name"]) == seed and _family(p["name"], families) == family]
+        curve = _curve_at(mine + [start], kl) if mine else None
+        if curve is not None:
+            curves.append(curve)
+    lm = {k: sum(c[k] for c in curves) / len(curves) for k in curves[0]} if curves else None
     runs: dict[str, list] = {}
     for p in points:
         if p["side"] == "trl" and _seed(p["name"]) == seed:
             runs.setdefault(_trajectory(p["name"]), []).append((p["kl"], p["by_prompt"]))
-    curves = [c for c in (_curve_at(r + [start], kl) for r in runs.values()) if c is not None]
-    return lm, max(curves, key=lambda c: sum(c.values()), default=None)
+    trl = [c for c in (_curve_at(r + [start], kl) for r in runs.values()) if c is not None]
+    return lm, max(trl, key=lambda c: sum(c.values()), default=None)
 
 
-def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0)) -> list[str]:
+def _family(name: str, families: tuple[str, ...]) -> str | None:
+    """The longest of `families` that `name` starts with (lmppo-kb- before lmppo-)."""
+    return max((f for f in families if name.startswith(f)), key=len, default=None)
+
+
+def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0),
+                   families: tuple[str, ...] = ("lmppo-",)) -> list[str]:
     """lmppo against TRL at the same held-out KL, paired by seed and by held-out prompt.
 
     Each side's curve for a seed: the start policy (KL 0), then its points (lmppo: the runs of every KL target and
@@ -463,7 +504,7 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
     for kl in kls:
         cells, per_seed, per_prompt = [], [], []
         for seed in seeds:
-            lm, trl = _both_at(points, start[seed], seed, kl)
+            lm, trl = _both_at(points, start[seed], seed, kl, families)
             mean = (lambda c: sum(c.values()) / len(c))
             cells.append(("-" if lm is None else f"{mean(lm):.2f}") + " / " + ("-" if trl is None else f"{mean(trl):.2f}"))
             if lm is not None and trl is not None:
@@ -490,7 +531,7 @@ TRL_RECORDED_BEST = {0.5: (0.50, 0.28, 0.27), 1.0: (0.37, 0.32, 0.32), 2.0: (0.3
                      5.0: (0.65, 0.68, 0.37), 10.0: (0.76, 0.79, 0.68)}
 
 
-def recorded_floor_table(points: list[dict]) -> list[str]:
+def recorded_floor_table(points: list[dict], families: tuple[str, ...] = ("lmppo-",)) -> list[str]:
     """lmppo against the larger of TRL's paired curve and TRL_RECORDED_BEST, per seed; the noise is the paired table's
     (bootstrap of the per-prompt differences to the fresh curve, or the SE over seeds), since the recorded part has
     no per-prompt scores."""
@@ -504,7 +545,7 @@ def recorded_floor_table(points: list[dict]) -> list[str]:
     for kl, recorded in TRL_RECORDED_BEST.items():
         cells, diffs, paired = [], [], []
         for seed in seeds:
-            lm, trl = _both_at(points, start[seed], seed, kl)
+            lm, trl = _both_at(points, start[seed], seed, kl, families)
             if lm is None or trl is None:
                 cells.append("-")
                 continue
@@ -524,11 +565,11 @@ def recorded_floor_table(points: list[dict]) -> list[str]:
 
 
 def report(args) -> None:
-    """Every run's line, then lmppo against TRL. `--lmppo PREFIX` keeps only the lmppo runs (and their
+    """Every run's line, then lmppo against TRL. `--lmppo PREFIX [PREFIX ...]` keeps only the lmppo runs (and their
     interpolations) whose folder name starts with PREFIX: one recipe's family, so runs of other settings kept in
     the cache do not enter its curve. TRL's runs all count (the best at each KL is kept)."""
     points = [p for p in collect()
-              if p["side"] == "trl" or p["name"].startswith(args.lmppo)]
+              if p["side"] == "trl" or p["name"].startswith(tuple(args.lmppo))]
     for p in points:
         print(summary_line(p["name"], p["result"]) + f" | rm SE {p['rm_se']:.2f}")
     trl = [p for p in points if p["side"] == "trl"]
@@ -543,8 +584,9 @@ def report(args) -> None:
         lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | {at[0]:.2f} ({at[1]:.2f}) "
                      f"| {diff:+.2f} ({se:.2f}) |")
     print("\n".join(lines))
-    print("\n".join(frontier_table(points)))
-    print("\n".join(recorded_floor_table(points)))
+    families = tuple(args.lmppo)
+    print("\n".join(frontier_table(points, families=families)))
+    print("\n".join(recorded_floor_table(points, families)))
     (CACHE / "report.json").write_text(json.dumps(
         [{k: v for k, v in p.items() if k not in ("result", "by_prompt", "start_by_prompt")} | {"judge": p["result"]["judge"]} for p in points], indent=1))
     _plot(points, CACHE / "frontier.png")
@@ -606,9 +648,14 @@ def main(argv=None) -> None:
     mg.add_argument("runs", nargs="+", help="runs of the cache to merge")
     mg.add_argument("--toward-start", type=float, default=1.0)
     mg.add_argument("--kl-budget", type=float, default=None, help="let lmppo merge choose lambda for this held-out KL")
+    wp = sub.add_parser("warp", help="lmppo warp: two members trained once, merged at each budget")
+    wp.add_argument("--target", type=float, default=20.0, help="the members' kl.target")
+    wp.add_argument("--seed", type=int, default=0)
+    wp.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0, 10.0])
+    wp.add_argument("--name", default="lmppo-w")
     rp = sub.add_parser("report")
-    rp.add_argument("--lmppo", default="lmppo-", metavar="PREFIX",
-                    help="only lmppo runs whose folder name starts with PREFIX (default: every lmppo run)")
+    rp.add_argument("--lmppo", default=["lmppo-"], nargs="+", metavar="PREFIX",
+                    help="only lmppo runs whose folder name starts with a PREFIX (default: every lmppo run)")
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -628,6 +675,9 @@ def main(argv=None) -> None:
         interpolate(args)
     elif args.cmd == "merge":
         merge_runs(args)
+    elif args.cmd == "warp":
+        build()
+        warp_runs(args)
     else:
         report(args)
 
