@@ -123,6 +123,8 @@ def test_a_killed_warp_resumes_its_member_and_ends_as_an_uninterrupted_one(tmp_p
     (["--kl-budget", "0"], "--kl-budget 0"),
     (["--push_to_hub", "me/model"], "push_to_hub"),
     (["--ppo.learning_rate", "-1"], "ppo.learning_rate"),
+    (["--tolerance", "2"], "--tolerance 2"),  # the merge's options are checked before the members train
+    (["--max-evals", "0"], "--max-evals 0"),
 ])
 def test_refusals_are_one_error_line_before_any_training(tmp_path, tiny_model_dir, capsys, extra, field):
     config = _config(tmp_path, tiny_model_dir)

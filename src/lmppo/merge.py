@@ -279,12 +279,9 @@ class LambdaSetter:
             p.copy_(merged * toward_start if start is None else start + toward_start * (merged - start))
 
 
-def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start: Optional[str] = None,
-                    config: Optional[str] = None, seed: Optional[int] = None, samples_per_prompt: int = 4,
-                    tolerance: float = 0.1, max_evals: int = 5,
-                    say: Callable[[str], None] = print) -> tuple[str, BudgetStep, list[BudgetStep]]:
-    """Merge `inputs` at the LAMBDA whose held-out KL to the start is `budget` nats per response (see the module's
-    docstring); returns (output, the chosen step, every step)."""
+def check_budget_options(budget: float, tolerance: float = 0.1, max_evals: int = 5,
+                         samples_per_prompt: int = 4) -> None:
+    """One LmppoError line for a bad --kl-budget search option (before any model loads or trains)."""
     if not budget > 0 or math.isinf(budget):
         raise LmppoError(f"lmppo merge: --kl-budget {budget}: must be a number of nats > 0")
     if not 0 < tolerance < 1:
@@ -293,6 +290,15 @@ def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start:
         raise LmppoError(f"lmppo merge: --max-evals {max_evals}: must be >= 1")
     if samples_per_prompt < 1:
         raise LmppoError(f"lmppo merge: --samples-per-prompt {samples_per_prompt}: must be >= 1")
+
+
+def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start: Optional[str] = None,
+                    config: Optional[str] = None, seed: Optional[int] = None, samples_per_prompt: int = 4,
+                    tolerance: float = 0.1, max_evals: int = 5,
+                    say: Callable[[str], None] = print) -> tuple[str, BudgetStep, list[BudgetStep]]:
+    """Merge `inputs` at the LAMBDA whose held-out KL to the start is `budget` nats per response (see the module's
+    docstring); returns (output, the chosen step, every step)."""
+    check_budget_options(budget, tolerance, max_evals, samples_per_prompt)
     _check_output(output)
     folders = _policy_folders(inputs)
     run_dir = find_run(inputs[0])[1]

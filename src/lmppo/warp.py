@@ -26,7 +26,7 @@ from lmppo import lock
 from lmppo.checkpoint import latest_checkpoint, redacted_config_dict
 from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.errors import ConfigError, LmppoError
-from lmppo.merge import merge_to_budget
+from lmppo.merge import check_budget_options, merge_to_budget
 from lmppo.storage import write_json
 from lmppo.summary import print_run_summary
 from lmppo.trainer import PPOTrainer
@@ -90,8 +90,9 @@ def train_member(config_path: Optional[str], overrides: dict[str, str], console:
     if os.path.isdir(os.path.join(out, "final", "policy")):
         _say(console, f"{out}: finished, kept")
         return out
-    if latest_checkpoint(out) is not None:
-        _say(console, f"{out}: resuming from {latest_checkpoint(out)}")
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None:
+        _say(console, f"{out}: resuming from {checkpoint}")
         trainer = PPOTrainer.resume(out, console=console)
     else:
         if os.path.isdir(out):  # stopped before its first checkpoint: nothing of it can be resumed
@@ -110,8 +111,7 @@ def warp(config_path: Optional[str], overrides: dict[str, str], budget: float, m
     if members < 2:
         raise LmppoError(f"lmppo warp: --members {members}: must be >= 2 (one run moved to a budget is `lmppo merge "
                          "RUN -o OUT --kl-budget NATS`)")
-    if not budget > 0 or budget != budget or budget == float("inf"):
-        raise LmppoError(f"lmppo warp: --kl-budget {budget}: must be a number of nats > 0")
+    check_budget_options(budget, **merge_options)  # before the members train, not after
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise LmppoError("lmppo warp runs in one process; under a launcher, train the members with `lmppo train` "
                          "(one data.holdout_seed, seeds apart) and merge them with `lmppo merge --kl-budget`")
