@@ -500,7 +500,8 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
         start.setdefault(_seed(p["name"]), (0.0, p["start_by_prompt"]))
     lines = ["", "frontier at fixed held-out KL: held-out reward-model score, lmppo minus TRL (paired by seed and prompt)",
              "| KL | " + " | ".join(f"seed {s}: lmppo / TRL" for s in seeds) + " | mean difference | noise (SE) |"
-             " beyond 2 SE |", "|---|" + "---|" * (len(seeds) + 3)]
+             " beyond 2 SE | seeds ahead | t over seeds (5% two-sided critical) |",
+             "|---|" + "---|" * (len(seeds) + 5)]
     for kl in kls:
         cells, per_seed, per_prompt = [], [], []
         for seed in seeds:
@@ -512,17 +513,40 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
                 per_prompt += diff
                 per_seed.append(sum(diff) / len(diff))
         if not per_seed:
-            lines.append(f"| {kl:g} | " + " | ".join(cells) + " | - | - | - |")
+            lines.append(f"| {kl:g} | " + " | ".join(cells) + " | - | - | - | - | - |")
             continue
         mean_diff = sum(per_prompt) / len(per_prompt)
         within = _bootstrap_se(per_prompt)
-        between = ((sum((d - mean_diff) ** 2 for d in per_seed) / (len(per_seed) - 1)) ** 0.5 / len(per_seed) ** 0.5
-                   if len(per_seed) > 1 else 0.0)
+        between = _se_of_mean(per_seed)
         noise = max(within, between)
         verdict = ("yes" if abs(mean_diff) > 2 * noise else "no") + ("" if len(per_seed) > 1 else " (one seed)")
+        ahead = f"{sum(d > 0 for d in per_seed)} of {len(per_seed)}"
         lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean_diff:+.3f} ({len(per_seed)} seeds) | {noise:.3f} "
-                     f"| {verdict} |")
+                     f"| {verdict} | {ahead} | {_t_test(per_seed)} |")
     return lines
+
+
+# Student's t, two-sided 5%: the critical |t| for 1 to 10 degrees of freedom.
+T_CRITICAL_5 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def _se_of_mean(values: list[float]) -> float:
+    """The standard error of the mean of `values` (sample sd / sqrt n); 0 for fewer than two."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = sum(values) / n
+    return (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5 / n**0.5
+
+
+def _t_test(per_seed: list[float]) -> str:
+    """The one-sample t-test of the per-seed mean differences against 0: each seed (its own prompt split, runs and
+    TRL runs) is one independent replicate, so this is the test that does not lean on the prompts being independent."""
+    df = len(per_seed) - 1
+    if df < 1 or df not in T_CRITICAL_5:
+        return "-"
+    t = (sum(per_seed) / len(per_seed)) / max(_se_of_mean(per_seed), 1e-12)
+    return f"{t:.2f} ({T_CRITICAL_5[df]:.2f}, {df} df): " + ("yes" if abs(t) > T_CRITICAL_5[df] else "no")
 
 
 # TRL's held-out score at each KL and seed (0, 1, 2) as recorded in docs/choosing.md before its per-prompt files
@@ -556,9 +580,7 @@ def recorded_floor_table(points: list[dict], families: tuple[str, ...] = ("lmppo
         if not diffs:
             continue
         mean = sum(diffs) / len(diffs)
-        between = ((sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)) ** 0.5 / len(diffs) ** 0.5
-                   if len(diffs) > 1 else 0.0)
-        noise = max(between, _bootstrap_se(paired))
+        noise = max(_se_of_mean(diffs), _bootstrap_se(paired))
         lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean:+.3f} ({len(diffs)} seeds) | {noise:.3f} | "
                      f"{mean / noise:.1f} |")
     return lines

@@ -48,3 +48,14 @@ def test_the_paired_table_takes_the_mean_difference_and_the_larger_noise():
     assert cells[3] == "+2.000 (2 seeds)"
     # per-seed differences 1 and 3: SE over seeds = sd 1.414 / sqrt 2 = 1.000, above the prompts' bootstrap SE
     assert cells[4] == "1.000" and cells[5] == "no"
+    assert cells[6] == "2 of 2"
+    assert cells[7] == "2.00 (12.71, 1 df): no"  # t = 2 / 1 with one degree of freedom
+
+
+def test_the_t_test_over_seeds_on_hand_worked_differences():
+    # differences 1..5: mean 3, sample sd sqrt(2.5) = 1.581, SE 0.7071, t = 4.243 > 2.78 (4 df)
+    assert lr._se_of_mean([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2.5**0.5 / 5**0.5)
+    assert lr._t_test([1.0, 2.0, 3.0, 4.0, 5.0]) == "4.24 (2.78, 4 df): yes"
+    # -1, 1, 3: mean 1, sd 2, SE 1.155, t = 0.87 < 4.30 (2 df)
+    assert lr._t_test([-1.0, 1.0, 3.0]) == "0.87 (4.30, 2 df): no"
+    assert lr._t_test([1.0]) == "-"  # one seed: no test
