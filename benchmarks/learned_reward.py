@@ -295,6 +295,8 @@ def judge_trl(args) -> None:
     lm_cfg = out / "lmppo_view.yaml"
     lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", args.seed), sort_keys=False))
     for policy in sorted(out.glob("policy-iter-*")):
+        if args.iterations is not None and int(policy.name.split("-")[-1]) not in args.iterations:
+            continue
         sub = out / f"eval-{policy.name[len('policy-'):]}"
         if (sub / "result.json").exists():
             record(sub)
@@ -662,6 +664,8 @@ def main(argv=None) -> None:
     j.add_argument("run")
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--kl-coef", type=float, default=0.05)
+    j.add_argument("--iterations", type=int, nargs="+", default=None,
+                   help="judge only the policies saved after these updates (default: every saved policy)")
     ip = sub.add_parser("interpolate")
     ip.add_argument("run")
     ip.add_argument("--lambdas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
