@@ -292,10 +292,15 @@ def judge_trl(args) -> None:
 
     out = Path(args.run).resolve()
     res = json.loads((out / "trl_result.json").read_text()) if (out / "trl_result.json").exists() else {}
+    saved = {int(p.name.split("-")[-1]): p for p in out.glob("policy-iter-*")}
+    missing = sorted(set(args.iterations or ()) - set(saved))
+    if missing:
+        raise SystemExit(f"error: judge --iterations {' '.join(map(str, missing))}: no policy saved after that update "
+                         f"in {out} (saved: {' '.join(map(str, sorted(saved))) or 'none'})")
     lm_cfg = out / "lmppo_view.yaml"
     lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", args.seed), sort_keys=False))
-    for policy in sorted(out.glob("policy-iter-*")):
-        if args.iterations is not None and int(policy.name.split("-")[-1]) not in args.iterations:
+    for iteration, policy in sorted(saved.items()):
+        if args.iterations is not None and iteration not in args.iterations:
             continue
         sub = out / f"eval-{policy.name[len('policy-'):]}"
         if (sub / "result.json").exists():
@@ -303,7 +308,7 @@ def judge_trl(args) -> None:
             continue
         sub.mkdir(exist_ok=True)
         judge(sub, policy, reference=CACHE / "policy", train_seconds=res.get("train_seconds"), side="trl",
-              settings={"kl_coef": args.kl_coef, "iteration": int(policy.name.split("-")[-1])}, config=lm_cfg)
+              settings={"kl_coef": args.kl_coef, "iteration": iteration}, config=lm_cfg)
 
 
 # ----------------------------------------------------------------------------- interpolation toward the start
@@ -528,8 +533,10 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
     return lines
 
 
-# Student's t, two-sided 5%: the critical |t| for 1 to 10 degrees of freedom.
-T_CRITICAL_5 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+# Student's t, two-sided 5%: the critical |t| for 1 to 30 degrees of freedom (above 30, 30's value: conservative).
+T_CRITICAL_5 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
+                11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09, 20: 2.09,
+                21: 2.08, 22: 2.07, 23: 2.07, 24: 2.06, 25: 2.06, 26: 2.06, 27: 2.05, 28: 2.05, 29: 2.05, 30: 2.04}
 
 
 def _se_of_mean(values: list[float]) -> float:
@@ -545,10 +552,11 @@ def _t_test(per_seed: list[float]) -> str:
     """The one-sample t-test of the per-seed mean differences against 0: each seed (its own prompt split, runs and
     TRL runs) is one independent replicate, so this is the test that does not lean on the prompts being independent."""
     df = len(per_seed) - 1
-    if df < 1 or df not in T_CRITICAL_5:
+    if df < 1:
         return "-"
+    critical = T_CRITICAL_5[min(df, 30)]
     t = (sum(per_seed) / len(per_seed)) / max(_se_of_mean(per_seed), 1e-12)
-    return f"{t:.2f} ({T_CRITICAL_5[df]:.2f}, {df} df): " + ("yes" if abs(t) > T_CRITICAL_5[df] else "no")
+    return f"{t:.2f} ({critical:.2f}, {df} df): " + ("yes" if abs(t) > critical else "no")
 
 
 # TRL's held-out score at each KL and seed (0, 1, 2) as recorded in docs/choosing.md before its per-prompt files

@@ -59,3 +59,5 @@ def test_the_t_test_over_seeds_on_hand_worked_differences():
     # -1, 1, 3: mean 1, sd 2, SE 1.155, t = 0.87 < 4.30 (2 df)
     assert lr._t_test([-1.0, 1.0, 3.0]) == "0.87 (4.30, 2 df): no"
     assert lr._t_test([1.0]) == "-"  # one seed: no test
+    # 41 seeds, differences alternating 0 and 2 (mean 21/41 * 2 = 1.0244): above 30 df the 30-df value is used
+    assert lr._t_test([2.0 * (i % 2 == 0) for i in range(41)]).endswith("(2.04, 40 df): yes")

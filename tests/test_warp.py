@@ -123,8 +123,9 @@ def test_a_killed_warp_resumes_its_member_and_ends_as_an_uninterrupted_one(tmp_p
     (["--kl-budget", "0"], "--kl-budget 0"),
     (["--push_to_hub", "me/model"], "push_to_hub"),
     (["--ppo.learning_rate", "-1"], "ppo.learning_rate"),
-    (["--tolerance", "2"], "--tolerance 2"),  # the merge's options are checked before the members train
-    (["--max-evals", "0"], "--max-evals 0"),
+    # the merge's options are checked before the members train, naming the command the user ran
+    (["--tolerance", "2"], "lmppo warp: --tolerance 2"),
+    (["--max-evals", "0"], "lmppo warp: --max-evals 0"),
 ])
 def test_refusals_are_one_error_line_before_any_training(tmp_path, tiny_model_dir, capsys, extra, field):
     config = _config(tmp_path, tiny_model_dir)

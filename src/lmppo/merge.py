@@ -279,17 +279,18 @@ class LambdaSetter:
             p.copy_(merged * toward_start if start is None else start + toward_start * (merged - start))
 
 
-def check_budget_options(budget: float, tolerance: float = 0.1, max_evals: int = 5,
-                         samples_per_prompt: int = 4) -> None:
-    """One LmppoError line for a bad --kl-budget search option (before any model loads or trains)."""
+def check_budget_options(budget: float, tolerance: float = 0.1, max_evals: int = 5, samples_per_prompt: int = 4,
+                         command: str = "lmppo merge") -> None:
+    """One LmppoError line, naming `command`, for a bad --kl-budget search option (before any model loads or
+    trains)."""
     if not budget > 0 or math.isinf(budget):
-        raise LmppoError(f"lmppo merge: --kl-budget {budget}: must be a number of nats > 0")
+        raise LmppoError(f"{command}: --kl-budget {budget}: must be a number of nats > 0")
     if not 0 < tolerance < 1:
-        raise LmppoError(f"lmppo merge: --tolerance {tolerance}: must be a fraction of the budget, in (0, 1)")
+        raise LmppoError(f"{command}: --tolerance {tolerance}: must be a fraction of the budget, in (0, 1)")
     if max_evals < 1:
-        raise LmppoError(f"lmppo merge: --max-evals {max_evals}: must be >= 1")
+        raise LmppoError(f"{command}: --max-evals {max_evals}: must be >= 1")
     if samples_per_prompt < 1:
-        raise LmppoError(f"lmppo merge: --samples-per-prompt {samples_per_prompt}: must be >= 1")
+        raise LmppoError(f"{command}: --samples-per-prompt {samples_per_prompt}: must be >= 1")
 
 
 def merge_to_budget(inputs: Sequence[str], output: str, budget: float, *, start: Optional[str] = None,

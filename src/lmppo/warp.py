@@ -111,7 +111,7 @@ def warp(config_path: Optional[str], overrides: dict[str, str], budget: float, m
     if members < 2:
         raise LmppoError(f"lmppo warp: --members {members}: must be >= 2 (one run moved to a budget is `lmppo merge "
                          "RUN -o OUT --kl-budget NATS`)")
-    check_budget_options(budget, **merge_options)  # before the members train, not after
+    check_budget_options(budget, **merge_options, command="lmppo warp")  # before the members train
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise LmppoError("lmppo warp runs in one process; under a launcher, train the members with `lmppo train` "
                          "(one data.holdout_seed, seeds apart) and merge them with `lmppo merge --kl-budget`")
