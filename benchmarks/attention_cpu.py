@@ -1,7 +1,7 @@
 """Attention on CPU: the plain (eager) path vs torch's fused SDPA kernel, forward + backward of one layer.
 
 Prints, per sequence length and dtype, the CPU time of each and the ratio SDPA / eager (> 1: eager is faster).
-This is the measurement behind `lmppo.attention.EAGER_MAX_SCORES`.
+This is the measurement behind `lmppo.models.attention.EAGER_MAX_SCORES`.
 
     python benchmarks/attention_cpu.py [--lengths 64,128,256,512] [--batch 8 --heads 8 --head-dim 64] [--threads 1]
 """
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from lmppo.attention import eager_attention
+from lmppo.models.attention import eager_attention
 
 
 def cpu_ms(fn, repeats: int) -> float:
@@ -51,10 +51,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"one attention layer, forward + backward, batch {args.batch}, {args.heads} heads of {args.head_dim}, "
-          f"{args.threads} thread(s); CPU ms")
-    print(f"{'tokens':>6} | {'fp32 eager':>10} {'fp32 sdpa':>10} {'sdpa/eager':>10} | "
-          f"{'bf16 eager':>10} {'bf16 sdpa':>10} {'sdpa/eager':>10}")
+    print(
+        f"one attention layer, forward + backward, batch {args.batch}, {args.heads} heads of {args.head_dim}, "
+        f"{args.threads} thread(s); CPU ms"
+    )
+    print(
+        f"{'tokens':>6} | {'fp32 eager':>10} {'fp32 sdpa':>10} {'sdpa/eager':>10} | "
+        f"{'bf16 eager':>10} {'bf16 sdpa':>10} {'sdpa/eager':>10}"
+    )
     for L in (int(x) for x in args.lengths.split(",")):
         repeats = max(2, 2560 // L)
         row = []

@@ -51,8 +51,15 @@ CACHE_FORMAT = 1
 
 VOCAB_SIZE = 2048
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # ids 0, 1, 2
-TINY_ARCH = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6, num_attention_heads=8,
-                 num_key_value_heads=8, max_position_embeddings=256, rms_norm_eps=1e-5)
+TINY_ARCH = dict(
+    hidden_size=512,
+    intermediate_size=1376,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
 N_TRAIN_PROMPTS = 1024
 N_EVAL_PROMPTS = 128
 PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS = 16, 32
@@ -63,7 +70,7 @@ KNOB_DIMS, KNOB_CONST, KNOB_ALPHA = 16, 0.1, 120.0  # see add_vowel_knob
 
 # Benchmark settings shared by both trainers (the driver copies these into each run's cfg).
 BASE_SETTINGS = dict(
-    batch_size=8,                # per_device_train_batch_size; grad accumulation 1
+    batch_size=8,  # per_device_train_batch_size; grad accumulation 1
     num_mini_batches=1,
     ppo_epochs=4,
     response_length=32,
@@ -74,19 +81,20 @@ BASE_SETTINGS = dict(
     vf_coef=0.1,
     gamma=1.0,
     lam=0.95,
-    temperature=1.0,             # sampling temperature during rollouts and evaluation
-    stop_token="eos",            # responses are truncated after the first <eos>
+    temperature=1.0,  # sampling temperature during rollouts and evaluation
+    stop_token="eos",  # responses are truncated after the first <eos>
     missing_eos_penalty=None,
     threads=1,
     dtype="float32",
     eval_samples_per_prompt=2,
-    eval_prompts=128,            # held-out prompts scored after training (all of them for the tiny config)
+    eval_prompts=128,  # held-out prompts scored after training (all of them for the tiny config)
 )
 
 
 # ----------------------------------------------------------------------------------------------
 # Text corpus: docstrings of the Python standard library (ships with every Python).
 # ----------------------------------------------------------------------------------------------
+
 
 def stdlib_corpus() -> list[str]:
     """Paragraphs from docstrings of the top-level standard-library modules, in a fixed order.
@@ -102,8 +110,9 @@ def stdlib_corpus() -> list[str]:
             tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
         except (SyntaxError, ValueError):
             continue
-        nodes = [tree] + [n for n in ast.walk(tree)
-                          if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        nodes = [tree] + [
+            n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
         for node in nodes:
             doc = ast.get_docstring(node, clean=True)
             if not doc:
@@ -136,14 +145,22 @@ def train_tokenizer(corpus: list[str]):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE, min_frequency=2, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer, length=len(corpus))
     assert tok.get_vocab_size() == VOCAB_SIZE, tok.get_vocab_size()
     hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-        padding_side="left", truncation_side="left", model_max_length=TINY_ARCH["max_position_embeddings"],
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        padding_side="left",
+        truncation_side="left",
+        model_max_length=TINY_ARCH["max_position_embeddings"],
     )
     assert (hf.pad_token_id, hf.bos_token_id, hf.eos_token_id) == (0, 1, 2)
     return hf
@@ -176,13 +193,23 @@ def make_prompts(paras: list[str], encode, n_total: int, seed: int = SEED_TOKENI
 # Models
 # ----------------------------------------------------------------------------------------------
 
+
 def tiny_config(tokenizer, **extra):
     from transformers import LlamaConfig
+
     return LlamaConfig(
-        vocab_size=VOCAB_SIZE, **TINY_ARCH, hidden_act="silu", initializer_range=0.02,
-        tie_word_embeddings=False, attention_bias=False, mlp_bias=False, rope_theta=10000.0,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, **extra,
+        vocab_size=VOCAB_SIZE,
+        **TINY_ARCH,
+        hidden_act="silu",
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        attention_bias=False,
+        mlp_bias=False,
+        rope_theta=10000.0,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **extra,
     )
 
 
@@ -206,6 +233,7 @@ def add_vowel_knob(policy, tokenizer) -> dict:
     KNOB_ALPHA.  Growing those few norm weights raises all target logits together; with Adam each
     consistent step moves them by ~lr, so the reward is learnable in tens of updates at lr 3e-5."""
     import torch
+
     target = torch.tensor(vowel_token_mask(tokenizer))
     dims = list(range(KNOB_DIMS))
     with torch.no_grad():
@@ -244,10 +272,10 @@ def build_reward_model(tokenizer, prompts_train: list[list[int]], response_lengt
         attn.v_proj.weight[h0] = 0.0
         attn.v_proj.weight[0, FEAT] = 1.0
         attn.o_proj.weight[:, h0] = 0.0
-        for layer in rm.model.layers:           # nothing writes to FEAT / COUNT / CONST ...
+        for layer in rm.model.layers:  # nothing writes to FEAT / COUNT / CONST ...
             for lin in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 lin.weight[[FEAT, COUNT, CONST], :] = 0.0
-        attn.o_proj.weight[COUNT, 0] = 0.05     # ... except head 0 of layer 0, into COUNT
+        attn.o_proj.weight[COUNT, 0] = 0.05  # ... except head 0 of layer 0, into COUNT
         rm.score.weight.zero_()
 
     # Calibrate: fit score = a * COUNT_readout + b * CONST_readout so that
@@ -260,8 +288,11 @@ def build_reward_model(tokenizer, prompts_train: list[list[int]], response_lengt
     for k, p in enumerate(prompts):
         for q in (0.0, 0.25, 0.5, 0.75, 1.0):
             is_t = torch.rand(response_length, generator=g) < q
-            r = torch.where(is_t, tgt_ids[torch.randint(len(tgt_ids), (response_length,), generator=g)],
-                            oth_ids[torch.randint(len(oth_ids), (response_length,), generator=g)])
+            r = torch.where(
+                is_t,
+                tgt_ids[torch.randint(len(tgt_ids), (response_length,), generator=g)],
+                oth_ids[torch.randint(len(oth_ids), (response_length,), generator=g)],
+            )
             s = torch.tensor(p + r.tolist())
             seqs.append(s)
             fracs.append(target[s].float().mean().item())
@@ -274,8 +305,10 @@ def build_reward_model(tokenizer, prompts_train: list[list[int]], response_lengt
     f = torch.tensor(fracs, dtype=torch.float64)
     # baseline: prompt tokens + uniformly random response tokens (the untrained policy's behaviour)
     p_rand = target[3:].float().mean().item()
-    base = sum((target[torch.tensor(p)].float().sum().item() + response_length * p_rand) / (len(p) + response_length)
-               for p in prompts_train) / len(prompts_train)
+    base = sum(
+        (target[torch.tensor(p)].float().sum().item() + response_length * p_rand) / (len(p) + response_length)
+        for p in prompts_train
+    ) / len(prompts_train)
     y = REWARD_SCALE * (f - base)
     coef = torch.linalg.lstsq(X, y[:, None]).solution.flatten()
     with torch.no_grad():
@@ -283,8 +316,13 @@ def build_reward_model(tokenizer, prompts_train: list[list[int]], response_lengt
         rm.score.weight[0, CONST] = float(coef[1])
     pred = X @ coef
     corr = torch.corrcoef(torch.stack([pred, y]))[0, 1].item()
-    info = dict(target_tokens=int(target.sum()), target_vocab_fraction=p_rand, baseline_fraction=base,
-                calibration_corr=corr, calibration_rmse=float((pred - y).pow(2).mean().sqrt()))
+    info = dict(
+        target_tokens=int(target.sum()),
+        target_vocab_fraction=p_rand,
+        baseline_fraction=base,
+        calibration_corr=corr,
+        calibration_rmse=float((pred - y).pow(2).mean().sqrt()),
+    )
     return rm, info
 
 
@@ -329,15 +367,32 @@ def build_tiny_cache(cache: Path, force: bool = False) -> dict:
     reward.save_pretrained(cache / "reward")
     tokenizer.save_pretrained(cache / "reward")
 
-    (cache / "prompts.json").write_text(json.dumps(
-        {"train": train_ids, "eval": eval_ids,
-         "text": {"train": texts[:N_TRAIN_PROMPTS], "eval": texts[N_TRAIN_PROMPTS:]}}))
+    (cache / "prompts.json").write_text(
+        json.dumps(
+            {
+                "train": train_ids,
+                "eval": eval_ids,
+                "text": {"train": texts[:N_TRAIN_PROMPTS], "eval": texts[N_TRAIN_PROMPTS:]},
+            }
+        )
+    )
     n_params = sum(p.numel() for p in policy.parameters())
     manifest = dict(
-        format=CACHE_FORMAT, kind="tiny", python=sys.version.split()[0], torch=torch.__version__,
-        transformers=transformers.__version__, corpus_paragraphs=len(paras), vocab_size=VOCAB_SIZE,
-        policy_params=n_params, arch=TINY_ARCH, policy_knob=knob_info, n_train_prompts=len(train_ids), n_eval_prompts=len(eval_ids),
-        prompt_tokens=[PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS], reward=rinfo, reward_scale=REWARD_SCALE,
+        format=CACHE_FORMAT,
+        kind="tiny",
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        corpus_paragraphs=len(paras),
+        vocab_size=VOCAB_SIZE,
+        policy_params=n_params,
+        arch=TINY_ARCH,
+        policy_knob=knob_info,
+        n_train_prompts=len(train_ids),
+        n_eval_prompts=len(eval_ids),
+        prompt_tokens=[PROMPT_MIN_TOKENS, PROMPT_MAX_TOKENS],
+        reward=rinfo,
+        reward_scale=REWARD_SCALE,
         build_seconds=round(time.time() - t0, 1),
     )
     manifest["content_sha256"] = cache_digest(cache)
@@ -403,13 +458,27 @@ def build_real_cache(model_dir: Path, cache: Path, force: bool = False) -> dict:
         m.save_pretrained(cache / name)
         tokenizer.save_pretrained(cache / name)  # a reward model folder holds its tokenizer (lmppo reads it)
     del policy
-    (cache / "prompts.json").write_text(json.dumps(
-        {"train": ids[:N_TRAIN_PROMPTS], "eval": ids[N_TRAIN_PROMPTS:],
-         "text": {"train": texts[:N_TRAIN_PROMPTS], "eval": texts[N_TRAIN_PROMPTS:]}}))
-    manifest = dict(format=CACHE_FORMAT, kind="real", model_dir=str(model_dir), python=sys.version.split()[0],
-                    torch=torch.__version__, transformers=transformers.__version__,
-                    pad_token=tokenizer.pad_token, positive_words=len(pos), negative_words=len(neg),
-                    build_seconds=round(time.time() - t0, 1))
+    (cache / "prompts.json").write_text(
+        json.dumps(
+            {
+                "train": ids[:N_TRAIN_PROMPTS],
+                "eval": ids[N_TRAIN_PROMPTS:],
+                "text": {"train": texts[:N_TRAIN_PROMPTS], "eval": texts[N_TRAIN_PROMPTS:]},
+            }
+        )
+    )
+    manifest = dict(
+        format=CACHE_FORMAT,
+        kind="real",
+        model_dir=str(model_dir),
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        pad_token=tokenizer.pad_token,
+        positive_words=len(pos),
+        negative_words=len(neg),
+        build_seconds=round(time.time() - t0, 1),
+    )
     manifest["content_sha256"] = cache_digest(cache)
     manifest_path.write_text(json.dumps(manifest, indent=1))
     return manifest
@@ -432,11 +501,15 @@ def load_prompts(cache: Path) -> dict:
 # Evaluation (identical for both trainers: the driver runs it in its own subprocess on the saved policy)
 # ----------------------------------------------------------------------------------------------
 
+
 def truncate_after_eos(responses, eos_id: int, pad_id: int):
     """Keep everything up to and including the first eos; pad the rest (what TRL does with stop_token='eos')."""
     import torch
+
     is_eos = responses == eos_id
-    first = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(is_eos[:, 0], responses.shape[1], dtype=torch.long))
+    first = torch.where(
+        is_eos.any(1), is_eos.float().argmax(1), torch.full_like(is_eos[:, 0], responses.shape[1], dtype=torch.long)
+    )
     idx = torch.arange(responses.shape[1])[None]
     return responses.masked_fill(idx > first[:, None], pad_id)
 
@@ -445,6 +518,7 @@ def reward_scores(reward_model, query_responses, pad_id: int, context_length: in
     """Score read at the last real token of the response (TRL's ``get_reward`` convention: the sequence
     ends just before the first pad of the response part; left-padded queries)."""
     import torch
+
     mask = query_responses != pad_id
     pos = mask.cumsum(1) - mask.long()
     ids = query_responses.masked_fill(~mask, 0)
@@ -452,15 +526,27 @@ def reward_scores(reward_model, query_responses, pad_id: int, context_length: in
     h = backbone(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False).last_hidden_state
     logits = reward_model.score(h).squeeze(-1)
     resp_pad = query_responses[:, context_length:] == pad_id
-    first_pad = torch.where(resp_pad.any(1), resp_pad.float().argmax(1),
-                            torch.full((resp_pad.shape[0],), resp_pad.shape[1], dtype=torch.long))
+    first_pad = torch.where(
+        resp_pad.any(1),
+        resp_pad.float().argmax(1),
+        torch.full((resp_pad.shape[0],), resp_pad.shape[1], dtype=torch.long),
+    )
     last = first_pad - 1 + context_length
     return logits[torch.arange(logits.shape[0]), last]
 
 
-def evaluate_policy(policy, tokenizer, reward_model, prompts: list[list[int]], seed: int = 0,
-                    response_length: int = 32, temperature: float = 1.0, samples_per_prompt: int = 2,
-                    batch_size: int = 32, stop_at_eos: bool = True) -> dict:
+def evaluate_policy(
+    policy,
+    tokenizer,
+    reward_model,
+    prompts: list[list[int]],
+    seed: int = 0,
+    response_length: int = 32,
+    temperature: float = 1.0,
+    samples_per_prompt: int = 2,
+    batch_size: int = 32,
+    stop_at_eos: bool = True,
+) -> dict:
     """Mean reward-model score of sampled (temperature ``temperature``, no top-k/top-p) responses.
 
     Prompts are left-padded in batches of ``batch_size``; each prompt is sampled ``samples_per_prompt``
@@ -472,20 +558,26 @@ def evaluate_policy(policy, tokenizer, reward_model, prompts: list[list[int]], s
     reward_model.eval()
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     gen_cfg = GenerationConfig(
-        max_new_tokens=response_length, min_new_tokens=response_length if not stop_at_eos else 0,
-        do_sample=True, temperature=temperature, top_k=0, top_p=1.0,
-        pad_token_id=pad, eos_token_id=eos if stop_at_eos else None, bos_token_id=tokenizer.bos_token_id,
+        max_new_tokens=response_length,
+        min_new_tokens=response_length if not stop_at_eos else 0,
+        do_sample=True,
+        temperature=temperature,
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=pad,
+        eos_token_id=eos if stop_at_eos else None,
+        bos_token_id=tokenizer.bos_token_id,
     )
     torch.manual_seed(seed)
     scores, lengths, eos_count = [], [], 0
     items = [p for p in prompts for _ in range(samples_per_prompt)]
     with torch.no_grad():
         for i in range(0, len(items), batch_size):
-            chunk = items[i: i + batch_size]
+            chunk = items[i : i + batch_size]
             L = max(len(p) for p in chunk)
             q = torch.full((len(chunk), L), pad, dtype=torch.long)
             for j, p in enumerate(chunk):
-                q[j, L - len(p):] = torch.tensor(p)
+                q[j, L - len(p) :] = torch.tensor(p)
             attn = q != pad
             out = policy.generate(input_ids=q.masked_fill(~attn, 0), attention_mask=attn, generation_config=gen_cfg)
             resp = out[:, L:]
@@ -500,12 +592,28 @@ def evaluate_policy(policy, tokenizer, reward_model, prompts: list[list[int]], s
     n = len(scores)
     mean = sum(scores) / n
     std = (sum((x - mean) ** 2 for x in scores) / max(1, n - 1)) ** 0.5
-    return dict(score_mean=mean, score_std=std, score_sem=std / n ** 0.5, n=n,
-                mean_response_tokens=sum(lengths) / n, eos_fraction=eos_count / n, seed=seed)
+    return dict(
+        score_mean=mean,
+        score_std=std,
+        score_sem=std / n**0.5,
+        n=n,
+        mean_response_tokens=sum(lengths) / n,
+        eos_fraction=eos_count / n,
+        seed=seed,
+    )
 
 
-def evaluate_saved_policy(policy_dir, cache, seed=0, response_length=32, temperature=1.0,
-                          samples_per_prompt=2, threads=None, dtype="float32", n_prompts=None) -> dict:
+def evaluate_saved_policy(
+    policy_dir,
+    cache,
+    seed=0,
+    response_length=32,
+    temperature=1.0,
+    samples_per_prompt=2,
+    threads=None,
+    dtype="float32",
+    n_prompts=None,
+) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -518,8 +626,16 @@ def evaluate_saved_policy(policy_dir, cache, seed=0, response_length=32, tempera
     rm = AutoModelForSequenceClassification.from_pretrained(cache / "reward", dtype=dt)
     prompts = load_prompts(cache)["eval"][:n_prompts]
     t0 = time.time()
-    res = evaluate_policy(policy, tok, rm, prompts, seed=seed, response_length=response_length,
-                          temperature=temperature, samples_per_prompt=samples_per_prompt)
+    res = evaluate_policy(
+        policy,
+        tok,
+        rm,
+        prompts,
+        seed=seed,
+        response_length=response_length,
+        temperature=temperature,
+        samples_per_prompt=samples_per_prompt,
+    )
     res["eval_seconds"] = round(time.time() - t0, 2)
     res["policy_dir"] = str(policy_dir)
     return res
@@ -551,8 +667,16 @@ def main(argv=None):
     elif a.cmd == "build-real":
         res = build_real_cache(a.model_dir.resolve(), a.cache, a.force)
     else:
-        res = evaluate_saved_policy(a.policy, a.cache, a.seed, a.response_length, a.temperature,
-                                    a.samples_per_prompt, a.threads, n_prompts=a.n_prompts)
+        res = evaluate_saved_policy(
+            a.policy,
+            a.cache,
+            a.seed,
+            a.response_length,
+            a.temperature,
+            a.samples_per_prompt,
+            a.threads,
+            n_prompts=a.n_prompts,
+        )
     text = json.dumps(res, indent=1)
     if getattr(a, "out", None):
         a.out.write_text(text)
@@ -589,7 +713,7 @@ def time_sampling(trainer, spent: dict) -> None:
 def timed_iteration(trainer, spent: dict) -> None:
     """One iteration of `PPOTrainer.train`'s loop (without its logging and checkpoint); the CPU seconds of the
     rollout, the PPO update and the whole iteration go into `spent`."""
-    from lmppo.metrics import MetricsAccumulator
+    from lmppo.training.metrics import MetricsAccumulator
 
     start = time.process_time()
     rollout = trainer.collect_rollout()
@@ -605,4 +729,3 @@ def timed_iteration(trainer, spent: dict) -> None:
 
 if __name__ == "__main__":
     main()
-

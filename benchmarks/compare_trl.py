@@ -61,14 +61,18 @@ import common  # noqa: E402  (stdlib-only at import time)
 # Configurations.  Each is a set of overrides on common.BASE_SETTINGS.
 # ----------------------------------------------------------------------------------------------
 CONFIGS: dict[str, dict] = {
-    "base": {},                                  # (a) batch 8, 32-token responses, 4 PPO epochs, fp32, 1 thread
-    "len64": {"response_length": 64},            # (b)
-    "epoch1": {"ppo_epochs": 1},                 # (c)
-    "shared": {"shared_value_head": True},       # (d) lmppo with a value head on the policy; TRL side == base
-    "bf16": {"precision": "bf16"},               # lmppo with bf16 autocast; TRL side == base (fp32)
+    "base": {},  # (a) batch 8, 32-token responses, 4 PPO epochs, fp32, 1 thread
+    "len64": {"response_length": 64},  # (b)
+    "epoch1": {"ppo_epochs": 1},  # (c)
+    "shared": {"shared_value_head": True},  # (d) lmppo with a value head on the policy; TRL side == base
+    "bf16": {"precision": "bf16"},  # lmppo with bf16 autocast; TRL side == base (fp32)
     "shared_bf16": {"shared_value_head": True, "precision": "bf16"},
-    "real": {                                    # (e) opt-in --real: SmolLM2-135M, full weights
-        "response_length": 24, "threads": 2, "learning_rate": 3e-6, "kind": "real", "eval_prompts": 32,
+    "real": {  # (e) opt-in --real: SmolLM2-135M, full weights
+        "response_length": 24,
+        "threads": 2,
+        "learning_rate": 3e-6,
+        "kind": "real",
+        "eval_prompts": 32,
     },
 }
 # settings that only the lmppo side reads: a TRL run of a config that differs from another config
@@ -81,8 +85,10 @@ DEFAULT_EPISODES = {"tiny": 40, "real": 32}
 # TRL side (runs under the TRL venv's interpreter)
 # ================================================================================================
 
+
 def _set_threads(n: int):
     import torch
+
     torch.set_num_threads(n)
     try:
         torch.set_num_interop_threads(n)
@@ -97,13 +103,14 @@ def run_trl(cfg: dict) -> dict:
     t_start = time.perf_counter()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     _set_threads(cfg["threads"])
+    import accelerate
     import torch
     import transformers
-    import trl
-    import accelerate
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                              TrainerCallback)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
+
+    import trl
+
     try:
         from trl.experimental.ppo import PPOTrainer
     except ImportError:  # older TRL
@@ -161,14 +168,24 @@ def run_trl(cfg: dict) -> dict:
 
     rec, saver = Recorder(), SavePolicy()
     limits = _matmul_limits(cfg["threads"])
-    trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
-                         train_dataset=train_ds, value_model=critic, eval_dataset=eval_ds, callbacks=[rec, saver])
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tok,
+        model=policy,
+        ref_model=ref,
+        reward_model=reward,
+        train_dataset=train_ds,
+        value_model=critic,
+        eval_dataset=eval_ds,
+        callbacks=[rec, saver],
+    )
     saver.trainer = trainer
     setup_s = time.perf_counter() - t_start
 
     prof = None
     if cfg.get("profile"):
         import cProfile
+
         prof = cProfile.Profile()
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
@@ -191,16 +208,34 @@ def run_trl(cfg: dict) -> dict:
     pol.save_pretrained(out / "policy")
     tok.save_pretrained(out / "policy")
     res = dict(
-        side="trl", episodes=episodes, updates=len(rec.step_end), train_seconds=t1 - t0, eps=episodes / (t1 - t0),
-        eps_steady=steady, train_cpu_seconds=c1 - c0, eps_cpu=episodes / (c1 - c0) * cfg["threads"],
-        cpu_util=(c1 - c0) / (t1 - t0), setup_seconds=setup_s, worker_maxrss_mb=rss_kb / 1024,
+        side="trl",
+        episodes=episodes,
+        updates=len(rec.step_end),
+        train_seconds=t1 - t0,
+        eps=episodes / (t1 - t0),
+        eps_steady=steady,
+        train_cpu_seconds=c1 - c0,
+        eps_cpu=episodes / (c1 - c0) * cfg["threads"],
+        cpu_util=(c1 - c0) / (t1 - t0),
+        setup_seconds=setup_s,
+        worker_maxrss_mb=rss_kb / 1024,
         train_scores_first=[l.get("objective/scores") for l in rec.logs[:3]],
         train_scores_last=[l.get("objective/scores") for l in rec.logs[-3:]],
         train_kl_last=rec.logs[-1].get("objective/kl") if rec.logs else None,
-        optimizer=type(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer).__name__,
-        optim=str(args.optim), torch_threads=torch.get_num_threads(), **limits, iterations=phases.iterations,
-        versions=dict(trl=trl.__version__, transformers=transformers.__version__, accelerate=accelerate.__version__,
-                      torch=torch.__version__, python=sys.version.split()[0]),
+        optimizer=type(
+            trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+        ).__name__,
+        optim=str(args.optim),
+        torch_threads=torch.get_num_threads(),
+        **limits,
+        iterations=phases.iterations,
+        versions=dict(
+            trl=trl.__version__,
+            transformers=transformers.__version__,
+            accelerate=accelerate.__version__,
+            torch=torch.__version__,
+            python=sys.version.split()[0],
+        ),
     )
     if prof:
         res["profile"] = _summarize_profile(prof, out / "trl_profile.txt", t1 - t0)
@@ -250,6 +285,7 @@ class _TRLPhases:
             finally:
                 if phase:
                     self.current[phase] += time.perf_counter() - start
+
         return wrapper
 
     @contextlib.contextmanager
@@ -259,10 +295,10 @@ class _TRLPhases:
 
         originals = {name: getattr(pt, name) for name in ("batch_generation", "forward", "get_reward")}
         pt.batch_generation = self._timed(originals["batch_generation"], lambda *a: "rollout")
-        pt.forward = self._timed(originals["forward"],
-                                 lambda *a: "update" if torch.is_grad_enabled() else "rollout")
-        pt.get_reward = self._timed(originals["get_reward"],
-                                    lambda model, *a: "reward" if model is self.reward_model else "rollout")
+        pt.forward = self._timed(originals["forward"], lambda *a: "update" if torch.is_grad_enabled() else "rollout")
+        pt.get_reward = self._timed(
+            originals["get_reward"], lambda model, *a: "reward" if model is self.reward_model else "rollout"
+        )
         try:
             yield
         finally:
@@ -272,7 +308,7 @@ class _TRLPhases:
 
 def lmppo_config(cfg: dict, output_dir: Path):
     """lmppo's Config for the run settings ``cfg`` (see ``make_run_cfg``): the same work as ``trl_args`` asks of TRL."""
-    from lmppo.config import Config, RewardSourceConfig
+    from lmppo.config.schema import Config, RewardSourceConfig
 
     cache = Path(cfg["cache"])
     c = Config()
@@ -318,39 +354,42 @@ def trl_args(cfg: dict, output_dir: Path, config_cls=None, **extra):
         except ImportError:  # older TRL
             from trl import PPOConfig
 
-    return PPOConfig(**extra, **dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=cfg["batch_size"],
-        gradient_accumulation_steps=1,
-        num_mini_batches=cfg["num_mini_batches"],
-        num_ppo_epochs=cfg["ppo_epochs"],
-        response_length=cfg["response_length"],
-        total_episodes=cfg["episodes"],
-        local_rollout_forward_batch_size=cfg["batch_size"],
-        stop_token=cfg["stop_token"],
-        missing_eos_penalty=cfg["missing_eos_penalty"],
-        temperature=cfg["temperature"],
-        kl_coef=cfg["kl_coef"],
-        cliprange=cfg["cliprange"],
-        cliprange_value=cfg["cliprange_value"],
-        vf_coef=cfg["vf_coef"],
-        gamma=cfg["gamma"],
-        lam=cfg["lam"],
-        learning_rate=cfg["learning_rate"],
-        lr_scheduler_type=cfg["lr_schedule"],
-        num_sample_generations=0,
-        report_to="none",
-        bf16=False,
-        fp16=False,
-        use_cpu=True,
-        gradient_checkpointing=False,   # TRL's PPOTrainer never enables it anyway (it bypasses Trainer.__init__)
-        save_strategy="no",
-        logging_steps=1,
-        disable_tqdm=True,
-        seed=cfg["seed"],
-        per_device_eval_batch_size=cfg["batch_size"],
-        dataloader_num_workers=0,
-    ))
+    return PPOConfig(
+        **extra,
+        **dict(
+            output_dir=str(output_dir),
+            per_device_train_batch_size=cfg["batch_size"],
+            gradient_accumulation_steps=1,
+            num_mini_batches=cfg["num_mini_batches"],
+            num_ppo_epochs=cfg["ppo_epochs"],
+            response_length=cfg["response_length"],
+            total_episodes=cfg["episodes"],
+            local_rollout_forward_batch_size=cfg["batch_size"],
+            stop_token=cfg["stop_token"],
+            missing_eos_penalty=cfg["missing_eos_penalty"],
+            temperature=cfg["temperature"],
+            kl_coef=cfg["kl_coef"],
+            cliprange=cfg["cliprange"],
+            cliprange_value=cfg["cliprange_value"],
+            vf_coef=cfg["vf_coef"],
+            gamma=cfg["gamma"],
+            lam=cfg["lam"],
+            learning_rate=cfg["learning_rate"],
+            lr_scheduler_type=cfg["lr_schedule"],
+            num_sample_generations=0,
+            report_to="none",
+            bf16=False,
+            fp16=False,
+            use_cpu=True,
+            gradient_checkpointing=False,  # TRL's PPOTrainer never enables it anyway (it bypasses Trainer.__init__)
+            save_strategy="no",
+            logging_steps=1,
+            disable_tqdm=True,
+            seed=cfg["seed"],
+            per_device_eval_batch_size=cfg["batch_size"],
+            dataloader_num_workers=0,
+        ),
+    )
 
 
 def _time_saves(trainer) -> list:
@@ -365,6 +404,7 @@ def _time_saves(trainer) -> list:
                 return fn(*args, **kwargs)
             finally:
                 spent[0] += time.process_time() - start
+
         return wrapper
 
     trainer.save_checkpoint, trainer.save_model = timed(trainer.save_checkpoint), timed(trainer.save_model)
@@ -375,8 +415,10 @@ def _matmul_limits(threads: int) -> dict:
     """The machine's matmul throughput in this process (fp32 and bf16), for the FLOP-utilisation figure."""
     import flops
 
-    return {"matmul_gflops_float32": flops.matmul_gflops("float32", threads, seconds=0.3),
-            "matmul_gflops_bfloat16": flops.matmul_gflops("bfloat16", threads, seconds=0.3)}
+    return {
+        "matmul_gflops_float32": flops.matmul_gflops("float32", threads, seconds=0.3),
+        "matmul_gflops_bfloat16": flops.matmul_gflops("bfloat16", threads, seconds=0.3),
+    }
 
 
 def probe_machine(threads: int) -> dict:
@@ -394,11 +436,16 @@ def probe_machine(threads: int) -> dict:
                 break
     except OSError:
         pass
-    info = dict(cpu=name, cpus=os.cpu_count(), torch=torch.__version__,
-                capability=torch.backends.cpu.get_cpu_capability(),
-                avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
-                amx_tile=bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
-                threads=threads, loadavg=os.getloadavg())
+    info = dict(
+        cpu=name,
+        cpus=os.cpu_count(),
+        torch=torch.__version__,
+        capability=torch.backends.cpu.get_cpu_capability(),
+        avx512_bf16=bool(torch.cpu._is_avx512_bf16_supported()),
+        amx_tile=bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
+        threads=threads,
+        loadavg=os.getloadavg(),
+    )
     info.update(_matmul_limits(threads))
     return info
 
@@ -407,27 +454,30 @@ def _summarize_profile(prof, path: Path, total: float) -> dict:
     """Write cProfile stats to ``path`` and return seconds (cumulative) for the phases of a PPO update."""
     import io
     import pstats
+
     s = io.StringIO()
     st = pstats.Stats(prof, stream=s)
     st.sort_stats("cumulative").print_stats(60)
     st.sort_stats("tottime").print_stats(40)
     path.write_text(s.getvalue())
     # phases: cumulative time of the functions that make up a PPO update (each counted once)
-    from trl.experimental.ppo import ppo_trainer as pt
     from trl.experimental import utils as tu
+    from trl.experimental.ppo import ppo_trainer as pt
+
     code_of = lambda f: (f.__code__.co_filename, f.__code__.co_firstlineno, f.__code__.co_name)
     ct = {k: v[3] for k, v in st.stats.items()}
     by_name = lambda name: sum(v for (f, _l, fn), v in ct.items() if fn == name)
     train_fwd = ct.get(code_of(pt.PolicyAndValueWrapper.forward), 0.0)
-    all_fwd = ct.get(code_of(pt.forward), 0.0)     # ref-policy forward (rollout) + the train forward
+    all_fwd = ct.get(code_of(pt.forward), 0.0)  # ref-policy forward (rollout) + the train forward
     phases = {
         "rollout: generate (HF generate, 8 x response_length tokens)": ct.get(code_of(pt.batch_generation), 0.0),
         "rollout: ref policy forward": all_fwd - train_fwd,
         "rollout: critic + reward forward (get_reward)": ct.get(code_of(tu.get_reward), 0.0),
         "train: forward policy + critic": train_fwd,
         "train: backward": sum(v for (f, _l, fn), v in ct.items() if fn == "backward" and "accelerate" in f),
-        "train: optimizer.step (AdamW)": sum(v for (f, _l, fn), v in ct.items()
-                                             if fn == "step" and f.endswith(("optim/adam.py", "optim/adamw.py"))),
+        "train: optimizer.step (AdamW)": sum(
+            v for (f, _l, fn), v in ct.items() if fn == "step" and f.endswith(("optim/adam.py", "optim/adamw.py"))
+        ),
         "gc.collect (2 per update)": by_name("<built-in method gc.collect>"),
     }
     phases["other"] = total - sum(phases.values())
@@ -438,25 +488,27 @@ def _summarize_profile(prof, path: Path, total: float) -> dict:
 # lmppo side -- TO BE PLUGGED IN BY THE LEAD
 # ================================================================================================
 
+
 def run_lmppo(cfg: dict) -> dict:
     """Train lmppo with ``cfg`` (the same keys as ``run_trl``), save the policy, return the same kind of dict.
 
     Like for like with TRL: the same policy, critic (a separate value model initialised from the cached
     critic) and reward model; batch 8, one minibatch, no gradient accumulation; fixed KL coefficient with the
     k1 estimator in the reward; AdamW with eps 1e-8; the same LR schedule; gradient clipping off (TRL 1.12 does not
-    apply its max_grad_norm). The reward model reads the sampled token ids (`input: tokens`), as TRL's does. ``eps`` is episodes / wall time of the training loop (``trainer.train_seconds``:
+    apply its max_grad_norm). The reward model reads the sampled token ids (`input: tokens`), as TRL's does. ``eps`` is
+    episodes / wall time of the training loop (``trainer.train_seconds``:
     from the first rollout to the end of the last iteration's logging; model loading, trainer set-up, and
     the final save and checkpoint are excluded, as TRL's final save is); ``eps_wall`` also counts those.
     ``eps_cpu`` likewise leaves out the CPU time of checkpoint and model saves.
     """
     t_start = time.perf_counter()
     _set_threads(cfg["threads"])
+    import accelerate
     import torch
     import transformers
-    import accelerate
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmppo.trainer import PPOTrainer
+    from lmppo.training.trainer import PPOTrainer
 
     cache, out = Path(cfg["cache"]), Path(cfg["out_dir"])
     tok = AutoTokenizer.from_pretrained(cache / "tokenizer")
@@ -474,6 +526,7 @@ def run_lmppo(cfg: dict) -> dict:
     prof = None
     if cfg.get("profile"):
         import cProfile
+
         prof = cProfile.Profile()
     t0, c0 = time.perf_counter(), time.process_time()
     if prof:
@@ -492,21 +545,37 @@ def run_lmppo(cfg: dict) -> dict:
     steady = (episodes - cfg["batch_size"]) / sum(per_iter[1:]) if len(per_iter) > 1 else None
     phases = {k: sum(m.get(k, 0.0) for m in history) for k in history[-1] if k.startswith("time/")}
     res = dict(
-        side="lmppo", episodes=episodes, updates=len(history), train_seconds=loop_s, eps=episodes / loop_s,
-        eps_wall=episodes / (t1 - t0), eps_steady=steady, train_cpu_seconds=c1 - c0 - save_cpu[0],
-        save_cpu_seconds=save_cpu[0], eps_cpu=episodes / (c1 - c0 - save_cpu[0]) * cfg["threads"],
-        cpu_util=(c1 - c0) / (t1 - t0), setup_seconds=setup_s,
-        worker_maxrss_mb=rss_kb / 1024, phase_seconds=phases,
+        side="lmppo",
+        episodes=episodes,
+        updates=len(history),
+        train_seconds=loop_s,
+        eps=episodes / loop_s,
+        eps_wall=episodes / (t1 - t0),
+        eps_steady=steady,
+        train_cpu_seconds=c1 - c0 - save_cpu[0],
+        save_cpu_seconds=save_cpu[0],
+        eps_cpu=episodes / (c1 - c0 - save_cpu[0]) * cfg["threads"],
+        cpu_util=(c1 - c0) / (t1 - t0),
+        setup_seconds=setup_s,
+        worker_maxrss_mb=rss_kb / 1024,
+        phase_seconds=phases,
         train_scores_first=[m.get("objective/scores") for m in history[:3]],
         train_scores_last=[m.get("objective/scores") for m in history[-3:]],
-        train_kl_last=history[-1].get("objective/kl"), torch_threads=torch.get_num_threads(), **limits,
+        train_kl_last=history[-1].get("objective/kl"),
+        torch_threads=torch.get_num_threads(),
+        **limits,
         iterations=iterations.iterations,
         response_length_mean=sum(m["response/length_mean"] for m in history) / len(history),
-        versions=dict(transformers=transformers.__version__, accelerate=accelerate.__version__,
-                      torch=torch.__version__, python=sys.version.split()[0]),
+        versions=dict(
+            transformers=transformers.__version__,
+            accelerate=accelerate.__version__,
+            torch=torch.__version__,
+            python=sys.version.split()[0],
+        ),
     )
     if prof:
         import pstats
+
         prof.dump_stats(str(out / "lmppo_profile.prof"))
         res["profile_top"] = _top_functions(pstats.Stats(prof), 15)
     return res
@@ -524,8 +593,13 @@ class _LmppoIterations:
 
     def on_iteration_end(self, trainer, metrics):
         wall, cpu = time.perf_counter(), time.process_time()
-        it = dict(wall=wall - self.last_wall, cpu=cpu - self.last_cpu, rollout=metrics.get("time/rollout", 0.0),
-                  reward=metrics.get("time/score", 0.0), update=metrics.get("time/update", 0.0))
+        it = dict(
+            wall=wall - self.last_wall,
+            cpu=cpu - self.last_cpu,
+            rollout=metrics.get("time/rollout", 0.0),
+            reward=metrics.get("time/score", 0.0),
+            update=metrics.get("time/update", 0.0),
+        )
         it["other"] = it["wall"] - it["rollout"] - it["reward"] - it["update"]
         self.iterations.append(it)
         self.last_wall, self.last_cpu = wall, cpu
@@ -541,14 +615,25 @@ def _top_functions(stats, n: int) -> list[str]:
 # Driver (standard library only)
 # ================================================================================================
 
-def make_run_cfg(name: str, side: str, seed: int, episodes: int, cache: Path, out_dir: Path,
-                 profile: bool = False) -> dict:
+
+def make_run_cfg(
+    name: str, side: str, seed: int, episodes: int, cache: Path, out_dir: Path, profile: bool = False
+) -> dict:
     over = dict(CONFIGS[name])
     kind = over.pop("kind", "tiny")
     cfg = dict(common.BASE_SETTINGS)
     cfg.update(over)
-    cfg.update(config=name, side=side, kind=kind, seed=seed, episodes=episodes, cache=str(cache),
-               out_dir=str(out_dir), lr_schedule="constant", profile=profile)
+    cfg.update(
+        config=name,
+        side=side,
+        kind=kind,
+        seed=seed,
+        episodes=episodes,
+        cache=str(cache),
+        out_dir=str(out_dir),
+        lr_schedule="constant",
+        profile=profile,
+    )
     return cfg
 
 
@@ -607,8 +692,7 @@ def run_worker(side: str, python: str, cfg: dict, timeout: float) -> dict:
         err = "not implemented" if "NotImplementedError" in tail else f"exit {rc}"
         return dict(side=side, ok=False, error=err, log=str(log), log_tail=tail)
     res = json.loads(res_path.read_text())
-    res.update(ok=True, peak_rss_mb=rss, process_seconds=wall, log=str(log), loadavg_before=load0,
-               loadavg_after=load1)
+    res.update(ok=True, peak_rss_mb=rss, process_seconds=wall, log=str(log), loadavg_before=load0, loadavg_after=load1)
     return res
 
 
@@ -617,27 +701,54 @@ def run_probe(python: str, out: Path, threads: int, timeout: float) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     cfg_path, res_path, log = out / "cfg.json", out / "result.json", out / "worker.log"
     cfg_path.write_text(json.dumps({"threads": threads}))
-    cmd = [python, str(Path(__file__).resolve()), "--worker", "probe", "--cfg", str(cfg_path), "--result",
-           str(res_path)]
+    cmd = [
+        python,
+        str(Path(__file__).resolve()),
+        "--worker",
+        "probe",
+        "--cfg",
+        str(cfg_path),
+        "--result",
+        str(res_path),
+    ]
     rc, _, _ = _spawn(cmd, log, _child_env(threads), timeout)
     if rc != 0 or not res_path.exists():
         sys.exit(f"the machine probe failed (see {log}):\n{_tail(log)}")
     return json.loads(res_path.read_text())
 
 
-def run_eval(python: str, policy_dir: Path, cache: Path, cfg: dict, eval_seed: int, timeout: float,
-             dest: Path | None = None) -> dict:
+def run_eval(
+    python: str, policy_dir: Path, cache: Path, cfg: dict, eval_seed: int, timeout: float, dest: Path | None = None
+) -> dict:
     """Score a saved policy in its own subprocess (1 thread: robust on a busy machine); results go to
     ``dest`` (default: beside the policy folder -- pass a run folder for the cached untrained policy)."""
     dest = dest or policy_dir.parent
     dest.mkdir(parents=True, exist_ok=True)
     out = dest / f"eval_{policy_dir.name}.json"
     log = dest / f"eval_{policy_dir.name}.log"
-    cmd = [python, str(HERE / "common.py"), "eval", "--policy", str(policy_dir), "--cache", str(cache),
-           "--seed", str(eval_seed), "--response-length", str(cfg["response_length"]),
-           "--temperature", "1.0", "--samples-per-prompt", str(cfg["eval_samples_per_prompt"]),
-           "--n-prompts", str(cfg["eval_prompts"]), "--threads", "1",
-           "--out", str(out)]
+    cmd = [
+        python,
+        str(HERE / "common.py"),
+        "eval",
+        "--policy",
+        str(policy_dir),
+        "--cache",
+        str(cache),
+        "--seed",
+        str(eval_seed),
+        "--response-length",
+        str(cfg["response_length"]),
+        "--temperature",
+        "1.0",
+        "--samples-per-prompt",
+        str(cfg["eval_samples_per_prompt"]),
+        "--n-prompts",
+        str(cfg["eval_prompts"]),
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     rc, _, _ = _spawn(cmd, log, _child_env(1), timeout)
     if rc != 0 or not out.exists():
         return dict(ok=False, error=f"eval exit {rc}", log_tail=_tail(log))
@@ -660,13 +771,14 @@ def build_cache(python: str, kind: str, cache: Path, model_dir: str | None, time
 
 
 def resolve_real_model(lmppo_python: str) -> str:
-    code = "from lmppo.assets import resolve_model; print(resolve_model('smollm2'))"
+    code = "from lmppo.models.assets import resolve_model; print(resolve_model('smollm2'))"
     env = dict(os.environ)  # works from a source checkout too (src layout)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE.parent / "src"), env.get("PYTHONPATH")) if p)
     p = subprocess.run([lmppo_python, "-c", code], capture_output=True, text=True, cwd=str(HERE.parent), env=env)
     if p.returncode != 0:
-        sys.exit("--real needs lmppo.assets.resolve_model('smollm2') (or pass --real-model DIR):\n"
-                 + p.stderr[-2000:])
+        sys.exit(
+            "--real needs lmppo.models.assets.resolve_model('smollm2') (or pass --real-model DIR):\n" + p.stderr[-2000:]
+        )
     return p.stdout.strip().splitlines()[-1]
 
 
@@ -696,8 +808,15 @@ def flop_utilisation(run: dict, name: str, shape: dict, prompt_len: float, respo
     settings = dict(common.BASE_SETTINGS, **CONFIGS[name])
     lmppo_side = run["side"] == "lmppo"
     separate_critic = not (lmppo_side and settings.get("shared_value_head"))
-    per_iteration = flops.iteration_flops(shape, settings["batch_size"], prompt_len, response_len,
-                                          settings["ppo_epochs"], separate_critic, settings["num_mini_batches"])["total"]
+    per_iteration = flops.iteration_flops(
+        shape,
+        settings["batch_size"],
+        prompt_len,
+        response_len,
+        settings["ppo_epochs"],
+        separate_critic,
+        settings["num_mini_batches"],
+    )["total"]
     bf16 = lmppo_side and settings.get("precision") == "bf16"
     limit = run.get("matmul_gflops_bfloat16" if bf16 else "matmul_gflops_float32")
     busy = run["train_cpu_seconds"] / run.get("torch_threads", 1)
@@ -708,17 +827,21 @@ def flop_utilisation(run: dict, name: str, shape: dict, prompt_len: float, respo
 
 def summarize(results: dict, untrained: dict, flop_inputs: dict | None = None) -> str:
     """Per configuration: medians over repeats, spread (noise), the lmppo/TRL ratio and FLOP utilisation."""
-    lines = ["eps = episodes / wall time of train(); eps_cpu = episodes / CPU time of train() x threads "
-             "(robust to other load on the machine); util = CPU / wall of train() (1.0 per thread when alone);",
-             "spread = (max - min) / median of eps over repeats; peak RSS = ru_maxrss of the worker process; "
-             "score = mean reward on held-out prompts after training (sd over repeats)."]
+    lines = [
+        "eps = episodes / wall time of train(); eps_cpu = episodes / CPU time of train() x threads "
+        "(robust to other load on the machine); util = CPU / wall of train() (1.0 per thread when alone);",
+        "spread = (max - min) / median of eps over repeats; peak RSS = ru_maxrss of the worker process; "
+        "score = mean reward on held-out prompts after training (sd over repeats).",
+    ]
     for name, sides in results.items():
         lines.append(f"\n== {name}: {json.dumps(CONFIGS[name]) if CONFIGS[name] else 'base settings'} ==")
         u = untrained.get(name)
         if u and u.get("ok"):
             lines.append(f"untrained policy score: {u['score_mean']:+.3f} (sem {u['score_sem']:.3f}, n {u['n']})")
-        lines.append(f"{'':6} {'eps':>7} {'steady':>7} {'spread%':>7} {'eps_cpu':>7} {'cpu%':>5} "
-                     f"{'peakMB':>7} {'score':>7} {'sd':>6} {'n':>2}")
+        lines.append(
+            f"{'':6} {'eps':>7} {'steady':>7} {'spread%':>7} {'eps_cpu':>7} {'cpu%':>5} "
+            f"{'peakMB':>7} {'score':>7} {'sd':>6} {'n':>2}"
+        )
         med = {}
         for side in ("trl", "lmppo"):
             allr = sides.get(side, [])
@@ -730,33 +853,50 @@ def summarize(results: dict, untrained: dict, flop_inputs: dict | None = None) -
                 continue
             sc = [r.get("eval", {}).get("score_mean") for r in ok]
             sc = [x for x in sc if x is not None]
-            med[side] = dict(eps=_median([r["eps"] for r in ok]), eps_cpu=_median([r.get("eps_cpu") for r in ok]),
-                             rss=_median([r["peak_rss_mb"] for r in ok]))
+            med[side] = dict(
+                eps=_median([r["eps"] for r in ok]),
+                eps_cpu=_median([r.get("eps_cpu") for r in ok]),
+                rss=_median([r["peak_rss_mb"] for r in ok]),
+            )
             lines.append(
-                f"{side:6} {_fmt(med[side]['eps'], '.3f'):>7} {_fmt(_median([r.get('eps_steady') for r in ok]), '.3f'):>7} "
+                f"{side:6} {_fmt(med[side]['eps'], '.3f'):>7} "
+                f"{_fmt(_median([r.get('eps_steady') for r in ok]), '.3f'):>7} "
                 f"{_fmt(_spread([r['eps'] for r in ok]), '.1f'):>7} {_fmt(med[side]['eps_cpu'], '.3f'):>7} "
                 f"{_fmt(_median([100 * r['cpu_util'] for r in ok if r.get('cpu_util')]), '.0f'):>5} "
                 f"{_fmt(med[side]['rss'], '.0f'):>7} {_fmt(_median(sc), '+.3f'):>7} "
-                f"{_fmt(statistics.stdev(sc) if len(sc) > 1 else None, '.3f'):>6} {len(ok):>2}")
+                f"{_fmt(statistics.stdev(sc) if len(sc) > 1 else None, '.3f'):>6} {len(ok):>2}"
+            )
         if flop_inputs:
             runs = [r for side in ("trl", "lmppo") for r in sides.get(side, []) if r.get("ok")]
             lengths = [r["response_length_mean"] for r in runs if r.get("response_length_mean")]
-            response_len = _median(lengths) or CONFIGS[name].get("response_length", common.BASE_SETTINGS["response_length"])
+            response_len = _median(lengths) or CONFIGS[name].get(
+                "response_length", common.BASE_SETTINGS["response_length"]
+            )
             for side in ("trl", "lmppo"):
-                figures = [flop_utilisation(r, name, flop_inputs["shape"], flop_inputs["prompt_len"], response_len)
-                           for r in sides.get(side, []) if r.get("ok")]
+                figures = [
+                    flop_utilisation(r, name, flop_inputs["shape"], flop_inputs["prompt_len"], response_len)
+                    for r in sides.get(side, [])
+                    if r.get("ok")
+                ]
                 if figures:
-                    limit_key = ("matmul_gflops_bfloat16" if side == "lmppo" and CONFIGS[name].get("precision") == "bf16"
-                                 else "matmul_gflops_float32")
+                    limit_key = (
+                        "matmul_gflops_bfloat16"
+                        if side == "lmppo" and CONFIGS[name].get("precision") == "bf16"
+                        else "matmul_gflops_float32"
+                    )
                     limit = _median([r.get(limit_key) for r in sides[side] if r.get("ok")])
-                    lines.append(f"{side:6} needs {figures[0][0]:.0f} GFLOP/iteration (prompt {flop_inputs['prompt_len']:.1f} + "
-                                 f"response {response_len:.1f} tokens): {_fmt(_median([f[1] for f in figures]), '.0f')}% "
-                                 f"of the measured {limit_key.split('_')[-1]} matmul limit ({_fmt(limit, '.0f')} GFLOP/s)")
+                    lines.append(
+                        f"{side:6} needs {figures[0][0]:.0f} GFLOP/iteration (prompt {flop_inputs['prompt_len']:.1f} + "
+                        f"response {response_len:.1f} tokens): {_fmt(_median([f[1] for f in figures]), '.0f')}% "
+                        f"of the measured {limit_key.split('_')[-1]} matmul limit ({_fmt(limit, '.0f')} GFLOP/s)"
+                    )
         if "trl" in med and "lmppo" in med:
             t, l = med["trl"], med["lmppo"]
-            lines.append(f"lmppo/TRL: eps x{l['eps'] / t['eps']:.2f}"
-                         + (f", eps_cpu x{l['eps_cpu'] / t['eps_cpu']:.2f}" if t["eps_cpu"] and l["eps_cpu"] else "")
-                         + f", peak RSS x{l['rss'] / t['rss']:.2f}")
+            lines.append(
+                f"lmppo/TRL: eps x{l['eps'] / t['eps']:.2f}"
+                + (f", eps_cpu x{l['eps_cpu'] / t['eps_cpu']:.2f}" if t["eps_cpu"] and l["eps_cpu"] else "")
+                + f", peak RSS x{l['rss'] / t['rss']:.2f}"
+            )
         if any(r.get("reused_from") for r in sides.get("trl", [])):
             lines.append("(TRL side reused from an identical TRL run of another config)")
     return "\n".join(lines)
@@ -815,13 +955,17 @@ def machine_lines(probes: list[dict]) -> list[str]:
     if not probes:
         return []
     p = probes[0]
-    lines = [f"machine: {p['cpu']}, {p['cpus']} CPUs, torch {p['torch']}, capability {p['capability']}, "
-             f"AVX-512 BF16 {'yes' if p['avx512_bf16'] else 'no'}, AMX {'yes' if p['amx_tile'] else 'no'}"]
+    lines = [
+        f"machine: {p['cpu']}, {p['cpus']} CPUs, torch {p['torch']}, capability {p['capability']}, "
+        f"AVX-512 BF16 {'yes' if p['avx512_bf16'] else 'no'}, AMX {'yes' if p['amx_tile'] else 'no'}"
+    ]
     for label, q in zip(("start", "end"), probes):
         f32, b16 = q["matmul_gflops_float32"], q["matmul_gflops_bfloat16"]
-        lines.append(f"  {label}: matmul 512x512x1536 at {q['threads']} thread(s): fp32 {f32:.0f} GFLOP/s, bf16 "
-                     f"{b16:.0f} GFLOP/s (bf16/fp32 {b16 / f32:.2f}); load average {q['loadavg'][0]:.2f} "
-                     f"{q['loadavg'][1]:.2f} {q['loadavg'][2]:.2f}")
+        lines.append(
+            f"  {label}: matmul 512x512x1536 at {q['threads']} thread(s): fp32 {f32:.0f} GFLOP/s, bf16 "
+            f"{b16:.0f} GFLOP/s (bf16/fp32 {b16 / f32:.2f}); load average {q['loadavg'][0]:.2f} "
+            f"{q['loadavg'][1]:.2f} {q['loadavg'][2]:.2f}"
+        )
     return lines
 
 
@@ -829,11 +973,15 @@ def robust_summary(results: dict, probes: list[dict]) -> str:
     """The figures to quote: per-iteration times (steady iterations of many short alternating rounds), their p10
     as the figure, the spread, the per-round ratios, a phase split of both trainers, and warnings."""
     lines = machine_lines(probes)
-    lines.append("\nper-iteration seconds over the steady iterations of all rounds (the first iteration of each run "
-                 "dropped); figure = p10 (a low percentile: what the code does when the machine lets it), spread = "
-                 "p50/p10 and max/min; cpu = process CPU time per iteration; ratio = TRL / lmppo (> 1: lmppo faster)")
-    header = (f"{'config':12} {'side':6} {'n':>3} {'p10 s':>7} {'p50/p10':>7} {'max/min':>7} {'cpu p10':>7} "
-              f"{'eps@p10':>7} | " + " ".join(f"{ph:>7}" for ph in PHASES))
+    lines.append(
+        "\nper-iteration seconds over the steady iterations of all rounds (the first iteration of each run "
+        "dropped); figure = p10 (a low percentile: what the code does when the machine lets it), spread = "
+        "p50/p10 and max/min; cpu = process CPU time per iteration; ratio = TRL / lmppo (> 1: lmppo faster)"
+    )
+    header = (
+        f"{'config':12} {'side':6} {'n':>3} {'p10 s':>7} {'p50/p10':>7} {'max/min':>7} {'cpu p10':>7} "
+        f"{'eps@p10':>7} | " + " ".join(f"{ph:>7}" for ph in PHASES)
+    )
     warnings = []
     lines.append(header)
     lines.append("-" * len(header))
@@ -850,40 +998,57 @@ def robust_summary(results: dict, probes: list[dict]) -> str:
             stats[side] = (st, cpu)
             its = [it for r in runs for it in steady_iterations(r)]
             phases = " ".join(f"{_percentile([it[ph] for it in its], 50):7.3f}" for ph in PHASES)
-            lines.append(f"{name:12} {side:6} {st['n']:>3} {st['p10']:7.3f} {st['p50'] / st['p10']:7.2f} "
-                         f"{st['max'] / st['min']:7.2f} {cpu['p10']:7.3f} {batch / st['p10']:7.2f} | {phases}")
+            lines.append(
+                f"{name:12} {side:6} {st['n']:>3} {st['p10']:7.3f} {st['p50'] / st['p10']:7.2f} "
+                f"{st['max'] / st['min']:7.2f} {cpu['p10']:7.3f} {batch / st['p10']:7.2f} | {phases}"
+            )
             threads = runs[0].get("torch_threads") or 1
             if st["p10"] * threads / cpu["p10"] > 1.0 + NOISY_RATIO * 2:
-                warnings.append(f"WARNING {name}/{side}: wall time per iteration is {st['p10'] * threads / cpu['p10']:.1f}x "
-                                f"its CPU time at {threads} thread(s): other processes took the CPU; quote the cpu "
-                                "figures, not the wall-clock ones")
+                warnings.append(
+                    f"WARNING {name}/{side}: wall time per iteration is {st['p10'] * threads / cpu['p10']:.1f}x "
+                    f"its CPU time at {threads} thread(s): other processes took the CPU; quote the cpu "
+                    "figures, not the wall-clock ones"
+                )
             if st["p50"] / st["p10"] > NOISY_ITERATIONS:
-                warnings.append(f"WARNING {name}/{side}: iteration times spread {st['p50'] / st['p10']:.2f}x "
-                                f"(p50/p10 > {NOISY_ITERATIONS}): the machine was busy or the responses' lengths "
-                                "varied; its figure cannot be trusted to 10%")
+                warnings.append(
+                    f"WARNING {name}/{side}: iteration times spread {st['p50'] / st['p10']:.2f}x "
+                    f"(p50/p10 > {NOISY_ITERATIONS}): the machine was busy or the responses' lengths "
+                    "varied; its figure cannot be trusted to 10%"
+                )
         if len(stats) == 2:
             (t, tc), (m, mc) = stats["trl"], stats["lmppo"]
-            text = (f"{name:12} lmppo/TRL speed at p10: wall x{t['p10'] / m['p10']:.2f}, cpu x{tc['p10'] / mc['p10']:.2f}")
+            text = (
+                f"{name:12} lmppo/TRL speed at p10: wall x{t['p10'] / m['p10']:.2f}, cpu x{tc['p10'] / mc['p10']:.2f}"
+            )
             for key in ("wall", "cpu"):
                 rounds = round_ratios(ok["trl"], ok["lmppo"], key)
                 if not rounds:
                     continue
                 spread = (max(rounds) - min(rounds)) / statistics.median(rounds)
-                text += (f"\n{'':12} per round ({key}, median iteration): " + ", ".join(f"{x:.2f}" for x in rounds)
-                         + f" (spread {100 * spread:.0f}%)")
+                text += (
+                    f"\n{'':12} per round ({key}, median iteration): "
+                    + ", ".join(f"{x:.2f}" for x in rounds)
+                    + f" (spread {100 * spread:.0f}%)"
+                )
                 if key == "cpu" and len(rounds) > 1 and spread > NOISY_RATIO:
-                    warnings.append(f"WARNING {name}: the per-round lmppo/TRL CPU-time ratios spread "
-                                    f"{100 * spread:.0f}% (> {100 * NOISY_RATIO:.0f}%): quote the p10 ratio with that "
-                                    "spread, or rerun on a quieter machine")
+                    warnings.append(
+                        f"WARNING {name}: the per-round lmppo/TRL CPU-time ratios spread "
+                        f"{100 * spread:.0f}% (> {100 * NOISY_RATIO:.0f}%): quote the p10 ratio with that "
+                        "spread, or rerun on a quieter machine"
+                    )
             ratio_lines.append(text)
-    lines.append("phases: median wall seconds per iteration; rollout = sampling + reference/value passes, reward = reward "
-                 "model, update = PPO epochs, other = the rest (KL, advantages, logging)")
+    lines.append(
+        "phases: median wall seconds per iteration; rollout = sampling + reference/value passes, reward = reward "
+        "model, update = PPO epochs, other = the rest (KL, advantages, logging)"
+    )
     lines += ratio_lines
     if len(probes) == 2:
         a, b = probes[0]["matmul_gflops_float32"], probes[1]["matmul_gflops_float32"]
         if abs(a - b) / max(a, b) > 0.10:
-            warnings.append(f"WARNING: the fp32 matmul rate moved {100 * abs(a - b) / max(a, b):.0f}% between the "
-                            "start and the end of the run: the machine's speed changed while it ran")
+            warnings.append(
+                f"WARNING: the fp32 matmul rate moved {100 * abs(a - b) / max(a, b):.0f}% between the "
+                "start and the end of the run: the machine's speed changed while it ran"
+            )
     lines += warnings or ["no noise warning: every spread is within its limit"]
     return "\n".join(lines)
 
@@ -893,23 +1058,34 @@ def flop_inputs(cache: Path) -> dict:
     import flops
 
     prompts = json.loads((cache / "prompts.json").read_text())["train"]
-    return {"shape": flops.llama_shape(cache / "policy" / "config.json"),
-            "prompt_len": sum(len(p) for p in prompts) / len(prompts)}
+    return {
+        "shape": flops.llama_shape(cache / "policy" / "config.json"),
+        "prompt_len": sum(len(p) for p in prompts) / len(prompts),
+    }
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="lmppo vs TRL PPO speed benchmark", formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description="lmppo vs TRL PPO speed benchmark",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__,
+    )
     ap.add_argument("--configs", default="base,len64,epoch1,shared")
     ap.add_argument("--episodes", type=int, default=None, help="episodes per run (default 40 tiny, 32 real)")
     ap.add_argument("--repeats", type=int, default=6, help="alternating rounds (each: every config, TRL then lmppo)")
-    ap.add_argument("--eval-rounds", type=int, default=1,
-                    help="score the trained policies of the first N rounds on the held-out prompts (0: none)")
+    ap.add_argument(
+        "--eval-rounds",
+        type=int,
+        default=1,
+        help="score the trained policies of the first N rounds on the held-out prompts (0: none)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="repeat r trains with seed+r (both trainers)")
     ap.add_argument("--eval-seed", type=int, default=1234, help="sampling seed of the evaluation (same for all)")
     ap.add_argument("--sides", default="trl,lmppo")
     ap.add_argument("--real", action="store_true", help="run only the opt-in SmolLM2-135M config")
-    ap.add_argument("--real-model", default=None, help="HF folder for --real (default: lmppo.assets.resolve_model)")
+    ap.add_argument(
+        "--real-model", default=None, help="HF folder for --real (default: lmppo.models.assets.resolve_model)"
+    )
     ap.add_argument("--trl-python", default=sys.executable)
     ap.add_argument("--lmppo-python", default=sys.executable)
     ap.add_argument("--eval-python", default=None, help="interpreter for caches + evaluation (default: --trl-python)")
@@ -917,11 +1093,17 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=HERE / ".cache" / "runs")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--threads", type=int, default=None, help="override torch threads of every run (default: config's)")
-    ap.add_argument("--profile", action="store_true",
-                    help="instead of the comparison: one cProfiled TRL run per config, printing where its time goes")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="instead of the comparison: one cProfiled TRL run per config, printing where its time goes",
+    )
     ap.add_argument("--no-eval", action="store_true")
-    ap.add_argument("--keep-runs", action="store_true",
-                    help="keep every worker's run folder and saved policy (by default deleted once evaluated)")
+    ap.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="keep every worker's run folder and saved policy (by default deleted once evaluated)",
+    )
     # worker mode
     ap.add_argument("--worker", choices=["trl", "lmppo", "probe"], help=argparse.SUPPRESS)
     ap.add_argument("--cfg", type=Path, help=argparse.SUPPRESS)
@@ -949,8 +1131,11 @@ def main(argv=None):
         model_dir = a.real_model or resolve_real_model(a.lmppo_python)
     print(f"building/reusing the {kind} cache at {cache} ...", flush=True)
     manifest = build_cache(eval_python, kind, cache, model_dir, a.timeout)
-    print(f"cache {manifest['content_sha256'][:12]}; episodes/run {episodes}; repeats {a.repeats}; "
-          f"sides {sides}; configs {names}", flush=True)
+    print(
+        f"cache {manifest['content_sha256'][:12]}; episodes/run {episodes}; repeats {a.repeats}; "
+        f"sides {sides}; configs {names}",
+        flush=True,
+    )
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root = a.out / stamp
@@ -971,18 +1156,21 @@ def main(argv=None):
                 sys.exit(f"failed: {res['log']}\n{res.get('log_tail', '')}")
             prof = res["profile"]
             tot = prof.pop("train_total")
-            print(f"train() {tot:.1f} s under cProfile for {res['episodes']} episodes "
-                  f"(eps {res['eps']:.3f}, cpu util {res['cpu_util']:.2f}); full stats: {cfg['out_dir']}/trl_profile.txt")
+            print(
+                f"train() {tot:.1f} s under cProfile for {res['episodes']} episodes "
+                f"(eps {res['eps']:.3f}, cpu util {res['cpu_util']:.2f}); full stats: {cfg['out_dir']}/trl_profile.txt"
+            )
             for k, v in prof.items():
                 print(f"  {k:62} {v:7.2f} s  {100 * v / tot:5.1f}%")
         return
-    for n in names:   # score of the untrained policy, once per config (response length may differ)
+    for n in names:  # score of the untrained policy, once per config (response length may differ)
         if a.no_eval:
             break
         cfg0 = make_run_cfg(n, "none", a.seed, episodes, cache, root / n / "untrained")
         (root / n).mkdir(parents=True, exist_ok=True)
-        untrained[n] = run_eval(eval_python, cache / "policy", cache, cfg0, a.eval_seed, a.timeout,
-                                dest=root / n / "untrained")
+        untrained[n] = run_eval(
+            eval_python, cache / "policy", cache, cfg0, a.eval_seed, a.timeout, dest=root / n / "untrained"
+        )
         (root / n / "untrained.json").write_text(json.dumps(untrained[n], indent=1))
     for r in range(a.repeats):
         for n in names:
@@ -1005,27 +1193,45 @@ def main(argv=None):
                     if side == "trl":
                         res["_key"] = {k: v for k, v in cfg.items() if k not in LMPPO_ONLY_KEYS | {"config", "out_dir"}}
                     if res.get("ok") and not a.no_eval and r < a.eval_rounds:
-                        res["eval"] = run_eval(eval_python, Path(cfg["out_dir"]) / "policy", cache, cfg,
-                                               a.eval_seed, a.timeout)
+                        res["eval"] = run_eval(
+                            eval_python, Path(cfg["out_dir"]) / "policy", cache, cfg, a.eval_seed, a.timeout
+                        )
                     if not a.keep_runs:
                         drop_weights(Path(cfg["out_dir"]))
                     if res.get("ok"):
                         st = iteration_stats([res])
-                        print(f"iteration p10 {_fmt(st and st['p10'], '.3f')} s, "
-                              f"eps {res['eps']:.3f} (steady {_fmt(res.get('eps_steady'), '.3f')}), "
-                              f"peak RSS {res['peak_rss_mb']:.0f} MB, score "
-                              f"{_fmt(res.get('eval', {}).get('score_mean'), '+.3f')}", flush=True)
+                        print(
+                            f"iteration p10 {_fmt(st and st['p10'], '.3f')} s, "
+                            f"eps {res['eps']:.3f} (steady {_fmt(res.get('eps_steady'), '.3f')}), "
+                            f"peak RSS {res['peak_rss_mb']:.0f} MB, score "
+                            f"{_fmt(res.get('eval', {}).get('score_mean'), '+.3f')}",
+                            flush=True,
+                        )
                     else:
                         print(res["error"], "-", res["log"], flush=True)
                 results[n][side].append(res)
     probes.append(run_probe(a.lmppo_python, root / "probe_end", probe_threads, a.timeout))
-    summary = (summarize(results, untrained, flop_inputs(cache)) + "\n\n== per-iteration figures ==\n"
-               + robust_summary(results, probes))
+    summary = (
+        summarize(results, untrained, flop_inputs(cache))
+        + "\n\n== per-iteration figures ==\n"
+        + robust_summary(results, probes)
+    )
     print(summary)
     root.mkdir(parents=True, exist_ok=True)
-    (root / "results.json").write_text(json.dumps(dict(results=results, untrained=untrained, manifest=manifest,
-                                                       argv=sys.argv, episodes=episodes, machine=probes),
-                                                  indent=1, default=str))
+    (root / "results.json").write_text(
+        json.dumps(
+            dict(
+                results=results,
+                untrained=untrained,
+                manifest=manifest,
+                argv=sys.argv,
+                episodes=episodes,
+                machine=probes,
+            ),
+            indent=1,
+            default=str,
+        )
+    )
     (root / "summary.txt").write_text(summary + "\n")
     print(f"\nresults: {root / 'results.json'}")
 

@@ -3,7 +3,7 @@
     python benchmarks/fault_injection.py [--kills 20] [--disk 20] [--iterations 10] [--seed 0] [--work DIR]
     python benchmarks/fault_injection.py --deepspeed zero2 --nproc 2 --kills 5 --disk 0 [--iterations 6]
 
-Each run is the real command (`lmppo.cli.main(["train", ...])`) in a separate process, forked from this warm
+Each run is the real command (`lmppo.apps.cli.main(["train", ...])`) in a separate process, forked from this warm
 process (so a run does not pay for importing torch again), on a tiny Llama saved as a model folder, with a
 checkpoint after every iteration (keep_last 2) and a sample table every iteration.
 
@@ -12,7 +12,8 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
 - Moments: a fault comes during start-up (model loading; probability 1/(remaining iterations + 1)) or at a
   uniformly random time within a uniformly chosen remaining iteration, its checkpoint write included (found by
   watching the run's metrics.jsonl, so the draw does not depend on the machine's speed).
-- SIGKILL trials: a run is started and killed with SIGKILL at a random moment, then resumed (`--resume`; a run killed before its first checkpoint is started again with
+- SIGKILL trials: a run is started and killed with SIGKILL at a random moment, then resumed (`--resume`; a run killed
+before its first checkpoint is started again with
   `overwrite: true`), each resume again killed with probability 1/2, until one finishes. Counted: kills, kills
   that left a checkpoint write in progress (a `.iter-N.tmp` folder), runs that end bit-identical to the
   reference, runs with a lost, duplicated or torn metrics row.
@@ -23,7 +24,7 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
   bit-identical to the reference.
 
 Under DeepSpeed (`--deepspeed zero2|zero3 --nproc N`) every run is `torchrun --standalone --nproc_per_node N -m
-lmppo.cli train ...` (a cold start each time), a kill is SIGKILL to torchrun and every worker at once (as when the
+lmppo.apps.cli train ...` (a cold start each time), a kill is SIGKILL to torchrun and every worker at once (as when the
 machine dies), and what must be bit-identical is the final model, every tensor of the last checkpoint's DeepSpeed
 shards and the metrics rows. Full-disk trials are not run in this mode.
 
@@ -51,12 +52,20 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "src"))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
-from lmppo import storage  # noqa: E402  (after the path set-up)
+from lmppo.run import storage  # noqa: E402  (after the path set-up)
 
 WALL_CLOCK = ("eps", "tokens_per_s")
 REWARD = "def length(prompts, completions):\n    return [len(c) / 20.0 for c in completions]\n"
-PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed", "a critic said",
-           "the ending was", "the actor looked", "we left early because"]
+PROMPTS = [
+    "the movie was",
+    "this film is",
+    "my friend felt",
+    "the story seemed",
+    "a critic said",
+    "the ending was",
+    "the actor looked",
+    "we left early because",
+]
 
 
 def setup(work: str, iterations: int, deepspeed: str = "") -> dict:
@@ -75,13 +84,18 @@ def setup(work: str, iterations: int, deepspeed: str = "") -> dict:
         fh.write("\n".join(PROMPTS) + "\n")
     with open(os.path.join(work, "reward.py"), "w") as fh:
         fh.write(REWARD)
-    base = {"total_episodes": 8 * iterations, "seed": 0, "precision": "fp32", "model": {"policy": model_dir},
-            "data": {"prompts": os.path.join(work, "prompts.txt"), "holdout": 0},
-            "rollout": {"batch_size": 8, "max_new_tokens": 6, "temperature": 1.0},
-            "reward": {"sources": [{"kind": "function", "path": os.path.join(work, "reward.py") + ":length"}]},
-            "ppo": {"num_epochs": 2, "num_minibatches": 2, "micro_batch_size": 2, "learning_rate": 1e-3},
-            "log": {"trackers": [], "sample_every": 1, "num_samples": 2, "progress": False},
-            "checkpoint": {"every": 1, "keep_last": 2}}
+    base = {
+        "total_episodes": 8 * iterations,
+        "seed": 0,
+        "precision": "fp32",
+        "model": {"policy": model_dir},
+        "data": {"prompts": os.path.join(work, "prompts.txt"), "holdout": 0},
+        "rollout": {"batch_size": 8, "max_new_tokens": 6, "temperature": 1.0},
+        "reward": {"sources": [{"kind": "function", "path": os.path.join(work, "reward.py") + ":length"}]},
+        "ppo": {"num_epochs": 2, "num_minibatches": 2, "micro_batch_size": 2, "learning_rate": 1e-3},
+        "log": {"trackers": [], "sample_every": 1, "num_samples": 2, "progress": False},
+        "checkpoint": {"every": 1, "keep_last": 2},
+    }
     if deepspeed:
         base.update(deepspeed=deepspeed, device="cpu")
     torch.set_num_threads(1)
@@ -107,7 +121,7 @@ def fork_cli(argv: list[str], log: str) -> int:
             os.dup2(null, 1)
             sys.stderr = open(2, "w", closefd=False)
             sys.stdout = open(1, "w", closefd=False)
-            from lmppo.cli import main
+            from lmppo.apps.cli import main
 
             code = main(argv)
         except SystemExit as err:
@@ -166,11 +180,18 @@ class TorchrunRun:
 
     def __init__(self, argv: list[str], log: str):
         torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
-            [os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "src"), os.environ.get("PYTHONPATH", "")]),
+        }
         with open(log, "w") as fh:
-            self.proc = subprocess.Popen([torchrun, "--standalone", "--nproc_per_node", str(self.nproc), "-m",
-                                          "lmppo.cli", *argv], env=env, stdout=subprocess.DEVNULL, stderr=fh)
+            self.proc = subprocess.Popen(
+                [torchrun, "--standalone", "--nproc_per_node", str(self.nproc), "-m", "lmppo.apps.cli", *argv],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=fh,
+            )
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -206,8 +227,8 @@ Run = ForkedRun  # TorchrunRun with --deepspeed
 
 def outcome(out: str, iterations: int) -> dict:
     """What a finished run ends with: hashes of its last checkpoint's tensors, and its metrics rows."""
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     ckpt = os.path.join(out, "checkpoints", f"iter-{iterations:08d}")
     h = hashlib.sha256()
@@ -223,18 +244,20 @@ def outcome(out: str, iterations: int) -> dict:
         for key in sorted(opt["state"][index]):
             value = opt["state"][index][key]
             h.update(f"{index}/{key}".encode())
-            h.update(value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes() if isinstance(value, torch.Tensor)
-                     else repr(value).encode())
+            h.update(
+                value.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()
+                if isinstance(value, torch.Tensor)
+                else repr(value).encode()
+            )
     return {"weights": h.hexdigest(), **_rows(out)}
 
 
 def _hash_sharded(h, out: str, ckpt: str) -> None:
     """The final model's tensors, every tensor of the checkpoint's DeepSpeed files (its own pickles) and the fp32
     weights DeepSpeed's zero_to_fp32 rebuilds from them into `h`."""
-    from safetensors.torch import load_file
     import torch
-
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
 
     def add(obj, key: str) -> None:
         if "fp32_flat_groups" in key or "single_partition_of_fp32_groups" in key:
@@ -338,8 +361,11 @@ def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
                 print(f"trial {trial}: {argv[1:]} exit {code}", file=sys.stderr)
             if code == -signal.SIGKILL:
                 stats["kills"] += 1
-                if any(name.endswith(".tmp") for name in os.listdir(os.path.join(out, "checkpoints"))) \
-                        if os.path.isdir(os.path.join(out, "checkpoints")) else False:
+                if (
+                    any(name.endswith(".tmp") for name in os.listdir(os.path.join(out, "checkpoints")))
+                    if os.path.isdir(os.path.join(out, "checkpoints"))
+                    else False
+                ):
                     stats["kills_in_checkpoint_write"] += 1
             elif code != 0:
                 lines, error = stderr_lines(log), error_line(log)
@@ -375,8 +401,7 @@ def mount_tmpfs(path: str, size: str) -> str:
     os.makedirs(path, exist_ok=True)
     if os.geteuid() != 0:
         return "not root: cannot mount a tmpfs"
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True,
-                          text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, text=True)
     return "" if done.returncode == 0 else f"mount failed: {done.stderr.strip()}"
 
 
@@ -388,7 +413,7 @@ def fill(disk: str, leave: int) -> None:
         todo = max(free - leave, 0)
         block = b"\0" * (1 << 20)
         while todo > 0:
-            todo -= os.write(fd, block[:min(todo, len(block))])
+            todo -= os.write(fd, block[: min(todo, len(block))])
     except OSError:
         pass  # full already
     finally:
@@ -397,8 +422,16 @@ def fill(disk: str, leave: int) -> None:
 
 def disk_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng: random.Random) -> dict:
     it = ctx["iterations"]
-    stats = {"trials": n, "hit": 0, "finished_anyway": 0, "clean_message": 0, "no_temporaries": 0,
-             "resumed_identical": 0, "failures": [], "messages": {}}
+    stats = {
+        "trials": n,
+        "hit": 0,
+        "finished_anyway": 0,
+        "clean_message": 0,
+        "no_temporaries": 0,
+        "resumed_identical": 0,
+        "failures": [],
+        "messages": {},
+    }
     disk = os.path.join(work, "disk")
     why = mount_tmpfs(disk, "32m")
     if why:
@@ -438,8 +471,9 @@ def disk_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
                 if again == 2 and "no complete checkpoint" in " ".join(stderr_lines(log + ".resume")):
                     again = run_to_end(["train", cfg, "--overwrite", "true"], log + ".resume")
                 if again != 0:
-                    stats["failures"].append(f"disk trial {trial}: resume exit {again}: "
-                                             f"{stderr_lines(log + '.resume')[-3:]}")
+                    stats["failures"].append(
+                        f"disk trial {trial}: resume exit {again}: {stderr_lines(log + '.resume')[-3:]}"
+                    )
                     continue
             got = outcome(out, it)
             if code != 0:
@@ -459,8 +493,12 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", default=None)
-    parser.add_argument("--deepspeed", default="", choices=["", "zero2", "zero3"],
-                        help="run every training under torchrun with DeepSpeed at this ZeRO stage")
+    parser.add_argument(
+        "--deepspeed",
+        default="",
+        choices=["", "zero2", "zero3"],
+        help="run every training under torchrun with DeepSpeed at this ZeRO stage",
+    )
     parser.add_argument("--nproc", type=int, default=2, help="processes per run under --deepspeed")
     args = parser.parse_args()
     global Run
@@ -471,8 +509,8 @@ def main() -> int:
     work = args.work or tempfile.mkdtemp(prefix="lmppo-faults-")
     os.makedirs(work, exist_ok=True)
     ctx = setup(work, args.iterations, args.deepspeed)
-    import lmppo.cli  # noqa: F401  (warm: forked runs start with everything imported)
-    import lmppo.trainer  # noqa: F401
+    import lmppo.apps.cli  # noqa: F401  (warm: forked runs start with everything imported)
+    import lmppo.training.trainer  # noqa: F401
 
     warm = os.path.join(work, "warm-up")  # the first run fills caches (precision probe, ...): not timed
     shutil.rmtree(warm, ignore_errors=True)
@@ -505,23 +543,32 @@ def main() -> int:
         return 1
     if args.deepspeed:
         print(f"under torchrun, DeepSpeed {args.deepspeed}, {args.nproc} processes (gloo, CPU)")
-    print(f"reference run: {args.iterations} iterations in {duration:.1f} s, the first logged after {first:.1f} s; "
-          "each kill or full disk comes at a random point: during start-up, or within a uniformly chosen "
-          "remaining iteration (its checkpoint write included)")
+    print(
+        f"reference run: {args.iterations} iterations in {duration:.1f} s, the first logged after {first:.1f} s; "
+        "each kill or full disk comes at a random point: during start-up, or within a uniformly chosen "
+        "remaining iteration (its checkpoint write included)"
+    )
     rng = random.Random(args.seed)
     kills = kill_trials(ctx, work, args.kills, window, reference, rng)
-    print(f"SIGKILL: {kills['trials']} runs, {kills['kills']} kills ({kills['kills_in_checkpoint_write']} during a "
-          f"checkpoint write); bit-identical to the uninterrupted run: {kills['identical']}/{kills['trials']}; "
-          f"metrics without a lost, duplicated or torn row: {kills['rows_ok']}/{kills['trials']}")
-    disk = disk_trials(ctx, work, args.disk, window, reference, rng) if args.disk else {"skipped": "--disk 0",
-                                                                                         "failures": []}
+    print(
+        f"SIGKILL: {kills['trials']} runs, {kills['kills']} kills ({kills['kills_in_checkpoint_write']} during a "
+        f"checkpoint write); bit-identical to the uninterrupted run: {kills['identical']}/{kills['trials']}; "
+        f"metrics without a lost, duplicated or torn row: {kills['rows_ok']}/{kills['trials']}"
+    )
+    disk = (
+        disk_trials(ctx, work, args.disk, window, reference, rng)
+        if args.disk
+        else {"skipped": "--disk 0", "failures": []}
+    )
     if "skipped" in disk:
         print(f"full disk: skipped ({disk['skipped']})")
     else:
-        print(f"full disk: {disk['trials']} runs, {disk['hit']} hit by the full disk ({disk['finished_anyway']} "
-              f"finished anyway: the fault came after the last write or left room); one clean `error:` line: "
-              f"{disk['clean_message']}/{disk['hit']}; no temporary file left: {disk['no_temporaries']}/{disk['hit']}; "
-              f"resumed bit-identical: {disk['resumed_identical']}/{disk['hit']}")
+        print(
+            f"full disk: {disk['trials']} runs, {disk['hit']} hit by the full disk ({disk['finished_anyway']} "
+            f"finished anyway: the fault came after the last write or left room); one clean `error:` line: "
+            f"{disk['clean_message']}/{disk['hit']}; no temporary file left: {disk['no_temporaries']}/{disk['hit']}; "
+            f"resumed bit-identical: {disk['resumed_identical']}/{disk['hit']}"
+        )
         for key, count in sorted(disk["messages"].items(), key=lambda kv: -kv[1]):
             print(f"  {count:3d} x {key} ...")
     failures = kills["failures"] + disk["failures"]

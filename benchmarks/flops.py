@@ -34,13 +34,20 @@ def forward_flops(shape: dict, seq_len: float, logit_positions: float) -> float:
     (q k^T and attention x v over the lower triangle: 2 * seq_len^2 * hidden per layer), and the LM head at
     `logit_positions` positions."""
     trunk = 2 * shape["trunk_params"] * seq_len
-    attention = 2 * shape["layers"] * seq_len ** 2 * shape["hidden"]
+    attention = 2 * shape["layers"] * seq_len**2 * shape["hidden"]
     head = 2 * shape["hidden"] * shape["vocab"] * logit_positions
     return trunk + attention + head
 
 
-def iteration_flops(shape: dict, batch: int, prompt_len: float, response_len: float, epochs: int,
-                    separate_critic: bool, minibatches: int = 1) -> dict:
+def iteration_flops(
+    shape: dict,
+    batch: int,
+    prompt_len: float,
+    response_len: float,
+    epochs: int,
+    separate_critic: bool,
+    minibatches: int = 1,
+) -> dict:
     """FLOPs per PPO iteration, by phase (see the module docstring for what counts)."""
     S, T = prompt_len + response_len, response_len
     policy = forward_flops(shape, S, T)  # logits where response tokens are predicted
@@ -56,8 +63,9 @@ def iteration_flops(shape: dict, batch: int, prompt_len: float, response_len: fl
     return parts
 
 
-def matmul_gflops(dtype_name: str, threads: int, m: int = 512, k: int = 512, n: int = 1536,
-                  seconds: float = 1.0) -> float:
+def matmul_gflops(
+    dtype_name: str, threads: int, m: int = 512, k: int = 512, n: int = 1536, seconds: float = 1.0
+) -> float:
     """Measured throughput of an (m, k) x (k, n) matmul in `dtype_name` at `threads` threads: the limit the
     iteration's matmuls run against (they are of this size in the tiny benchmark configuration)."""
     import torch

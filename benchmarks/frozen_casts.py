@@ -1,4 +1,5 @@
-"""The default job's iterations with and without one bf16 cast of the frozen weights (`lmppo.frozen_casts`), in one
+"""The default job's iterations with and without one bf16 cast of the frozen weights (`lmppo.models.frozen_casts`), in
+one
 process, alternating.
 
     python benchmarks/frozen_casts.py [--rounds 6] [--threads 1] [--precision auto] [--where copy|all]
@@ -22,10 +23,10 @@ import tempfile
 
 import torch
 
-from lmppo.config import RewardSourceConfig, load_config, recipe_path
-from lmppo.frozen_casts import reuse_frozen_casts
-from lmppo.trainer import PPOTrainer
 from common import percentile, time_sampling, timed_iteration  # noqa: E402  (benchmarks/ is on the path when a script runs)
+from lmppo.config.schema import RewardSourceConfig, load_config, recipe_path
+from lmppo.models.frozen_casts import reuse_frozen_casts
+from lmppo.training.trainer import PPOTrainer
 
 VARIANTS = ("cast each pass", "cast once")
 
@@ -35,8 +36,9 @@ def switch(trainer: PPOTrainer, keep: bool, where: str) -> None:
     iteration runs: the actor, a reference copy, reward models."""
     trainer.sampling_engine().weights.keep_casts = keep  # applied to the copy at its next refresh
     if where == "all":
-        for model in [trainer.actor, trainer.reference.model] + [getattr(s, "model", None)
-                                                                  for s in trainer.reward_sources]:
+        for model in [trainer.actor, trainer.reference.model] + [
+            getattr(s, "model", None) for s in trainer.reward_sources
+        ]:
             if isinstance(model, torch.nn.Module):
                 reuse_frozen_casts(model, enabled=keep)
 
@@ -69,21 +71,28 @@ def main() -> None:
                 for phase in phases:
                     times[variant][phase].append(spent[phase])
     load.append(os.getloadavg())
-    print(f"default job's iterations (batch {cfg.rollout.batch_size}, {cfg.rollout.max_new_tokens} new tokens, LoRA "
-          f"{'r %d' % cfg.model.lora.r if cfg.model.lora.enabled else 'off'}, reward "
-          f"{'model' if args.reward_model else 'recipe'}, casts kept in: {args.where}, precision {cfg.precision}, {args.threads} thread(s)), "
-          f"{args.rounds} alternating rounds; capability {torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 "
-          f"{torch.cpu._is_avx512_bf16_supported()}; load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} "
-          "at the end")
+    print(
+        f"default job's iterations (batch {cfg.rollout.batch_size}, {cfg.rollout.max_new_tokens} new tokens, LoRA "
+        f"{'r %d' % cfg.model.lora.r if cfg.model.lora.enabled else 'off'}, reward "
+        f"{'model' if args.reward_model else 'recipe'}, casts kept in: {args.where}, precision {cfg.precision}, "
+        f"{args.threads} thread(s)), "
+        f"{args.rounds} alternating rounds; capability {torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 "
+        f"{torch.cpu._is_avx512_bf16_supported()}; load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} "
+        "at the end"
+    )
     print(f"{'':15}" + "".join(f" {phase + ' cpu s: min':>24} {'p10':>7} {'p50':>7}" for phase in times[VARIANTS[0]]))
     for v in VARIANTS:
-        print(f"{v:15}" + "".join(f" {min(t):24.3f} {percentile(t, 10):7.3f} {percentile(t, 50):7.3f}"
-                                  for t in times[v].values()))
+        print(
+            f"{v:15}"
+            + "".join(f" {min(t):24.3f} {percentile(t, 10):7.3f} {percentile(t, 50):7.3f}" for t in times[v].values())
+        )
     for phase in times[VARIANTS[0]]:
         before, after = times[VARIANTS[0]][phase], times[VARIANTS[1]][phase]
         ratios = [a / b for a, b in zip(before, after)]
-        print(f"{phase} speed-up cast once / cast each pass, per round: median x{statistics.median(ratios):.2f} "
-              f"[{min(ratios):.2f}, {max(ratios):.2f}]; at p10 x{percentile(before, 10) / percentile(after, 10):.2f}")
+        print(
+            f"{phase} speed-up cast once / cast each pass, per round: median x{statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}, {max(ratios):.2f}]; at p10 x{percentile(before, 10) / percentile(after, 10):.2f}"
+        )
 
 
 if __name__ == "__main__":

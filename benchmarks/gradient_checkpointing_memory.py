@@ -22,20 +22,27 @@ import sys
 
 def _rss_mb() -> float:
     with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def run_variant(checkpointing: bool, batch: int, length: int, lora: bool) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmppo.config import Config
-    from lmppo.models import enable_gradient_checkpointing, policy_forward, prepare_policy
+    from lmppo.config.schema import Config
+    from lmppo.models.loading import enable_gradient_checkpointing, policy_forward, prepare_policy
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    cfg = LlamaConfig(vocab_size=8192, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=2048)
+    cfg = LlamaConfig(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=8,
+        max_position_embeddings=2048,
+    )
     mc = Config().model
     mc.lora.enabled = lora
     policy = prepare_policy(LlamaForCausalLM(cfg), mc)
@@ -49,8 +56,12 @@ def run_variant(checkpointing: bool, batch: int, length: int, lora: bool) -> dic
     loss = -torch.log_softmax(logits, -1).gather(-1, ids[:, prompt:, None]).mean()
     loss.backward()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"checkpointing": checkpointing, "baseline_mb": round(baseline), "peak_mb": round(peak),
-            "pass_mb": round(peak - baseline)}
+    return {
+        "checkpointing": checkpointing,
+        "baseline_mb": round(baseline),
+        "peak_mb": round(peak),
+        "pass_mb": round(peak - baseline),
+    }
 
 
 def main() -> None:
@@ -66,15 +77,27 @@ def main() -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     rows = []
     for variant in ("off", "on"):
-        cmd = [sys.executable, __file__, "--variant", variant, "--batch", str(args.batch), "--length",
-               str(args.length)] + (["--lora"] if args.lora else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--variant",
+            variant,
+            "--batch",
+            str(args.batch),
+            "--length",
+            str(args.length),
+        ] + (["--lora"] if args.lora else [])
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"batch {args.batch} x {args.length} tokens, {'LoRA' if args.lora else 'full weights'}, hidden 512, "
-          "8 layers, fp32, CPU")
+    print(
+        f"batch {args.batch} x {args.length} tokens, {'LoRA' if args.lora else 'full weights'}, hidden 512, "
+        "8 layers, fp32, CPU"
+    )
     for r in rows:
-        print(f"  gradient_checkpointing {str(r['checkpointing']):5}: model built {r['baseline_mb']:6d} MB, "
-              f"peak {r['peak_mb']:6d} MB, forward + backward above the model {r['pass_mb']:6d} MB")
+        print(
+            f"  gradient_checkpointing {str(r['checkpointing']):5}: model built {r['baseline_mb']:6d} MB, "
+            f"peak {r['peak_mb']:6d} MB, forward + backward above the model {r['pass_mb']:6d} MB"
+        )
     print(f"  ratio (off / on) of the pass's memory: {rows[0]['pass_mb'] / max(rows[1]['pass_mb'], 1):.2f}")
 
 

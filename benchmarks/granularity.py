@@ -48,23 +48,32 @@ def main(argv=None) -> None:
                     r = run_target_task(form, seed, os.path.join(tmp, f"{form}-{seed}-{iterations}"), iterations)
                     finals[form].append(r["final"])
                     kls[form].append(r["kl"])
-                print(f"  budget {iterations:>3} it, seed {seed}: tokens {finals['tokens'][-1]:.3f}  "
-                      f"scalar {finals['scalar'][-1]:.3f}", flush=True)
+                print(
+                    f"  budget {iterations:>3} it, seed {seed}: tokens {finals['tokens'][-1]:.3f}  "
+                    f"scalar {finals['scalar'][-1]:.3f}",
+                    flush=True,
+                )
             rows.append((iterations, finals, kls))
 
     def ms(xs):
         return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs) if len(xs) > 1 else 0.0:.3f}"
 
-    print(f"\nTarget-token fraction after training ({len(seeds)} seeds; {RESPONSE_TOKENS} tokens per response, "
-          f"{BATCH} episodes per iteration; chance 0.25)")
-    print("| episodes | per-token rewards | scalar (sum on last token) | per-token - scalar | per-token wins | "
-          "KL tokens / scalar |")
+    print(
+        f"\nTarget-token fraction after training ({len(seeds)} seeds; {RESPONSE_TOKENS} tokens per response, "
+        f"{BATCH} episodes per iteration; chance 0.25)"
+    )
+    print(
+        "| episodes | per-token rewards | scalar (sum on last token) | per-token - scalar | per-token wins | "
+        "KL tokens / scalar |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for iterations, finals, kls in rows:
         diff = [a - b for a, b in zip(finals["tokens"], finals["scalar"])]
         wins = sum(d > 0 for d in diff)
-        print(f"| {iterations * BATCH} | {ms(finals['tokens'])} | {ms(finals['scalar'])} | {ms(diff)} | "
-              f"{wins}/{len(diff)} | {statistics.mean(kls['tokens']):.2f} / {statistics.mean(kls['scalar']):.2f} |")
+        print(
+            f"| {iterations * BATCH} | {ms(finals['tokens'])} | {ms(finals['scalar'])} | {ms(diff)} | "
+            f"{wins}/{len(diff)} | {statistics.mean(kls['tokens']):.2f} / {statistics.mean(kls['scalar']):.2f} |"
+        )
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

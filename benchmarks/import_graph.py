@@ -98,7 +98,9 @@ def main() -> None:
         targets = ", ".join(short(t) + ("*" if local else "") for t, local in sorted(edges.items()))
         print(f"{short(mod):24s} -> {targets}")
     found = cycles(graph)
-    print(f"\n{len(graph)} modules; {sum(len(e) for e in graph.values())} edges, {local_total} only inside functions (*)")
+    print(
+        f"\n{len(graph)} modules; {sum(len(e) for e in graph.values())} edges, {local_total} only inside functions (*)"
+    )
     print(f"cycles: {len(found)}" + "".join(f"\n  {len(c)} modules: {', '.join(map(short, c))}" for c in found))
 
 

@@ -63,7 +63,7 @@ def build(force: bool = False) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from lmppo.assets import ensure_smollm2, polarity_sentences
+    from lmppo.models.assets import ensure_smollm2, polarity_sentences
 
     t0 = time.time()
     model_dir = ensure_smollm2()
@@ -87,7 +87,7 @@ def build(force: bool = False) -> dict:
     for epoch in range(3):
         perm = torch.randperm(len(train_idx), generator=gen).tolist()
         for start in range(0, len(perm), 16):
-            batch = [train_idx[i] for i in perm[start:start + 16]]
+            batch = [train_idx[i] for i in perm[start : start + 16]]
             enc = tokenizer([texts[i] for i in batch], return_tensors="pt", padding=True)
             y = torch.tensor([float(labels[i]) for i in batch])
             loss = torch.nn.functional.binary_cross_entropy_with_logits(rm(**enc).logits[:, 0], y)
@@ -110,9 +110,18 @@ def build(force: bool = False) -> dict:
     policy.save_pretrained(CACHE / "policy")
     tokenizer.save_pretrained(CACHE / "policy")
     tokenizer.save_pretrained(CACHE / "tokenizer")
-    manifest = {"reward_model": {"heldout_accuracy": accuracy, "heldout_auc": auc, "train": RM_TRAIN,
-                                 "test": len(test_idx), "epochs": 3, "lr": 3e-5},
-                "pad_token": tokenizer.pad_token, "seconds": round(time.time() - t0, 1)}
+    manifest = {
+        "reward_model": {
+            "heldout_accuracy": accuracy,
+            "heldout_auc": auc,
+            "train": RM_TRAIN,
+            "test": len(test_idx),
+            "epochs": 3,
+            "lr": 3e-5,
+        },
+        "pad_token": tokenizer.pad_token,
+        "seconds": round(time.time() - t0, 1),
+    }
     manifest_path.write_text(json.dumps(manifest, indent=1))
     print(f"reward model: held-out accuracy {accuracy:.2f}, AUC {auc:.2f} ({manifest['seconds']} s)")
     return manifest
@@ -141,18 +150,27 @@ def train_lmppo(args) -> Path:
     kl = {"controller": args.controller, "target": args.target}
     if args.kl_coef is not None:
         kl["coef"] = args.kl_coef
-    name = args.name or f"lmppo-{args.controller}-t{args.target:g}" + (
-        f"-c{args.kl_coef:g}" if args.kl_coef is not None else "") + f"-s{args.seed}"
+    name = (
+        args.name
+        or f"lmppo-{args.controller}-t{args.target:g}"
+        + (f"-c{args.kl_coef:g}" if args.kl_coef is not None else "")
+        + f"-s{args.seed}"
+    )
     out = RUNS / name
     out.mkdir(parents=True, exist_ok=True)
     cfg = recipe(out / "run", args.seed, **kl)
-    for dotted, value in (args.set or []):  # `section.field` or a top-level field (total_episodes)
+    for dotted, value in args.set or []:  # `section.field` or a top-level field (total_episodes)
         section, _, field = dotted.rpartition(".")
         (cfg.setdefault(section, {}) if section else cfg)[field] = yaml.safe_load(value)
     (out / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     t0 = time.time()
-    subprocess.run([sys.executable, "-m", "lmppo.cli", "train", str(out / "recipe.yaml")], check=True,
-                   cwd=ROOT, stdout=open(out / "train.log", "w"), stderr=subprocess.STDOUT)
+    subprocess.run(
+        [sys.executable, "-m", "lmppo.apps.cli", "train", str(out / "recipe.yaml")],
+        check=True,
+        cwd=ROOT,
+        stdout=open(out / "train.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     settings = kl | ({"overrides": {k: yaml.safe_load(v) for k, v in args.set}} if args.set else {})
     judge(out, out / "run", reference=None, train_seconds=time.time() - t0, side="lmppo", settings=settings)
     return out
@@ -161,8 +179,9 @@ def train_lmppo(args) -> Path:
 # ----------------------------------------------------------------------------- TRL (TRL venv)
 def train_trl(args) -> Path:
     sys.path.insert(0, str(HERE))
-    import compare_trl  # noqa: E402  (the TRL worker of the speed benchmark, reused)
     from transformers import AutoTokenizer
+
+    import compare_trl  # noqa: E402  (the TRL worker of the speed benchmark, reused)
 
     name = args.name or f"trl-c{args.kl_coef:g}-s{args.seed}"
     out = RUNS / name
@@ -177,11 +196,31 @@ def train_trl(args) -> Path:
             link.symlink_to(CACHE / sub)
     (cache / "prompts.json").write_text(json.dumps(prompts))
     AutoTokenizer.from_pretrained(CACHE / "tokenizer")
-    cfg = dict(batch_size=32, num_mini_batches=2, ppo_epochs=2, response_length=24, learning_rate=args.lr,
-               kl_coef=args.kl_coef, cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1.0, lam=0.95,
-               temperature=0.7, stop_token="eos", missing_eos_penalty=None, threads=int(args.threads),
-               dtype="float32", seed=args.seed, episodes=EPISODES, cache=str(cache), out_dir=str(out),
-               lr_schedule="linear", save_policy_every=args.save_every, stop_after=args.stop_after)
+    cfg = dict(
+        batch_size=32,
+        num_mini_batches=2,
+        ppo_epochs=2,
+        response_length=24,
+        learning_rate=args.lr,
+        kl_coef=args.kl_coef,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
+        gamma=1.0,
+        lam=0.95,
+        temperature=0.7,
+        stop_token="eos",
+        missing_eos_penalty=None,
+        threads=int(args.threads),
+        dtype="float32",
+        seed=args.seed,
+        episodes=EPISODES,
+        cache=str(cache),
+        out_dir=str(out),
+        lr_schedule="linear",
+        save_policy_every=args.save_every,
+        stop_after=args.stop_after,
+    )
     t0 = time.time()
     res = compare_trl.run_trl(cfg)
     res["wall_seconds"] = time.time() - t0
@@ -194,8 +233,10 @@ def trl_prompts(seed: int) -> dict:
     """The training and held-out prompt ids of an lmppo run with this seed (written by `prompt-split`)."""
     path = CACHE / f"prompts-seed{seed}.json"
     if not path.exists():
-        raise SystemExit(f"error: {path} is missing: run `python benchmarks/learned_reward.py prompt-split "
-                         f"--seed {seed}` in lmppo's venv first")
+        raise SystemExit(
+            f"error: {path} is missing: run `python benchmarks/learned_reward.py prompt-split "
+            f"--seed {seed}` in lmppo's venv first"
+        )
     return json.loads(path.read_text())
 
 
@@ -203,21 +244,22 @@ def prompt_split(seed: int) -> None:
     """lmppo's own tokenisation and held-out split for `seed`, saved for the TRL side."""
     from transformers import AutoTokenizer
 
-    from lmppo.data import load_prompt_records, tokenize_prompts
-    from lmppo.data import split_holdout
+    from lmppo.data.prompts import load_prompt_records, split_holdout, tokenize_prompts
 
     data_cfg = _data_config()
     tokenizer = AutoTokenizer.from_pretrained(CACHE / "tokenizer")
     prompts = tokenize_prompts(load_prompt_records(data_cfg), tokenizer, data_cfg)
     train, held = split_holdout(prompts, HOLDOUT, seed)
-    (CACHE / f"prompts-seed{seed}.json").write_text(json.dumps(
-        {"train": [list(x) for x in train.ids], "eval": [list(x) for x in held.ids]}))
+    (CACHE / f"prompts-seed{seed}.json").write_text(
+        json.dumps({"train": [list(x) for x in train.ids], "eval": [list(x) for x in held.ids]})
+    )
 
 
 def _data_config():
-    from lmppo.config import DataConfig
-
     import yaml
+
+    from lmppo.config.schema import DataConfig
+
     d = DataConfig()
     for k, v in yaml.safe_load((ROOT / "src/lmppo/recipes/sentiment.yaml").read_text())["data"].items():
         setattr(d, k, v)
@@ -226,11 +268,29 @@ def _data_config():
 
 
 # ----------------------------------------------------------------------------- eval + judges (lmppo venv)
-def judge(out: Path, model: Path, reference: Path | None, train_seconds: float | None, side: str,
-          settings: dict, config: Path | None = None) -> dict:
+def judge(
+    out: Path,
+    model: Path,
+    reference: Path | None,
+    train_seconds: float | None,
+    side: str,
+    settings: dict,
+    config: Path | None = None,
+) -> dict:
     """`lmppo eval` on the held-out prompts (4 samples each), then the MiniLM hacking checks on its samples."""
-    cmd = [sys.executable, "-m", "lmppo.cli", "eval", str(model), "--samples-per-prompt", "4",
-           "--output", str(out / "eval.json"), "--show", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmppo.apps.cli",
+        "eval",
+        str(model),
+        "--samples-per-prompt",
+        "4",
+        "--output",
+        str(out / "eval.json"),
+        "--show",
+        "0",
+    ]
     if reference is not None:
         cmd += ["--reference", str(reference)]
     if config is not None:
@@ -239,18 +299,29 @@ def judge(out: Path, model: Path, reference: Path | None, train_seconds: float |
     ev = json.loads((out / "eval.json").read_text())
     samples = ev["samples"]
     prompts = [s["prompt"] for s in samples]
-    result = {"side": side, "settings": settings, "train_seconds": train_seconds,
-              "heldout": {"start": ev["start_point"], "trained": ev["trained"]},
-              "judge": {"start": hacking_checks(prompts, [s["start"] for s in samples]),
-                        "trained": hacking_checks(prompts, [s["trained"] for s in samples])}}
+    result = {
+        "side": side,
+        "settings": settings,
+        "train_seconds": train_seconds,
+        "heldout": {"start": ev["start_point"], "trained": ev["trained"]},
+        "judge": {
+            "start": hacking_checks(prompts, [s["start"] for s in samples]),
+            "trained": hacking_checks(prompts, [s["trained"] for s in samples]),
+        },
+    }
     metrics = out / "run" / "metrics.jsonl"
     if metrics.exists():
         rows = [json.loads(x) for x in metrics.read_text().splitlines()]
         kls = [r["objective/kl"] for r in rows]
-        late = kls[len(kls) // 2:]
-        result["train"] = {"kl": kls, "kl_coef": [r["objective/kl_coef"] for r in rows],
-                           "scores": [r["objective/scores"] for r in rows],
-                           "kl_late_min": min(late), "kl_late_max": max(late), "kl_late_mean": sum(late) / len(late)}
+        late = kls[len(kls) // 2 :]
+        result["train"] = {
+            "kl": kls,
+            "kl_coef": [r["objective/kl_coef"] for r in rows],
+            "scores": [r["objective/scores"] for r in rows],
+            "kl_late_min": min(late),
+            "kl_late_max": max(late),
+            "kl_late_mean": sum(late) / len(late),
+        }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     record(out)
     print(summary_line(out.name, result))
@@ -295,20 +366,29 @@ def judge_trl(args) -> None:
     saved = {int(p.name.split("-")[-1]): p for p in out.glob("policy-iter-*")}
     missing = sorted(set(args.iterations or ()) - set(saved))
     if missing:
-        raise SystemExit(f"error: judge --iterations {' '.join(map(str, missing))}: no policy saved after that update "
-                         f"in {out} (saved: {' '.join(map(str, sorted(saved))) or 'none'})")
+        raise SystemExit(
+            f"error: judge --iterations {' '.join(map(str, missing))}: no policy saved after that update "
+            f"in {out} (saved: {' '.join(map(str, sorted(saved))) or 'none'})"
+        )
     lm_cfg = out / "lmppo_view.yaml"
     lm_cfg.write_text(yaml.safe_dump(recipe(out / "unused", args.seed), sort_keys=False))
     for iteration, policy in sorted(saved.items()):
         if args.iterations is not None and iteration not in args.iterations:
             continue
-        sub = out / f"eval-{policy.name[len('policy-'):]}"
+        sub = out / f"eval-{policy.name[len('policy-') :]}"
         if (sub / "result.json").exists():
             record(sub)
             continue
         sub.mkdir(exist_ok=True)
-        judge(sub, policy, reference=CACHE / "policy", train_seconds=res.get("train_seconds"), side="trl",
-              settings={"kl_coef": args.kl_coef, "iteration": iteration}, config=lm_cfg)
+        judge(
+            sub,
+            policy,
+            reference=CACHE / "policy",
+            train_seconds=res.get("train_seconds"),
+            side="trl",
+            settings={"kl_coef": args.kl_coef, "iteration": iteration},
+            config=lm_cfg,
+        )
 
 
 # ----------------------------------------------------------------------------- interpolation toward the start
@@ -321,11 +401,31 @@ def interpolate(args) -> None:
         if (sub / "result.json").exists():
             continue
         shutil.rmtree(sub / "policy", ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "lmppo.cli", "merge", str(out / "run"), "--toward-start", str(lam),
-                        "--output", str(sub / "policy")], check=True, cwd=ROOT)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "lmppo.apps.cli",
+                "merge",
+                str(out / "run"),
+                "--toward-start",
+                str(lam),
+                "--output",
+                str(sub / "policy"),
+            ],
+            check=True,
+            cwd=ROOT,
+        )
         settings = json.loads((out / "result.json").read_text())["settings"] | {"interpolation": lam}
-        judge(sub, sub / "policy", reference=None, train_seconds=None, side="lmppo-interp", settings=settings,
-              config=out / "run" / "config.yaml")
+        judge(
+            sub,
+            sub / "policy",
+            reference=None,
+            train_seconds=None,
+            side="lmppo-interp",
+            settings=settings,
+            config=out / "run" / "config.yaml",
+        )
 
 
 def merge_runs(args) -> None:
@@ -336,7 +436,15 @@ def merge_runs(args) -> None:
     if (out / "result.json").exists():
         return
     shutil.rmtree(out / "policy", ignore_errors=True)
-    cmd = [sys.executable, "-m", "lmppo.cli", "merge", *[str(r / "run") for r in runs], "--output", str(out / "policy")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lmppo.apps.cli",
+        "merge",
+        *[str(r / "run") for r in runs],
+        "--output",
+        str(out / "policy"),
+    ]
     if args.kl_budget is not None:  # lambda chosen by lmppo merge on the held-out KL
         cmd += ["--kl-budget", str(args.kl_budget)]
     elif args.toward_start != 1.0:
@@ -346,12 +454,22 @@ def merge_runs(args) -> None:
     record = json.loads((out / "policy" / "merge.json").read_text())
     settings = {"merge": args.runs, "toward_start": record["toward_start"]}
     if args.kl_budget is not None:
-        settings |= {"kl_budget": args.kl_budget, "search": record["kl_budget"]["steps"],
-                     "search_seconds": round(time.time() - t0, 1)}
+        settings |= {
+            "kl_budget": args.kl_budget,
+            "search": record["kl_budget"]["steps"],
+            "search_seconds": round(time.time() - t0, 1),
+        }
     results = [json.loads((r / "result.json").read_text()) for r in runs]
     seconds = sum(r.get("train_seconds") or 0.0 for r in results)
-    judge(out, out / "policy", reference=None, train_seconds=seconds, side="lmppo-merge",
-          settings=settings, config=runs[0] / "run" / "config.yaml")
+    judge(
+        out,
+        out / "policy",
+        reference=None,
+        train_seconds=seconds,
+        side="lmppo-merge",
+        settings=settings,
+        config=runs[0] / "run" / "config.yaml",
+    )
 
 
 def warp_runs(args) -> None:
@@ -369,27 +487,51 @@ def warp_runs(args) -> None:
             continue
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.time()
-        subprocess.run([sys.executable, "-m", "lmppo.cli", "warp", str(base / "recipe.yaml"), "--kl-budget",
-                        str(budget)], check=True, cwd=ROOT, stdout=open(out / "warp.log", "w"), stderr=subprocess.STDOUT)
+        subprocess.run(
+            [sys.executable, "-m", "lmppo.apps.cli", "warp", str(base / "recipe.yaml"), "--kl-budget", str(budget)],
+            check=True,
+            cwd=ROOT,
+            stdout=open(out / "warp.log", "w"),
+            stderr=subprocess.STDOUT,
+        )
         merged = base / "warp" / f"merged-kl{budget:g}"
         record = json.loads((merged / "merge.json").read_text())
-        settings = {"warp": {"members": 2, "target": args.target}, "toward_start": record["toward_start"],
-                    "kl_budget": budget, "search": record["kl_budget"]["steps"],
-                    "warp_seconds": round(time.time() - t0, 1)}  # the first budget's includes training the members
-        judge(out, merged, reference=None, train_seconds=None, side="lmppo-merge", settings=settings,
-              config=base / "warp" / "member-0" / "config.yaml")
+        settings = {
+            "warp": {"members": 2, "target": args.target},
+            "toward_start": record["toward_start"],
+            "kl_budget": budget,
+            "search": record["kl_budget"]["steps"],
+            "warp_seconds": round(time.time() - t0, 1),
+        }  # the first budget's includes training the members
+        judge(
+            out,
+            merged,
+            reference=None,
+            train_seconds=None,
+            side="lmppo-merge",
+            settings=settings,
+            config=base / "warp" / "member-0" / "config.yaml",
+        )
 
 
 # ----------------------------------------------------------------------------- report
 def summary_line(name: str, r: dict) -> str:
     t, s = r["heldout"]["trained"], r["heldout"]["start"]
     jt, js = r["judge"]["trained"], r["judge"]["start"]
-    late = (f" train KL last half {r['train']['kl_late_min']:.1f}-{r['train']['kl_late_max']:.1f}"
-            f" (mean {r['train']['kl_late_mean']:.1f})") if "train" in r else ""
-    return (f"{name:32s} held-out rm {s['reward/rm']:.2f}->{t['reward/rm']:.2f} at KL {t['kl']:.2f}"
-            f" | vader {s['reward/vader']:.2f}->{t['reward/vader']:.2f}"
-            f" | relevance gap {js['relevance_gap']:.3f}->{jt['relevance_gap']:.3f}"
-            f" | self-sim {js['self_similarity']:.2f}->{jt['self_similarity']:.2f}{late}")
+    late = (
+        (
+            f" train KL last half {r['train']['kl_late_min']:.1f}-{r['train']['kl_late_max']:.1f}"
+            f" (mean {r['train']['kl_late_mean']:.1f})"
+        )
+        if "train" in r
+        else ""
+    )
+    return (
+        f"{name:32s} held-out rm {s['reward/rm']:.2f}->{t['reward/rm']:.2f} at KL {t['kl']:.2f}"
+        f" | vader {s['reward/vader']:.2f}->{t['reward/vader']:.2f}"
+        f" | relevance gap {js['relevance_gap']:.3f}->{jt['relevance_gap']:.3f}"
+        f" | self-sim {js['self_similarity']:.2f}->{jt['self_similarity']:.2f}{late}"
+    )
 
 
 def _bootstrap_se(values: list[float], rounds: int = 2000, seed: int = 0) -> float:
@@ -406,8 +548,11 @@ def collect() -> list[dict]:
     """Every judged run: those in the cache, then the committed records of runs the cache no longer holds."""
     points, seen = [], set()
     for root in (RUNS, RECORDS):
-        for path in (sorted(root.glob("*/result.json")) + sorted(root.glob("*/eval-iter-*/result.json"))
-                     + sorted(root.glob("*/interp-*/result.json"))):
+        for path in (
+            sorted(root.glob("*/result.json"))
+            + sorted(root.glob("*/eval-iter-*/result.json"))
+            + sorted(root.glob("*/interp-*/result.json"))
+        ):
             name = str(path.parent.relative_to(root))
             if name not in seen:
                 seen.add(name)
@@ -418,10 +563,17 @@ def collect() -> list[dict]:
 def _point(name: str, path: Path) -> dict:
     r = json.loads(path.read_text())
     by_prompt, start_by_prompt = _by_prompt(path.parent)
-    return {"name": name, "side": r["side"], "settings": r["settings"], "result": r,
-            "by_prompt": by_prompt, "start_by_prompt": start_by_prompt,
-            "kl": r["heldout"]["trained"]["kl"], "rm": r["heldout"]["trained"]["reward/rm"],
-            "rm_se": _bootstrap_se(list(by_prompt.values()))}
+    return {
+        "name": name,
+        "side": r["side"],
+        "settings": r["settings"],
+        "result": r,
+        "by_prompt": by_prompt,
+        "start_by_prompt": start_by_prompt,
+        "kl": r["heldout"]["trained"]["kl"],
+        "rm": r["heldout"]["trained"]["reward/rm"],
+        "rm_se": _bootstrap_se(list(by_prompt.values())),
+    }
 
 
 def _interpolate(points: list[dict], kl: float) -> tuple[float, float] | None:
@@ -445,8 +597,10 @@ def _by_prompt(result_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
     by: dict[str, list] = {}
     for s in ev["samples"]:
         by.setdefault(s["prompt"], []).append((s["trained_scores"]["rm"], s["start_scores"]["rm"]))
-    return ({k: sum(t for t, _ in g) / len(g) for k, g in by.items()},
-            {k: sum(b for _, b in g) / len(g) for k, g in by.items()})
+    return (
+        {k: sum(t for t, _ in g) / len(g) for k, g in by.items()},
+        {k: sum(b for _, b in g) / len(g) for k, g in by.items()},
+    )
 
 
 def _curve_at(points: list[tuple[float, dict[str, float]]], kl: float) -> dict[str, float] | None:
@@ -466,15 +620,19 @@ def _trajectory(name: str) -> str:
     return re.sub(r"-early(?=-s\d+$)", "", name.split("/")[0])
 
 
-def _both_at(points: list[dict], start: tuple[float, dict], seed: int, kl: float,
-             families: tuple[str, ...] = ("lmppo-",)) -> tuple[dict | None, dict | None]:
+def _both_at(
+    points: list[dict], start: tuple[float, dict], seed: int, kl: float, families: tuple[str, ...] = ("lmppo-",)
+) -> tuple[dict | None, dict | None]:
     """(lmppo's, TRL's) per-prompt scores of `seed` at held-out KL `kl`. lmppo: one curve per family (the runs whose
     name starts with one of `families`: replicates of a recipe, trained apart), their per-prompt mean over the
     families that reach `kl`. TRL: its best trajectory there. None where no curve reaches `kl`."""
     curves = []
     for family in families:
-        mine = [(p["kl"], p["by_prompt"]) for p in points if p["side"].startswith("lmppo")
-                and _seed(p["name"]) == seed and _family(p["name"], families) == family]
+        mine = [
+            (p["kl"], p["by_prompt"])
+            for p in points
+            if p["side"].startswith("lmppo") and _seed(p["name"]) == seed and _family(p["name"], families) == family
+        ]
         curve = _curve_at(mine + [start], kl) if mine else None
         if curve is not None:
             curves.append(curve)
@@ -492,8 +650,9 @@ def _family(name: str, families: tuple[str, ...]) -> str | None:
     return max((f for f in families if name.startswith(f)), key=len, default=None)
 
 
-def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0),
-                   families: tuple[str, ...] = ("lmppo-",)) -> list[str]:
+def frontier_table(
+    points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 5.0, 10.0), families: tuple[str, ...] = ("lmppo-",)
+) -> list[str]:
     """lmppo against TRL at the same held-out KL, paired by seed and by held-out prompt.
 
     Each side's curve for a seed: the start policy (KL 0), then its points (lmppo: the runs of every KL target and
@@ -505,16 +664,21 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
     start = {}
     for p in points:
         start.setdefault(_seed(p["name"]), (0.0, p["start_by_prompt"]))
-    lines = ["", "frontier at fixed held-out KL: held-out reward-model score, lmppo minus TRL (paired by seed and prompt)",
-             "| KL | " + " | ".join(f"seed {s}: lmppo / TRL" for s in seeds) + " | mean difference | noise (SE) |"
-             " beyond 2 SE | seeds ahead | t over seeds (5% two-sided critical) |",
-             "|---|" + "---|" * (len(seeds) + 5)]
+    lines = [
+        "",
+        "frontier at fixed held-out KL: held-out reward-model score, lmppo minus TRL (paired by seed and prompt)",
+        "| KL | " + " | ".join(f"seed {s}: lmppo / TRL" for s in seeds) + " | mean difference | noise (SE) |"
+        " beyond 2 SE | seeds ahead | t over seeds (5% two-sided critical) |",
+        "|---|" + "---|" * (len(seeds) + 5),
+    ]
     for kl in kls:
         cells, per_seed, per_prompt = [], [], []
         for seed in seeds:
             lm, trl = _both_at(points, start[seed], seed, kl, families)
-            mean = (lambda c: sum(c.values()) / len(c))
-            cells.append(("-" if lm is None else f"{mean(lm):.2f}") + " / " + ("-" if trl is None else f"{mean(trl):.2f}"))
+            mean = lambda c: sum(c.values()) / len(c)
+            cells.append(
+                ("-" if lm is None else f"{mean(lm):.2f}") + " / " + ("-" if trl is None else f"{mean(trl):.2f}")
+            )
             if lm is not None and trl is not None:
                 diff = [lm[k] - trl[k] for k in lm]
                 per_prompt += diff
@@ -528,15 +692,46 @@ def frontier_table(points: list[dict], kls: tuple[float, ...] = (0.5, 1.0, 2.0, 
         noise = max(within, between)
         verdict = ("yes" if abs(mean_diff) > 2 * noise else "no") + ("" if len(per_seed) > 1 else " (one seed)")
         ahead = f"{sum(d > 0 for d in per_seed)} of {len(per_seed)}"
-        lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean_diff:+.3f} ({len(per_seed)} seeds) | {noise:.3f} "
-                     f"| {verdict} | {ahead} | {_t_test(per_seed)} |")
+        lines.append(
+            f"| {kl:g} | " + " | ".join(cells) + f" | {mean_diff:+.3f} ({len(per_seed)} seeds) | {noise:.3f} "
+            f"| {verdict} | {ahead} | {_t_test(per_seed)} |"
+        )
     return lines
 
 
 # Student's t, two-sided 5%: the critical |t| for 1 to 30 degrees of freedom (above 30, 30's value: conservative).
-T_CRITICAL_5 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23,
-                11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10, 19: 2.09, 20: 2.09,
-                21: 2.08, 22: 2.07, 23: 2.07, 24: 2.06, 25: 2.06, 26: 2.06, 27: 2.05, 28: 2.05, 29: 2.05, 30: 2.04}
+T_CRITICAL_5 = {
+    1: 12.71,
+    2: 4.30,
+    3: 3.18,
+    4: 2.78,
+    5: 2.57,
+    6: 2.45,
+    7: 2.36,
+    8: 2.31,
+    9: 2.26,
+    10: 2.23,
+    11: 2.20,
+    12: 2.18,
+    13: 2.16,
+    14: 2.14,
+    15: 2.13,
+    16: 2.12,
+    17: 2.11,
+    18: 2.10,
+    19: 2.09,
+    20: 2.09,
+    21: 2.08,
+    22: 2.07,
+    23: 2.07,
+    24: 2.06,
+    25: 2.06,
+    26: 2.06,
+    27: 2.05,
+    28: 2.05,
+    29: 2.05,
+    30: 2.04,
+}
 
 
 def _se_of_mean(values: list[float]) -> float:
@@ -561,8 +756,13 @@ def _t_test(per_seed: list[float]) -> str:
 
 # TRL's held-out score at each KL and seed (0, 1, 2) as recorded in docs/choosing.md before its per-prompt files
 # were lost: the best of its runs at lr 1e-5, 5e-5 and 1e-4 at each KL.
-TRL_RECORDED_BEST = {0.5: (0.50, 0.28, 0.27), 1.0: (0.37, 0.32, 0.32), 2.0: (0.39, 0.44, 0.37),
-                     5.0: (0.65, 0.68, 0.37), 10.0: (0.76, 0.79, 0.68)}
+TRL_RECORDED_BEST = {
+    0.5: (0.50, 0.28, 0.27),
+    1.0: (0.37, 0.32, 0.32),
+    2.0: (0.39, 0.44, 0.37),
+    5.0: (0.65, 0.68, 0.37),
+    10.0: (0.76, 0.79, 0.68),
+}
 
 
 def recorded_floor_table(points: list[dict], families: tuple[str, ...] = ("lmppo-",)) -> list[str]:
@@ -573,9 +773,13 @@ def recorded_floor_table(points: list[dict], families: tuple[str, ...] = ("lmppo
     start = {}
     for p in points:
         start.setdefault(_seed(p["name"]), (0.0, p["start_by_prompt"]))
-    lines = ["", "against the larger of TRL's paired curve and its recorded best learning rate (lmppo / TRL paired / "
-             "TRL recorded)", "| KL | " + " | ".join(f"seed {s}" for s in seeds) + " | mean difference | noise (SE) | "
-             "differences / noise |", "|---|" + "---|" * (len(seeds) + 3)]
+    lines = [
+        "",
+        "against the larger of TRL's paired curve and its recorded best learning rate (lmppo / TRL paired / "
+        "TRL recorded)",
+        "| KL | " + " | ".join(f"seed {s}" for s in seeds) + " | mean difference | noise (SE) | differences / noise |",
+        "|---|" + "---|" * (len(seeds) + 3),
+    ]
     for kl, recorded in TRL_RECORDED_BEST.items():
         cells, diffs, paired = [], [], []
         for seed in seeds:
@@ -591,8 +795,10 @@ def recorded_floor_table(points: list[dict], families: tuple[str, ...] = ("lmppo
             continue
         mean = sum(diffs) / len(diffs)
         noise = max(_se_of_mean(diffs), _bootstrap_se(paired))
-        lines.append(f"| {kl:g} | " + " | ".join(cells) + f" | {mean:+.3f} ({len(diffs)} seeds) | {noise:.3f} | "
-                     f"{mean / noise:.1f} |")
+        lines.append(
+            f"| {kl:g} | " + " | ".join(cells) + f" | {mean:+.3f} ({len(diffs)} seeds) | {noise:.3f} | "
+            f"{mean / noise:.1f} |"
+        )
     return lines
 
 
@@ -600,27 +806,42 @@ def report(args) -> None:
     """Every run's line, then lmppo against TRL. `--lmppo PREFIX [PREFIX ...]` keeps only the lmppo runs (and their
     interpolations) whose folder name starts with PREFIX: one recipe's family, so runs of other settings kept in
     the cache do not enter its curve. TRL's runs all count (the best at each KL is kept)."""
-    points = [p for p in collect()
-              if p["side"] == "trl" or p["name"].startswith(tuple(args.lmppo))]
+    points = [p for p in collect() if p["side"] == "trl" or p["name"].startswith(tuple(args.lmppo))]
     for p in points:
         print(summary_line(p["name"], p["result"]) + f" | rm SE {p['rm_se']:.2f}")
     trl = [p for p in points if p["side"] == "trl"]
-    lines = ["", "frontier: lmppo's held-out reward-model score against TRL's at the same held-out KL",
-             "| lmppo run | KL | lmppo score (SE) | TRL at that KL (SE) | difference (SE) |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        "frontier: lmppo's held-out reward-model score against TRL's at the same held-out KL",
+        "| lmppo run | KL | lmppo score (SE) | TRL at that KL (SE) | difference (SE) |",
+        "|---|---|---|---|---|",
+    ]
     for p in (p for p in points if p["side"].startswith("lmppo")):
         at = _interpolate(trl, p["kl"]) if trl else None
         if at is None:
-            lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | outside TRL's range | - |")
+            lines.append(
+                f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | outside TRL's range | - |"
+            )
             continue
         diff, se = p["rm"] - at[0], (p["rm_se"] ** 2 + at[1] ** 2) ** 0.5
-        lines.append(f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | {at[0]:.2f} ({at[1]:.2f}) "
-                     f"| {diff:+.2f} ({se:.2f}) |")
+        lines.append(
+            f"| {p['name']} | {p['kl']:.2f} | {p['rm']:.2f} ({p['rm_se']:.2f}) | {at[0]:.2f} ({at[1]:.2f}) "
+            f"| {diff:+.2f} ({se:.2f}) |"
+        )
     print("\n".join(lines))
     families = tuple(args.lmppo)
     print("\n".join(frontier_table(points, families=families)))
     print("\n".join(recorded_floor_table(points, families)))
-    (CACHE / "report.json").write_text(json.dumps(
-        [{k: v for k, v in p.items() if k not in ("result", "by_prompt", "start_by_prompt")} | {"judge": p["result"]["judge"]} for p in points], indent=1))
+    (CACHE / "report.json").write_text(
+        json.dumps(
+            [
+                {k: v for k, v in p.items() if k not in ("result", "by_prompt", "start_by_prompt")}
+                | {"judge": p["result"]["judge"]}
+                for p in points
+            ],
+            indent=1,
+        )
+    )
     _plot(points, CACHE / "frontier.png")
     print(f"wrote {CACHE / 'report.json'} and {CACHE / 'frontier.png'}")
 
@@ -635,8 +856,15 @@ def _plot(points: list[dict], path: Path) -> None:
     for side, marker in (("lmppo", "o"), ("lmppo-interp", "^"), ("lmppo-merge", "D"), ("trl", "s")):
         pts = sorted((p for p in points if p["side"] == side), key=lambda p: p["kl"])
         if pts:
-            ax.errorbar([p["kl"] for p in pts], [p["rm"] for p in pts], yerr=[p["rm_se"] for p in pts],
-                        marker=marker, linestyle="none", label=side, capsize=3)  # seeds mixed: no line
+            ax.errorbar(
+                [p["kl"] for p in pts],
+                [p["rm"] for p in pts],
+                yerr=[p["rm_se"] for p in pts],
+                marker=marker,
+                linestyle="none",
+                label=side,
+                capsize=3,
+            )  # seeds mixed: no line
     ax.set_xlabel("held-out KL to the start policy (nats per response)")
     ax.set_ylabel("held-out reward-model score")
     if ax.get_legend_handles_labels()[0]:
@@ -665,15 +893,24 @@ def main(argv=None) -> None:
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int, default=2)
     tr.add_argument("--save-every", type=int, default=4, help="save the policy every N updates (the trajectory)")
-    tr.add_argument("--stop-after", type=int, default=None, help="end after N updates (the schedule stays that of "
-                    "the whole run): the start of a trajectory, saved finer")
+    tr.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        help="end after N updates (the schedule stays that of the whole run): the start of a trajectory, saved finer",
+    )
     tr.add_argument("--name", default=None)
     j = sub.add_parser("judge")
     j.add_argument("run")
     j.add_argument("--seed", type=int, default=0)
     j.add_argument("--kl-coef", type=float, default=0.05)
-    j.add_argument("--iterations", type=int, nargs="+", default=None,
-                   help="judge only the policies saved after these updates (default: every saved policy)")
+    j.add_argument(
+        "--iterations",
+        type=int,
+        nargs="+",
+        default=None,
+        help="judge only the policies saved after these updates (default: every saved policy)",
+    )
     ip = sub.add_parser("interpolate")
     ip.add_argument("run")
     ip.add_argument("--lambdas", type=float, nargs="+", default=[0.25, 0.5, 0.75])
@@ -688,8 +925,13 @@ def main(argv=None) -> None:
     wp.add_argument("--budgets", type=float, nargs="+", default=[2.0, 5.0, 10.0])
     wp.add_argument("--name", default="lmppo-w")
     rp = sub.add_parser("report")
-    rp.add_argument("--lmppo", default=["lmppo-"], nargs="+", metavar="PREFIX",
-                    help="only lmppo runs whose folder name starts with a PREFIX (default: every lmppo run)")
+    rp.add_argument(
+        "--lmppo",
+        default=["lmppo-"],
+        nargs="+",
+        metavar="PREFIX",
+        help="only lmppo runs whose folder name starts with a PREFIX (default: every lmppo run)",
+    )
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -83,13 +83,19 @@ class Decoder:
         self.samplers = []
         for seed in seeds:
             s = ll.llama_sampler_chain_init(chain)
-            ll.llama_sampler_chain_add(s, ll.llama_sampler_init_dist(seed % 2 ** 32))
+            ll.llama_sampler_chain_add(s, ll.llama_sampler_init_dist(seed % 2**32))
             self.samplers.append(s)
         desc = ctypes_buffer(ll, lambda buf, n: ll.llama_model_desc(self.model, buf, n))
-        self.info = dict(desc=desc, model_bytes=int(ll.llama_model_size(self.model)), n_ctx=int(ll.llama_n_ctx(self.ctx)),
-                         n_batch=int(cp.n_batch), flash_attn_type=int(cp.flash_attn_type), type_k=int(cp.type_k),
-                         system=ll.llama_print_system_info().decode().strip(),
-                         llama_cpp_python=getattr(ll, "__version__", "?"))
+        self.info = dict(
+            desc=desc,
+            model_bytes=int(ll.llama_model_size(self.model)),
+            n_ctx=int(ll.llama_n_ctx(self.ctx)),
+            n_batch=int(cp.n_batch),
+            flash_attn_type=int(cp.flash_attn_type),
+            type_k=int(cp.type_k),
+            system=ll.llama_print_system_info().decode().strip(),
+            llama_cpp_python=getattr(ll, "__version__", "?"),
+        )
 
     def _decode(self, rows) -> None:
         b = self.batch

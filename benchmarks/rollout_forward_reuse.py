@@ -29,7 +29,7 @@ def make_trainer(name: str, reuse: bool, iterations: int, cache: Path, out: Path
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lmppo.trainer import PPOTrainer
+    from lmppo.training.trainer import PPOTrainer
 
     run = compare_trl.make_run_cfg(name, "lmppo", 0, iterations * common.BASE_SETTINGS["batch_size"], cache, out)
     config = compare_trl.lmppo_config(run, out / ("reuse" if reuse else "plain"))
@@ -62,23 +62,35 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(1)
     compare_trl.build_cache(sys.executable, "tiny", a.cache, None, 3600)  # reused when already built
-    print(f"CPU seconds per iteration (median of {a.iterations - 1}, first iteration left out), one thread; "
-          "rollout and update: wall seconds of those phases (median)")
-    print(f"{'config':12} {'rerun':>8} {'reuse':>8} {'rerun/reuse':>12}   {'rollout rerun/reuse':>20} "
-          f"{'update rerun/reuse':>19}")
+    print(
+        f"CPU seconds per iteration (median of {a.iterations - 1}, first iteration left out), one thread; "
+        "rollout and update: wall seconds of those phases (median)"
+    )
+    print(
+        f"{'config':12} {'rerun':>8} {'reuse':>8} {'rerun/reuse':>12}   {'rollout rerun/reuse':>20} "
+        f"{'update rerun/reuse':>19}"
+    )
     for name in a.configs.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             trainers = {reuse: make_trainer(name, reuse, a.iterations, a.cache, Path(tmp)) for reuse in (False, True)}
             seconds: dict[bool, list[float]] = {False: [], True: []}
             for i in range(a.iterations):
-                for reuse in ((False, True) if i % 2 else (True, False)):
+                for reuse in (False, True) if i % 2 else (True, False):
                     seconds[reuse].append(one_iteration(trainers[reuse]))
-            phases = {reuse: {phase: statistics.median(m[f"time/{phase}"] for m in trainer.history[1:])
-                              for phase in ("rollout", "update")} for reuse, trainer in trainers.items()}
+            phases = {
+                reuse: {
+                    phase: statistics.median(m[f"time/{phase}"] for m in trainer.history[1:])
+                    for phase in ("rollout", "update")
+                }
+                for reuse, trainer in trainers.items()
+            }
         rerun, reuse = (statistics.median(seconds[k][1:]) for k in (False, True))
-        print(f"{name:12} {rerun:8.3f} {reuse:8.3f} {rerun / reuse:11.3f}x   "
-              f"{phases[False]['rollout']:9.3f} / {phases[True]['rollout']:<8.3f} "
-              f"{phases[False]['update']:8.3f} / {phases[True]['update']:<8.3f}", flush=True)
+        print(
+            f"{name:12} {rerun:8.3f} {reuse:8.3f} {rerun / reuse:11.3f}x   "
+            f"{phases[False]['rollout']:9.3f} / {phases[True]['rollout']:<8.3f} "
+            f"{phases[False]['update']:8.3f} / {phases[True]['update']:<8.3f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import time
 
 import torch
 
-from lmppo.config import load_config, recipe_path
-from lmppo.trainer import PPOTrainer
 from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
+from lmppo.config.schema import load_config, recipe_path
+from lmppo.training.trainer import PPOTrainer
 
 
 def main() -> None:
@@ -63,20 +63,28 @@ def main() -> None:
             whole[variant].append(time.process_time() - start)
             sampling[variant].append(spent["sample"])
     load.append(os.getloadavg())
-    print(f"default job's rollout phase (batch {cfg.rollout.batch_size}, {cfg.rollout.max_new_tokens} new tokens, "
-          f"LoRA {'r %d' % cfg.model.lora.r if cfg.model.lora.enabled else 'off'}, "
-          f"precision {cfg.precision} -> autocast {'bf16' if trainer._autocast().__class__.__name__ != 'nullcontext' else 'off'}"
-          f", {args.threads} thread(s)), {args.rounds} alternating rounds; capability "
-          f"{torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 {torch.cpu._is_avx512_bf16_supported()}; load "
-          f"average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
+    print(
+        f"default job's rollout phase (batch {cfg.rollout.batch_size}, {cfg.rollout.max_new_tokens} new tokens, "
+        f"LoRA {'r %d' % cfg.model.lora.r if cfg.model.lora.enabled else 'off'}, "
+        f"precision {cfg.precision} -> autocast "
+        f"{'bf16' if trainer._autocast().__class__.__name__ != 'nullcontext' else 'off'}"
+        f", {args.threads} thread(s)), {args.rounds} alternating rounds; capability "
+        f"{torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 {torch.cpu._is_avx512_bf16_supported()}; load "
+        f"average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end"
+    )
     print(f"{'':9} {'phase cpu s: min':>16} {'p10':>7} {'p50':>7}   {'sampling: min':>13} {'p10':>7} {'p50':>7}")
     for v in whole:
-        print(f"{v:9} {min(whole[v]):16.3f} {percentile(whole[v], 10):7.3f} {percentile(whole[v], 50):7.3f}   "
-              f"{min(sampling[v]):13.3f} {percentile(sampling[v], 10):7.3f} {percentile(sampling[v], 50):7.3f}")
+        print(
+            f"{v:9} {min(whole[v]):16.3f} {percentile(whole[v], 10):7.3f} {percentile(whole[v], 50):7.3f}   "
+            f"{min(sampling[v]):13.3f} {percentile(sampling[v], 10):7.3f} {percentile(sampling[v], 50):7.3f}"
+        )
     for name, figures in (("phase", whole), ("sampling", sampling)):
         ratios = [a / b for a, b in zip(figures["unfolded"], figures["folded"])]
-        print(f"{name} speed-up folded/unfolded per round: median x{statistics.median(ratios):.2f} "
-              f"[{min(ratios):.2f}, {max(ratios):.2f}]; at p10 x{percentile(figures['unfolded'], 10) / percentile(figures['folded'], 10):.2f}")
+        print(
+            f"{name} speed-up folded/unfolded per round: median x{statistics.median(ratios):.2f} "
+            f"[{min(ratios):.2f}, {max(ratios):.2f}]; at p10 "
+            f"x{percentile(figures['unfolded'], 10) / percentile(figures['folded'], 10):.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Sampler speed, alternating rounds: lmppo's native loop on the policy itself ("unfolded": with LoRA, the base
-weights plus the adapters at every step), on its sampling copy ("folded": `lmppo.sampling.SamplingWeights`, LoRA
+weights plus the adapters at every step), on its sampling copy ("folded": `lmppo.sampling.native.SamplingWeights`, LoRA
 folded into plain linear layers and weights pre-cast under bf16 autocast, the fold's cost counted in every call),
 and transformers' `generate`; same model, prompts and lengths.
 
@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from lmppo.config import ModelConfig
-from lmppo.models import load_tokenizer, prepare_policy, resolve_model_path
-from lmppo.rollout import left_pad, pure_sampling_config, sample_responses
-from lmppo.sampling import SamplingWeights, response_seed, sample_native
 from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
+from lmppo.config.schema import ModelConfig
+from lmppo.models.loading import load_tokenizer, prepare_policy, resolve_model_path
+from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
+from lmppo.sampling.native import SamplingWeights, response_seed, sample_native
 
 
 def bench_policy(args):
@@ -85,8 +85,7 @@ def main() -> None:
 
     def folded():
         with autocast():
-            return sample_native(weights.model_for(model), ids, mask, 1.0, args.new, no_stop, tok.pad_token_id,
-                                 seeds)
+            return sample_native(weights.model_for(model), ids, mask, 1.0, args.new, no_stop, tok.pad_token_id, seeds)
 
     def hf():
         with autocast():
@@ -108,17 +107,24 @@ def main() -> None:
             assert out[0].shape == (args.batch, args.new), out[0].shape
     load.append(os.getloadavg())
     tokens = args.batch * args.new
-    print(f"model {args.model}, batch {args.batch} x {args.new} new tokens, {args.threads} thread(s), LoRA "
-          f"{'r 16 all-linear' if args.lora else 'off'}, bf16 autocast {args.bf16}, {args.rounds} alternating rounds; "
-          f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 "
-          f"{torch.cpu._is_avx512_bf16_supported()}; load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at the end")
-    print(f"{'sampler':9} {'cpu min':>8} {'cpu p10':>8} {'cpu p50':>8} {'wall p10':>8} {'tok/s cpu p10':>13}  "
-          f"speed vs {names[0]} per round (cpu): median [min, max]")
+    print(
+        f"model {args.model}, batch {args.batch} x {args.new} new tokens, {args.threads} thread(s), LoRA "
+        f"{'r 16 all-linear' if args.lora else 'off'}, bf16 autocast {args.bf16}, {args.rounds} alternating rounds; "
+        f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 "
+        f"{torch.cpu._is_avx512_bf16_supported()}; load average {load[0][0]:.2f} at the start, {load[1][0]:.2f} at "
+        f"the end"
+    )
+    print(
+        f"{'sampler':9} {'cpu min':>8} {'cpu p10':>8} {'cpu p50':>8} {'wall p10':>8} {'tok/s cpu p10':>13}  "
+        f"speed vs {names[0]} per round (cpu): median [min, max]"
+    )
     for name in names:
         ratios = [a / b for a, b in zip(cpu[names[0]], cpu[name])]
-        print(f"{name:9} {min(cpu[name]):8.3f} {percentile(cpu[name], 10):8.3f} {percentile(cpu[name], 50):8.3f} "
-              f"{percentile(wall[name], 10):8.3f} {tokens / percentile(cpu[name], 10):13.1f}  "
-              f"x{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]")
+        print(
+            f"{name:9} {min(cpu[name]):8.3f} {percentile(cpu[name], 10):8.3f} {percentile(cpu[name], 50):8.3f} "
+            f"{percentile(wall[name], 10):8.3f} {tokens / percentile(cpu[name], 10):13.1f}  "
+            f"x{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]"
+        )
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-from lmppo.models import resolve_model_path
-from lmppo.rollout import sample_responses
-from lmppo.sampling import SamplingWeights, sample_native
+from lmppo.models.loading import resolve_model_path
+from lmppo.sampling.hf import sample_responses
+from lmppo.sampling.native import SamplingWeights, sample_native
 from sampler_speed import add_policy_args, bench_policy  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +59,7 @@ KV_BYTES = {1: 2, 30: 2, 0: 4}  # llama.cpp's cache type_k (GGML_TYPE_F16 / BF16
 def memory_gbps(threads: int, megabytes: int = 256, seconds: float = 1.0) -> float:
     """Read bandwidth: sums of a `megabytes` float32 tensor, CPU time."""
     torch.set_num_threads(threads)
-    x = torch.ones(megabytes * 2 ** 20 // 4)
+    x = torch.ones(megabytes * 2**20 // 4)
     x.sum()
     count, start = 0, time.process_time()
     while time.process_time() - start < seconds * threads:
@@ -70,10 +70,12 @@ def memory_gbps(threads: int, megabytes: int = 256, seconds: float = 1.0) -> flo
 
 def timed(fn):
     """fn as a sampler: one call, returning (process CPU seconds, wall seconds)."""
+
     def call():
         c0, w0 = time.process_time(), time.perf_counter()
         fn()
         return time.process_time() - c0, time.perf_counter() - w0
+
     return call
 
 
@@ -81,8 +83,9 @@ class LlamaWorker:
     """A llama_anchor.py process (in the llama.cpp venv) holding one model; `run(new)` -> (CPU s, wall s)."""
 
     def __init__(self, python: str, setup: dict):
-        self.proc = subprocess.Popen([python, str(HERE / "llama_anchor.py")], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.proc = subprocess.Popen(
+            [python, str(HERE / "llama_anchor.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+        )
         self.batch = len(setup["prompts"])
         self.answer = self._ask(setup)
 
@@ -121,8 +124,9 @@ def gguf_weights(path: str) -> tuple[int, str]:
         entry[1] += 1
     embd = next(t.tensor_type.name for t in tensors if t.name == "token_embd.weight")
     tied = not any(t.name == "output.weight" for t in tensors)
-    summary = ", ".join(f"{k} {v[0] / 1e6:.1f} MB ({v[1]} tensors)" for k, v in sorted(by_type.items(),
-                                                                                           key=lambda kv: -kv[1][0]))
+    summary = ", ".join(
+        f"{k} {v[0] / 1e6:.1f} MB ({v[1]} tensors)" for k, v in sorted(by_type.items(), key=lambda kv: -kv[1][0])
+    )
     summary += f"; token embedding {embd}{' (tied: the LM head)' if tied else ''}"
     return llama_anchor.step_weight_bytes([(t.name, int(t.n_bytes)) for t in tensors]), summary
 
@@ -136,7 +140,7 @@ def start_llama(args, ids, mask, seeds) -> dict:
         print("llama.cpp anchor skipped: it runs on the packaged GGUF file of --model smollm2 only")
         return {}
     python = args.llama_python or (str(LLAMA_VENV_PYTHON) if LLAMA_VENV_PYTHON.exists() else sys.executable)
-    from lmppo.assets import smollm2_gguf_path
+    from lmppo.models.assets import smollm2_gguf_path
 
     gguf = smollm2_gguf_path()
     prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
@@ -145,9 +149,18 @@ def start_llama(args, ids, mask, seeds) -> dict:
         if v != "gguf" and v not in llama_anchor.FTYPES:
             raise SystemExit(f"--llama: unknown variant {v!r}; use gguf or one of {sorted(llama_anchor.FTYPES)}")
         converted = DEFAULT_CACHE_ROOT / "llama" / f"{gguf.stem}.{v}.gguf"
-        w = LlamaWorker(python, dict(gguf=str(gguf), convert=None if v == "gguf" else v, converted=str(converted),
-                                     threads=args.threads, prompts=prompts, seeds=[int(s) for s in seeds],
-                                     max_new=args.new))
+        w = LlamaWorker(
+            python,
+            dict(
+                gguf=str(gguf),
+                convert=None if v == "gguf" else v,
+                converted=str(converted),
+                threads=args.threads,
+                prompts=prompts,
+                seeds=[int(s) for s in seeds],
+                max_new=args.new,
+            ),
+        )
         if not w.answer.get("ok"):
             print(f"llama.cpp anchor skipped ({v}): {w.answer.get('error')}")
             w.close()
@@ -161,10 +174,17 @@ def start_llama(args, ids, mask, seeds) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_policy_args(ap)
-    ap.add_argument("--llama", default="gguf", help="llama.cpp variants, comma-separated: gguf (the packaged file "
-                    "as it is), f32, bf16, f16 (converted by llama.cpp's quantizer); 'none' to skip")
-    ap.add_argument("--llama-python", default=None, help="the interpreter with llama_cpp (default: .venv-llama's "
-                    "if it exists, else this one)")
+    ap.add_argument(
+        "--llama",
+        default="gguf",
+        help="llama.cpp variants, comma-separated: gguf (the packaged file "
+        "as it is), f32, bf16, f16 (converted by llama.cpp's quantizer); 'none' to skip",
+    )
+    ap.add_argument(
+        "--llama-python",
+        default=None,
+        help="the interpreter with llama_cpp (default: .venv-llama's if it exists, else this one)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     tok, model, ids, mask, no_stop, seeds, gen_config = bench_policy(args)
@@ -203,8 +223,9 @@ def main() -> None:
     config = json.loads((Path(path) / "config.json").read_text())
     B, P = args.batch, ids.shape[1]
     L = P + args.new / 2  # mean context over the decoding steps
-    step_flops = B * (2 * shape["trunk_params"] + 2 * shape["hidden"] * shape["vocab"]
-                      + 4 * shape["layers"] * L * shape["hidden"])
+    step_flops = B * (
+        2 * shape["trunk_params"] + 2 * shape["hidden"] * shape["vocab"] + 4 * shape["layers"] * L * shape["hidden"]
+    )
     kv_elements = B * 2 * shape["layers"] * L * shape["kv_dim"]
     dtype_name = "bfloat16" if args.bf16 else "float32"
     rates = {}
@@ -221,9 +242,11 @@ def main() -> None:
             return None, f"{label}: {text} (its quantized matmul rate is not measured here: bytes floor only)"
         comp = step_flops / (rates[rate_dtype] * 1e9)
         floor = max(comp, mem)
-        return floor, (f"{label}: {step_flops / 1e9:.2f} GFLOP at {rates[rate_dtype]:.0f} GFLOP/s ({B}x"
-                       f"{shape['hidden']}x{shape['ffn']} {rate_dtype} matmul) = {1e3 * comp:.1f} ms; {text} -> floor "
-                       f"{1e3 * floor:.1f} ms ({B / floor:.0f} tokens/s)")
+        return floor, (
+            f"{label}: {step_flops / 1e9:.2f} GFLOP at {rates[rate_dtype]:.0f} GFLOP/s ({B}x"
+            f"{shape['hidden']}x{shape['ffn']} {rate_dtype} matmul) = {1e3 * comp:.1f} ms; {text} -> floor "
+            f"{1e3 * floor:.1f} ms ({B / floor:.0f} tokens/s)"
+        )
 
     dtype_bytes = 2 if args.bf16 else 4
     lmppo_bytes = (shape["trunk_params"] + shape["hidden"] * shape["vocab"]) * dtype_bytes + kv_elements * dtype_bytes
@@ -233,33 +256,40 @@ def main() -> None:
     lines.append(text)
     gguf_files = {v: w.answer["info"]["path"] for v, w in llama.items()}
     if args.model == "smollm2" and "gguf" not in gguf_files:  # what the packaged file allows, measured or not
-        from lmppo.assets import smollm2_gguf_path
+        from lmppo.models.assets import smollm2_gguf_path
 
         gguf_files["gguf (not run)"] = str(smollm2_gguf_path())
     for v, file in gguf_files.items():
         weight_bytes, summary = gguf_weights(file)
         kv = kv_elements * KV_BYTES.get(llama[v].answer["info"]["type_k"] if v in llama else 1, 2)  # default f16
-        f, text = floor_line(f"llama.cpp {v} ({summary})", weight_bytes + kv,
-                             {"f32": "float32", "bf16": "bfloat16"}.get(v))
+        f, text = floor_line(
+            f"llama.cpp {v} ({summary})", weight_bytes + kv, {"f32": "float32", "bf16": "bfloat16"}.get(v)
+        )
         floors[f"llama.cpp {v}"] = f
         lines.append(text)
 
-    print(f"model {args.model} ({config.get('model_type')}, {shape['trunk_params'] / 1e6:.0f}M trunk weights, vocab "
-          f"{shape['vocab']}), batch {B} x {args.new} new tokens after {P}-token prompts, {args.threads} thread(s), "
-          f"{dtype_name}{', LoRA r 16' if args.lora else ''}, {args.rounds} alternating rounds; torch "
-          f"{torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 "
-          f"{torch.cpu._is_avx512_bf16_supported()}; load average {load0[0]:.2f} -> {load1[0]:.2f}")
+    print(
+        f"model {args.model} ({config.get('model_type')}, {shape['trunk_params'] / 1e6:.0f}M trunk weights, vocab "
+        f"{shape['vocab']}), batch {B} x {args.new} new tokens after {P}-token prompts, {args.threads} thread(s), "
+        f"{dtype_name}{', LoRA r 16' if args.lora else ''}, {args.rounds} alternating rounds; torch "
+        f"{torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, AVX-512 BF16 "
+        f"{torch.cpu._is_avx512_bf16_supported()}; load average {load0[0]:.2f} -> {load1[0]:.2f}"
+    )
     for v, w in llama.items():
         info = w.answer["info"]
-        print(f"llama.cpp {v}: {info['desc']}, llama-cpp-python {info['llama_cpp_python']}, n_ctx {info['n_ctx']}, "
-              f"n_batch {info['n_batch']}, flash_attn_type {info['flash_attn_type']}, KV type {info['type_k']}")
+        print(
+            f"llama.cpp {v}: {info['desc']}, llama-cpp-python {info['llama_cpp_python']}, n_ctx {info['n_ctx']}, "
+            f"n_batch {info['n_batch']}, flash_attn_type {info['flash_attn_type']}, KV type {info['type_k']}"
+        )
     if llama:
         print(f"llama.cpp system info: {next(iter(llama.values())).answer['info']['system']}")
     print("roofline per decoding step:")
     for text in lines:
         print(f"  {text}")
-    print(f"{'sampler':15} {'tok/s min':>9} {'tok/s p10':>9} {'p50/p10':>7} {'vs lmppo per round':>22} "
-          f"{'ms/step':>7} {'GFLOP/s':>7} {'roofline':>8} {'prefill':>7}")
+    print(
+        f"{'sampler':15} {'tok/s min':>9} {'tok/s p10':>9} {'p50/p10':>7} {'vs lmppo per round':>22} "
+        f"{'ms/step':>7} {'GFLOP/s':>7} {'roofline':>8} {'prefill':>7}"
+    )
     warnings = []
     for name in [n for n in samplers if "prefill" not in n]:
         xs = cpu[name]
@@ -269,16 +299,22 @@ def main() -> None:
         ratios = [a / b for a, b in zip(cpu["lmppo native"], xs)]
         floor = floors.get(name)
         spread = percentile(xs, 50) / percentile(xs, 10)
-        print(f"{name:15} {B * args.new / min(xs):9.1f} {B * args.new / percentile(xs, 10):9.1f} {spread:7.2f} "
-              f"{f'x{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]':>22} "
-              f"{1e3 * per_step:7.1f} {step_flops / per_step / 1e9:7.1f} "
-              f"{f'{100 * floor / per_step:.0f}%' if floor else '-':>8} {f'{100 * pre / min(xs):.0f}%':>7}")
+        print(
+            f"{name:15} {B * args.new / min(xs):9.1f} {B * args.new / percentile(xs, 10):9.1f} {spread:7.2f} "
+            f"{f'x{statistics.median(ratios):.2f} [{min(ratios):.2f}, {max(ratios):.2f}]':>22} "
+            f"{1e3 * per_step:7.1f} {step_flops / per_step / 1e9:7.1f} "
+            f"{f'{100 * floor / per_step:.0f}%' if floor else '-':>8} {f'{100 * pre / min(xs):.0f}%':>7}"
+        )
         if spread > NOISY_ITERATIONS:
-            warnings.append(f"WARNING {name}: call times spread {spread:.2f}x (p50/p10 > {NOISY_ITERATIONS}): the "
-                            "machine was busy; its figure cannot be trusted to 10%")
-    print("tok/s = batch x new tokens / CPU seconds of one call; vs lmppo = that round's lmppo native time / this "
-          "sampler's (> 1: faster than lmppo); ms/step and GFLOP/s = one decoding step from the minima; roofline = "
-          "the floor / ms/step; prefill = the prefill + 1 token call's share of the whole call")
+            warnings.append(
+                f"WARNING {name}: call times spread {spread:.2f}x (p50/p10 > {NOISY_ITERATIONS}): the "
+                "machine was busy; its figure cannot be trusted to 10%"
+            )
+    print(
+        "tok/s = batch x new tokens / CPU seconds of one call; vs lmppo = that round's lmppo native time / this "
+        "sampler's (> 1: faster than lmppo); ms/step and GFLOP/s = one decoding step from the minima; roofline = "
+        "the floor / ms/step; prefill = the prefill + 1 token call's share of the whole call"
+    )
     print("\n".join(warnings) or "no noise warning: every p50/p10 is within its limit")
 
 

@@ -35,9 +35,22 @@ sys.path.insert(0, str(HERE))
 import common  # noqa: E402
 import compare_trl  # noqa: E402
 
-METRICS = ["objective/scores", "objective/kl", "objective/non_score_reward", "objective/rlhf_reward",
-           "objective/entropy", "loss/policy_avg", "loss/value_avg", "policy/clipfrac_avg", "val/clipfrac_avg",
-           "policy/approxkl_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens"]
+METRICS = [
+    "objective/scores",
+    "objective/kl",
+    "objective/non_score_reward",
+    "objective/rlhf_reward",
+    "objective/entropy",
+    "loss/policy_avg",
+    "loss/value_avg",
+    "policy/clipfrac_avg",
+    "val/clipfrac_avg",
+    "policy/approxkl_avg",
+    "policy/entropy_avg",
+    "val/ratio",
+    "val/ratio_var",
+    "val/num_eos_tokens",
+]
 
 
 def _settings(cache: Path, out: Path, seed: int, iterations: int) -> dict:
@@ -70,14 +83,21 @@ def run_trl(cache: Path, s: dict, out: Path):
 
     def recording_generation(model, queries, *a, **kw):
         query_responses, logits = original(model, queries, *a, **kw)
-        rollouts.append((queries.clone(), query_responses[:, queries.shape[1]:].clone()))
+        rollouts.append((queries.clone(), query_responses[:, queries.shape[1] :].clone()))
         return query_responses, logits
 
     trl_ppo.batch_generation = recording_generation
 
-    trainer = PPOTrainer(args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward,
-                         train_dataset=Dataset.from_dict({"input_ids": prompts["train"]}), value_model=critic,
-                         eval_dataset=Dataset.from_dict({"input_ids": prompts["eval"][:8]}))
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tok,
+        model=policy,
+        ref_model=ref,
+        reward_model=reward,
+        train_dataset=Dataset.from_dict({"input_ids": prompts["train"]}),
+        value_model=critic,
+        eval_dataset=Dataset.from_dict({"input_ids": prompts["eval"][:8]}),
+    )
     try:
         trainer.train()
     finally:
@@ -90,8 +110,8 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
     """One lmppo run over the same prompts whose sampler returns TRL's responses, iteration by iteration."""
     from transformers import AutoModelForCausalLM
 
-    from lmppo.assembly import build_components
-    from lmppo.trainer import PPOTrainer
+    from lmppo.training.assembly import build_components
+    from lmppo.training.trainer import PPOTrainer
 
     pad = tok.pad_token_id
     prompt_lists = []
@@ -104,8 +124,9 @@ def run_lmppo(cache: Path, s: dict, out: Path, rollouts: list, tok):
     c.ppo.reuse_rollout_forward = not s.get("plain_first_epoch", False)
     policy = AutoModelForCausalLM.from_pretrained(cache / "policy")
     parts = build_components(c, policy=policy, tokenizer=tok, prompts=prompt_lists)
-    parts.sampling_engines[c.rollout.backend] = replay_engine(replay, c, parts.stop_ids, parts.tokenizer.pad_token_id,
-                                                              parts.accelerator)
+    parts.sampling_engines[c.rollout.backend] = replay_engine(
+        replay, c, parts.stop_ids, parts.tokenizer.pad_token_id, parts.accelerator
+    )
     trainer = PPOTrainer(c, components=parts)
     history = trainer.train()
     return history, trainer.policy, trainer.accelerator.unwrap_model(trainer.critic).model
@@ -117,7 +138,7 @@ def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from lmppo.data import PromptStream
+    from lmppo.data.prompts import PromptStream
     from lmppo.trl import PPOConfig, PPOTrainer
 
     pad = tok.pad_token_id
@@ -126,25 +147,30 @@ def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
         prompt_lists += [q[q != pad].tolist() for q in queries]
     replay = iter(rollouts)
     args = compare_trl.trl_args(s, out / "dropin", config_cls=PPOConfig, max_grad_norm=0.0)
-    trainer = PPOTrainer(args=args, processing_class=tok, model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
-                         ref_model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
-                         reward_model=AutoModelForSequenceClassification.from_pretrained(cache / "reward"),
-                         value_model=AutoModelForSequenceClassification.from_pretrained(cache / "critic"),
-                         train_dataset=Dataset.from_dict({"input_ids": prompt_lists}))
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tok,
+        model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
+        ref_model=AutoModelForCausalLM.from_pretrained(cache / "policy"),
+        reward_model=AutoModelForSequenceClassification.from_pretrained(cache / "reward"),
+        value_model=AutoModelForSequenceClassification.from_pretrained(cache / "critic"),
+        train_dataset=Dataset.from_dict({"input_ids": prompt_lists}),
+    )
     lm = trainer.lmppo  # the prompts are TRL's, in TRL's order
     lm.stream = PromptStream(len(lm.prompt_set.ids), lm.prompts_per_iteration, lm.config.seed, False)
-    lm.sampling_engines[lm.config.rollout.backend] = replay_engine(replay, lm.config, lm.stop_ids,
-                                                                   lm.tokenizer.pad_token_id, lm.accelerator)
+    lm.sampling_engines[lm.config.rollout.backend] = replay_engine(
+        replay, lm.config, lm.stop_ids, lm.tokenizer.pad_token_id, lm.accelerator
+    )
     trainer.train()
     return trainer.state.log_history, trainer.model.policy, trainer.model.value_model
 
 
 def replay_engine(replay, *engine_args):
-    """A sampling engine (lmppo.engines) that returns TRL's responses, iteration by iteration."""
+    """A sampling engine (lmppo.sampling.engines) that returns TRL's responses, iteration by iteration."""
     import torch
 
     from lmppo.core.masking import stop_token_mask
-    from lmppo.engines import SamplingEngine
+    from lmppo.sampling.engines import SamplingEngine
 
     class ReplayEngine(SamplingEngine):
         def sample(self, model, prompts):
@@ -164,7 +190,7 @@ def relative_update_difference(start, a, b) -> float:
     for name, p0 in start.named_parameters():
         da, db = sa[name].detach() - p0.detach(), sb[name].detach() - p0.detach()
         diff += float(((da - db) ** 2).sum())
-        sq_ref += float((db ** 2).sum())
+        sq_ref += float((db**2).sum())
     return (diff / max(sq_ref, 1e-30)) ** 0.5
 
 
@@ -178,8 +204,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--iterations", type=int, default=1)
-    ap.add_argument("--plain-first-epoch", action="store_true",
-                    help="lmppo runs the first epoch's forward pass again (ppo.reuse_rollout_forward false)")
+    ap.add_argument(
+        "--plain-first-epoch",
+        action="store_true",
+        help="lmppo runs the first epoch's forward pass again (ppo.reuse_rollout_forward false)",
+    )
     ap.add_argument("--cache", type=Path, default=common.DEFAULT_CACHE_ROOT / "tiny")
     a = ap.parse_args(argv)
     import torch
@@ -199,23 +228,43 @@ def main(argv=None) -> None:
     for it, (tl, ll, dl) in enumerate(zip(trl_logs, history, dropin_logs), 1):
         print(f"iteration {it}: {'metric':28} {'TRL':>12} {'lmppo':>12} {'drop-in':>12}")
         for name in METRICS:
-            print(f"{'':13}{name:28} {tl.get(name, float('nan')):12.6f} {ll.get(name, float('nan')):12.6f} "
-                  f"{dl.get(name, float('nan')):12.6f}")
+            print(
+                f"{'':13}{name:28} {tl.get(name, float('nan')):12.6f} {ll.get(name, float('nan')):12.6f} "
+                f"{dl.get(name, float('nan')):12.6f}"
+            )
     same = all(set(t) == set(d) for t, d in zip(trl_logs, dropin_logs)) and len(trl_logs) == len(dropin_logs)
-    print(f"drop-in log_history: {len(dropin_logs)} entries, metric names {'the same as' if same else 'DIFFERENT from'}"
-          f" TRL's ({len(trl_logs[0]) if trl_logs else 0} names)")
-    print(f"responses ending in the stop token: {sum(int((r == tok.eos_token_id).any(1).sum()) for _, r in rollouts)}"
-          f" of {sum(len(r) for _, r in rollouts)}")
-    print(f"policy update: |dW_lmppo - dW_trl| / |dW_trl| = {relative_update_difference(start_policy, lm_policy, trl_policy):.2e}")
-    print(f"critic update: |dW_lmppo - dW_trl| / |dW_trl| = {relative_update_difference(start_critic, lm_critic, trl_critic):.2e}")
-    print(f"drop-in policy update: |dW_dropin - dW_trl| / |dW_trl| = "
-          f"{relative_update_difference(start_policy, di_policy, trl_policy):.2e}")
-    print(f"drop-in critic update: |dW_dropin - dW_trl| / |dW_trl| = "
-          f"{relative_update_difference(start_critic, di_critic, trl_critic):.2e}")
-    print(f"drop-in vs TRL weights after the update: max |W_dropin - W_trl| = {max_abs_difference(di_policy, trl_policy):.2e}"
-          f" (policy), {max_abs_difference(di_critic, trl_critic):.2e} (critic); largest weight change by TRL: "
-          f"{max_abs_difference(trl_policy, start_policy):.2e} (policy), {max_abs_difference(trl_critic, start_critic):.2e}"
-          " (critic)")
+    print(
+        f"drop-in log_history: {len(dropin_logs)} entries, metric names {'the same as' if same else 'DIFFERENT from'}"
+        f" TRL's ({len(trl_logs[0]) if trl_logs else 0} names)"
+    )
+    print(
+        f"responses ending in the stop token: {sum(int((r == tok.eos_token_id).any(1).sum()) for _, r in rollouts)}"
+        f" of {sum(len(r) for _, r in rollouts)}"
+    )
+    print(
+        f"policy update: |dW_lmppo - dW_trl| / |dW_trl| = "
+        f"{relative_update_difference(start_policy, lm_policy, trl_policy):.2e}"
+    )
+    print(
+        f"critic update: |dW_lmppo - dW_trl| / |dW_trl| = "
+        f"{relative_update_difference(start_critic, lm_critic, trl_critic):.2e}"
+    )
+    print(
+        f"drop-in policy update: |dW_dropin - dW_trl| / |dW_trl| = "
+        f"{relative_update_difference(start_policy, di_policy, trl_policy):.2e}"
+    )
+    print(
+        f"drop-in critic update: |dW_dropin - dW_trl| / |dW_trl| = "
+        f"{relative_update_difference(start_critic, di_critic, trl_critic):.2e}"
+    )
+    print(
+        f"drop-in vs TRL weights after the update: max |W_dropin - W_trl| = "
+        f"{max_abs_difference(di_policy, trl_policy):.2e}"
+        f" (policy), {max_abs_difference(di_critic, trl_critic):.2e} (critic); largest weight change by TRL: "
+        f"{max_abs_difference(trl_policy, start_policy):.2e} (policy), "
+        f"{max_abs_difference(trl_critic, start_critic):.2e}"
+        " (critic)"
+    )
 
 
 if __name__ == "__main__":

@@ -89,8 +89,12 @@ def build_tokenizer():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<pad>", "<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<eos>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
@@ -101,16 +105,27 @@ def supervised_policy(tokenizer, seed: int, steps: int = 300):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    policy = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False))
+    policy = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=64,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            tie_word_embeddings=False,
+        )
+    )
     rng = random.Random(seed)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=3e-3)
     policy.train()
     for _ in range(steps):
-        batch = tokenizer(["".join(example(rng)) + tokenizer.eos_token for _ in range(64)], return_tensors="pt",
-                          padding=True)
+        batch = tokenizer(
+            ["".join(example(rng)) + tokenizer.eos_token for _ in range(64)], return_tensors="pt", padding=True
+        )
         labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
         policy(**batch, labels=labels).loss.backward()
         optimizer.step()
@@ -118,13 +133,21 @@ def supervised_policy(tokenizer, seed: int, steps: int = 300):
     return policy.eval()
 
 
-def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_dir: str,
-               kl_coef: float = 0.05, penalty: float = -1.0) -> dict[str, float]:
+def run_policy(
+    name: str,
+    policy,
+    tokenizer,
+    seed: int,
+    iterations: int,
+    output_dir: str,
+    kl_coef: float = 0.05,
+    penalty: float = -1.0,
+) -> dict[str, float]:
     import torch
 
-    from lmppo.config import Config
+    from lmppo.config.schema import Config
     from lmppo.rewards import FunctionSource
-    from lmppo.trainer import PPOTrainer
+    from lmppo.training.trainer import PPOTrainer
 
     cfg = Config()
     cfg.output_dir = output_dir
@@ -148,8 +171,13 @@ def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_
         setattr(cfg.reward, key, value)
     rng = random.Random(seed)
     prompts = sorted({example(rng)[0] for _ in range(200)})
-    trainer = PPOTrainer(cfg, policy=copy.deepcopy(policy), tokenizer=tokenizer, prompts=prompts,
-                         reward_functions=[FunctionSource.from_callable(content_score, name="content")])
+    trainer = PPOTrainer(
+        cfg,
+        policy=copy.deepcopy(policy),
+        tokenizer=tokenizer,
+        prompts=prompts,
+        reward_functions=[FunctionSource.from_callable(content_score, name="content")],
+    )
     history = trainer.train()
     scores, cut, lengths, proper = [], [], [], []
     grammar = proper_sentence()
@@ -159,12 +187,19 @@ def run_policy(name: str, policy, tokenizer, seed: int, iterations: int, output_
             scores += content_score(rollout.prompts_text, rollout.responses_text)
             cut += rollout.truncated.float().tolist()
             lengths += rollout.response_mask.sum(1).float().tolist()
-            proper += [float(bool(done) and grammar.match(text) is not None)
-                       for done, text in zip(rollout.terminated.tolist(), rollout.responses_text)]
+            proper += [
+                float(bool(done) and grammar.match(text) is not None)
+                for done, text in zip(rollout.terminated.tolist(), rollout.responses_text)
+            ]
     mean = statistics.mean
-    return {"score": mean(scores), "truncated": mean(cut), "length": mean(lengths), "proper": mean(proper),
-            "kl": mean(m["objective/kl"] for m in history[-3:]),
-            "first_truncated": history[0]["response/truncated_frac"]}
+    return {
+        "score": mean(scores),
+        "truncated": mean(cut),
+        "length": mean(lengths),
+        "proper": mean(proper),
+        "kl": mean(m["objective/kl"] for m in history[-3:]),
+        "first_truncated": history[0]["response/truncated_frac"],
+    }
 
 
 def main(argv=None) -> None:
@@ -173,7 +208,9 @@ def main(argv=None) -> None:
     parser.add_argument("--iterations", type=int, default=30, help="PPO iterations of 32 episodes")
     parser.add_argument("--kl-coef", type=float, default=0.05, help="fixed KL coefficient")
     parser.add_argument("--penalty", type=float, default=-1.0, help="reward.penalty of the `penalty` policy (replace)")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES))
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help="comma-separated subset of " + ",".join(POLICIES)
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -187,26 +224,42 @@ def main(argv=None) -> None:
         for seed in seeds:
             policy = supervised_policy(tokenizer, seed)
             for name in names:
-                r = run_policy(name, policy, tokenizer, seed, args.iterations, os.path.join(tmp, f"{name}-{seed}"),
-                               args.kl_coef, args.penalty)
+                r = run_policy(
+                    name,
+                    policy,
+                    tokenizer,
+                    seed,
+                    args.iterations,
+                    os.path.join(tmp, f"{name}-{seed}"),
+                    args.kl_coef,
+                    args.penalty,
+                )
                 results[name].append(r)
-                print(f"  seed {seed} {name:>9}: score {r['score']:+.2f}  truncated {r['truncated']:.2f} "
-                      f"(first iteration {r['first_truncated']:.2f})  KL {r['kl']:.2f}  length {r['length']:.1f}  "
-                      f"proper {r['proper']:.2f}", flush=True)
+                print(
+                    f"  seed {seed} {name:>9}: score {r['score']:+.2f}  truncated {r['truncated']:.2f} "
+                    f"(first iteration {r['first_truncated']:.2f})  KL {r['kl']:.2f}  length {r['length']:.1f}  "
+                    f"proper {r['proper']:.2f}",
+                    flush=True,
+                )
 
     def ms(rows, key, fmt):
         xs = [r[key] for r in rows]
         sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
         return f"{format(statistics.mean(xs), fmt)} ± {format(sd, fmt.lstrip('+'))}"
 
-    print(f"\nTruncation policies: {len(seeds)} seeds x {args.iterations} iterations x {BATCH} episodes, "
-          f"max_new_tokens {MAX_NEW_TOKENS}, kl.coef {args.kl_coef}, penalty {args.penalty}; measured on 64 fresh responses after training")
+    print(
+        f"\nTruncation policies: {len(seeds)} seeds x {args.iterations} iterations x {BATCH} episodes, "
+        f"max_new_tokens {MAX_NEW_TOKENS}, kl.coef {args.kl_coef}, penalty {args.penalty}; measured on 64 fresh "
+        f"responses after training"
+    )
     print("| policy | score | truncated fraction | KL | response length | proper | truncated, first iteration |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name in names:
         rows = results[name]
-        print(f"| {name} | {ms(rows, 'score', '+.2f')} | {ms(rows, 'truncated', '.2f')} | {ms(rows, 'kl', '.1f')} | "
-              f"{ms(rows, 'length', '.1f')} | {ms(rows, 'proper', '.2f')} | {ms(rows, 'first_truncated', '.2f')} |")
+        print(
+            f"| {name} | {ms(rows, 'score', '+.2f')} | {ms(rows, 'truncated', '.2f')} | {ms(rows, 'kl', '.1f')} | "
+            f"{ms(rows, 'length', '.1f')} | {ms(rows, 'proper', '.2f')} | {ms(rows, 'first_truncated', '.2f')} |"
+        )
     print(f"\n({time.perf_counter() - started:.0f} s)")
 
 

@@ -24,17 +24,43 @@ from dataclasses import dataclass, field
 
 import torch
 from datasets import Dataset
-from transformers import (HfArgumentParser, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification,
-                          PreTrainedTokenizerFast, TrainerCallback)
+from transformers import (
+    HfArgumentParser,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+    TrainerCallback,
+)
 
 from lmppo.trl import PPOConfig, PPOTrainer
 
-WORDS = ("the a movie film story actor plot ending scene music was is felt seemed looked very quite good bad great "
-         "awful fine dull bright and but so because we they it really not long short funny sad").split()
-SENTENCES = ["the movie was", "the film is", "the story seemed", "the actor looked", "the plot was very",
-             "the ending felt", "a scene was", "the music is", "we felt the movie was", "they said the film is",
-             "it was a long", "the story is really", "a funny scene", "the sad ending", "the actor was quite",
-             "the plot is so", "we felt it was", "the music was very", "a long film but", "the ending is not"]
+WORDS = (
+    "the a movie film story actor plot ending scene music was is felt seemed looked very quite good bad great "
+    "awful fine dull bright and but so because we they it really not long short funny sad"
+).split()
+SENTENCES = [
+    "the movie was",
+    "the film is",
+    "the story seemed",
+    "the actor looked",
+    "the plot was very",
+    "the ending felt",
+    "a scene was",
+    "the music is",
+    "we felt the movie was",
+    "they said the film is",
+    "it was a long",
+    "the story is really",
+    "a funny scene",
+    "the sad ending",
+    "the actor was quite",
+    "the plot is so",
+    "we felt it was",
+    "the music was very",
+    "a long film but",
+    "the ending is not",
+]
 
 
 @dataclass
@@ -59,16 +85,26 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(["[PAD]", "[EOS]", "[UNK]"] + WORDS)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]", unk_token="[UNK]",
-                                  padding_side="left")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="[PAD]", eos_token="[EOS]", unk_token="[UNK]", padding_side="left"
+    )
     return tok
 
 
 def llama_config(tok, m: ModelConfig, **extra) -> LlamaConfig:
-    return LlamaConfig(vocab_size=len(tok), hidden_size=m.hidden_size, intermediate_size=2 * m.hidden_size,
-                       num_hidden_layers=m.num_layers, num_attention_heads=4, num_key_value_heads=4,
-                       max_position_embeddings=128, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                       tie_word_embeddings=False, **extra)
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=m.hidden_size,
+        intermediate_size=2 * m.hidden_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+        **extra,
+    )
 
 
 class RecordLogs(TrainerCallback):

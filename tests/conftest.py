@@ -8,7 +8,10 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
+TESTS = os.path.dirname(os.path.abspath(__file__))
+"""The tests folder: helper scripts (workers, stand-ins) and data live here, beside this file."""
+REPO = os.path.dirname(TESTS)
+sys.path.insert(0, TESTS)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
@@ -25,11 +28,19 @@ def tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=4,
-                      max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -37,9 +48,16 @@ def tiny_gpt2(tokenizer, seed: int = 0):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.manual_seed(seed)
-    cfg = GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=2, n_head=4, n_positions=256,
-                     pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                     bos_token_id=tokenizer.bos_token_id)
+    cfg = GPT2Config(
+        vocab_size=len(tokenizer),
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        n_positions=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
     return GPT2LMHeadModel(cfg).eval()
 
 
@@ -63,17 +81,33 @@ def tiny_reward_model_dir(tmp_path_factory, tokenizer):
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256, num_labels=1,
-                      pad_token_id=tokenizer.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     path = tmp_path_factory.mktemp("tiny_rm")
     LlamaForSequenceClassification(cfg).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
 
 
-PROMPTS = ["the movie was", "this film is", "my friend felt", "the story seemed", "a critic said",
-           "the ending was", "the actor looked", "we left early because"]
+PROMPTS = [
+    "the movie was",
+    "this film is",
+    "my friend felt",
+    "the story seemed",
+    "a critic said",
+    "the ending was",
+    "the actor looked",
+    "we left early because",
+]
 
 
 @pytest.fixture()
@@ -95,7 +129,7 @@ def set_fields(cfg, **fields):
 
 def small_config(output_dir: str, iterations: int = 2, batch: int = 8, **fields):
     """A small, fast config: 6 new tokens, 2 minibatches of 2 micro-batches, 2 epochs, lr 1e-3, no trackers."""
-    from lmppo.config import Config
+    from lmppo.config.schema import Config
 
     cfg = Config()
     cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)

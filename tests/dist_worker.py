@@ -14,8 +14,8 @@ torch.set_num_threads(1)
 
 from conftest import PROMPTS, tiny_llama  # noqa: E402
 from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
-from lmppo.config import Config  # noqa: E402
-from lmppo.trainer import PPOTrainer  # noqa: E402
+from lmppo.config.schema import Config  # noqa: E402
+from lmppo.training.trainer import PPOTrainer  # noqa: E402
 
 
 def length_reward(prompts, completions):
@@ -73,22 +73,33 @@ def main(out_path: str) -> None:
         policy.save_pretrained(cfg.model.policy)
         tok.save_pretrained(cfg.model.policy)
         policy = None
-    trainer = PPOTrainer(cfg, policy=policy, tokenizer=tok, prompts=PROMPTS * 2,
-                         reward_functions=[length_reward],
-                         callbacks=([StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else [])
-                         + ([PoisonZeroPadding()] if os.environ.get("POISON_ZERO3_PADDING") else []))
+    trainer = PPOTrainer(
+        cfg,
+        policy=policy,
+        tokenizer=tok,
+        prompts=PROMPTS * 2,
+        reward_functions=[length_reward],
+        callbacks=([StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else [])
+        + ([PoisonZeroPadding()] if os.environ.get("POISON_ZERO3_PADDING") else []),
+    )
     history = trainer.train()
     if trainer.accelerator.is_main_process:
         with open(out_path, "w") as fh:
             json.dump(history, fh)
     if getattr(trainer, "zero", None) is not None and trainer.accelerator.is_main_process:
-        from lmppo.distributed import is_partitioned  # what ZeRO did, checked by tests/test_deepspeed.py
+        from lmppo.models.partition import is_partitioned  # what ZeRO did, checked by tests/test_deepspeed.py
 
         ref = trainer.reference.model
         with open(out_path + ".zero.json", "w") as fh:
-            json.dump({"stage": trainer.zero.stage, "num_processes": trainer.accelerator.num_processes,
-                       "policy_partitioned": is_partitioned(trainer.policy),
-                       "reference_partitioned": ref is not None and is_partitioned(ref)}, fh)
+            json.dump(
+                {
+                    "stage": trainer.zero.stage,
+                    "num_processes": trainer.accelerator.num_processes,
+                    "policy_partitioned": is_partitioned(trainer.policy),
+                    "reference_partitioned": ref is not None and is_partitioned(ref),
+                },
+                fh,
+            )
 
 
 if __name__ == "__main__":

@@ -64,8 +64,14 @@ class HubStandIn:
                 n = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(n) if n else b""
 
-            def _send(self, status: int, payload: Any = None, raw: bytes | None = None, head: bool = False,
-                      headers: dict[str, str] | None = None) -> None:
+            def _send(
+                self,
+                status: int,
+                payload: Any = None,
+                raw: bytes | None = None,
+                head: bool = False,
+                headers: dict[str, str] | None = None,
+            ) -> None:
                 body = raw if raw is not None else json.dumps(payload if payload is not None else {}).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json" if raw is None else "application/octet-stream")
@@ -77,8 +83,9 @@ class HubStandIn:
                     self.wfile.write(body)
 
             def _record(self, body: bytes) -> None:
-                hub.requests.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
-                                     "body": body})
+                hub.requests.append(
+                    {"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body}
+                )
 
             def do_HEAD(self):  # noqa: N802
                 self._record(b"")
@@ -90,22 +97,42 @@ class HubStandIn:
                 if m:
                     repo = m.group(1)
                     if repo not in hub.repos:
-                        return self._send(404, {"error": "Repository not found"},
-                                          headers={"X-Error-Code": "RepoNotFound"})
-                    return self._send(200, {"id": repo, "modelId": repo, "sha": hub.sha(repo), "private": False,
-                                            "siblings": [{"rfilename": f} for f in sorted(hub.repos[repo])]})
+                        return self._send(
+                            404, {"error": "Repository not found"}, headers={"X-Error-Code": "RepoNotFound"}
+                        )
+                    return self._send(
+                        200,
+                        {
+                            "id": repo,
+                            "modelId": repo,
+                            "sha": hub.sha(repo),
+                            "private": False,
+                            "siblings": [{"rfilename": f} for f in sorted(hub.repos[repo])],
+                        },
+                    )
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/tree/([^/?]+)", self.path)
                 if m and m.group(1) in hub.repos:
                     files = hub.repos[m.group(1)]
-                    return self._send(200, [{"type": "file", "path": f, "size": len(files[f]),
-                                             "oid": hashlib.sha1(files[f]).hexdigest()} for f in sorted(files)])
+                    return self._send(
+                        200,
+                        [
+                            {
+                                "type": "file",
+                                "path": f,
+                                "size": len(files[f]),
+                                "oid": hashlib.sha1(files[f]).hexdigest(),
+                            }
+                            for f in sorted(files)
+                        ],
+                    )
                 self._resolve(head=False)
 
             def _resolve(self, head: bool) -> None:
                 m = re.match(r"^/([^/]+/[^/]+)/resolve/([^/]+)/(.+?)(\?.*)?$", self.path)
                 if not m or m.group(1) not in hub.repos or m.group(3) not in hub.repos[m.group(1)]:
-                    return self._send(404, {"error": "Entry not found"}, head=head,
-                                      headers={"X-Error-Code": "EntryNotFound"})
+                    return self._send(
+                        404, {"error": "Entry not found"}, head=head, headers={"X-Error-Code": "EntryNotFound"}
+                    )
                 repo, path = m.group(1), m.group(3)
                 content = hub.repos[repo][path]
                 etag = '"' + hashlib.sha256(content).hexdigest() + '"'
@@ -127,20 +154,26 @@ class HubStandIn:
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/preupload/([^/?]+)", self.path)
                 if m:
                     files = json.loads(body)["files"]
-                    return self._send(200, {"files": [{"path": f["path"], "uploadMode": "regular",
-                                                       "shouldIgnore": False} for f in files]})
+                    return self._send(
+                        200,
+                        {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]},
+                    )
                 m = re.match(r"^/api/models/([^/]+/[^/]+)/commit/([^/?]+)", self.path)
                 if m:
                     repo = m.group(1)
                     lines = [json.loads(ln) for ln in body.decode().splitlines() if ln.strip()]
                     header = next(ln["value"] for ln in lines if ln["key"] == "header")
-                    files = {ln["value"]["path"]: base64.b64decode(ln["value"]["content"])
-                             for ln in lines if ln["key"] == "file"}
+                    files = {
+                        ln["value"]["path"]: base64.b64decode(ln["value"]["content"])
+                        for ln in lines
+                        if ln["key"] == "file"
+                    }
                     hub.commits.append({"repo": repo, "revision": m.group(2), "header": header, "files": files})
                     hub.repos.setdefault(repo, {}).update(files)
                     sha = hub.sha(repo)
-                    return self._send(200, {"commitUrl": f"{hub.url}/{repo}/commit/{sha}", "commitOid": sha,
-                                            "success": True})
+                    return self._send(
+                        200, {"commitUrl": f"{hub.url}/{repo}/commit/{sha}", "commitOid": sha, "success": True}
+                    )
                 self._send(404, {"error": f"not implemented by the stand-in: POST {self.path}"})
 
         return Handler

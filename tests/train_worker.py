@@ -45,8 +45,12 @@ def api_objects(tokenizer, reward=length_reward) -> dict:
     """What a run passes besides its config: a fresh tiny policy (seed 0), the tokenizer, prompts, reward."""
     from conftest import PROMPTS, tiny_llama
 
-    return {"policy": tiny_llama(tokenizer), "tokenizer": tokenizer, "prompts": list(PROMPTS),
-            "reward_functions": {"length": reward}}
+    return {
+        "policy": tiny_llama(tokenizer),
+        "tokenizer": tokenizer,
+        "prompts": list(PROMPTS),
+        "reward_functions": {"length": reward},
+    }
 
 
 def comparable(metrics: dict) -> dict:
@@ -83,9 +87,9 @@ def main(argv: list[str]) -> int:
         where, n = argv[argv.index("--stall") + 1].split(":")
         at = int(n)
 
-    import lmppo.checkpoint as ck
+    import lmppo.run.checkpoint as ck
     from helpers_tokenizers import make_bpe_tokenizer
-    from lmppo.trainer import PPOTrainer
+    from lmppo.training.trainer import PPOTrainer
 
     holder: dict = {}
 
@@ -116,8 +120,9 @@ def main(argv: list[str]) -> int:
     if resume:
         trainer = PPOTrainer.resume(out, **objects)
     else:
-        trainer = PPOTrainer(make_config(out, iterations, checkpoint__every=1, checkpoint__keep_last=2,
-                                         log__sample_every=1), **objects)
+        trainer = PPOTrainer(
+            make_config(out, iterations, checkpoint__every=1, checkpoint__keep_last=2, log__sample_every=1), **objects
+        )
     holder["trainer"] = trainer
     marker = os.environ.get("WORKER_MARKER")
     if marker:
@@ -141,8 +146,8 @@ def serve() -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import LlamaForCausalLM  # noqa: F401  (warm the imports the children need)
 
-    import lmppo.checkpoint  # noqa: F401
-    import lmppo.trainer  # noqa: F401
+    import lmppo.run.checkpoint  # noqa: F401
+    import lmppo.training.trainer  # noqa: F401
     from helpers_tokenizers import make_bpe_tokenizer
 
     make_bpe_tokenizer()

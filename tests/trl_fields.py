@@ -27,8 +27,12 @@ def dump(cls) -> list[dict]:
 
 if __name__ == "__main__":
     import transformers
-    import trl
     from trl.experimental.ppo import PPOConfig
 
-    print(json.dumps({"trl": trl.__version__, "transformers": transformers.__version__, "fields": dump(PPOConfig)},
-                     indent=1))
+    import trl
+
+    print(
+        json.dumps(
+            {"trl": trl.__version__, "transformers": transformers.__version__, "fields": dump(PPOConfig)}, indent=1
+        )
+    )

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
 
 
 def stall_in_write(rank: int, iteration: int, marker: str) -> None:
-    import lmppo.distributed as distributed
+    import lmppo.distributed.zero as distributed
 
     original = distributed.ZeroSupport.save_engine
 
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
     if stall:
         rank, iteration = (int(x) for x in stall.split(":"))
         stall_in_write(rank, iteration, os.environ["STALL_MARKER"])
-    from lmppo.cli import main as cli_main
+    from lmppo.apps.cli import main as cli_main
 
     return cli_main(argv)
 

@@ -23,18 +23,22 @@ from __future__ import annotations
 
 import re
 
-WARM_WORDS = frozenset("""
+WARM_WORDS = frozenset(
+    """
     good great fine lovely wonderful beautiful brilliant charming delightful enjoyable fun funny moving touching
     warm tender kind gentle sweet smart clever witty fresh vivid rich memorable remarkable superb solid strong
     engaging gripping honest heartfelt joyful pleasant impressive inspiring thoughtful elegant graceful love
     loved loves enjoy enjoyed like liked admire admired best better
-""".split())
+""".split()
+)
 """Words that earn the warmth bonus (lower case)."""
 
-STOP_WORDS = frozenset("""
+STOP_WORDS = frozenset(
+    """
     a an the and or but if of to in on at by for with from as is are was were be been being it its this that
     these those he she they we you i his her their our your my me him them us not no so than too very just
-""".split())
+""".split()
+)
 
 _WORD = re.compile(r"[A-Za-z']+")
 

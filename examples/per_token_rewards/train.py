@@ -43,14 +43,15 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 import torch
 
-from lmppo.config import Config
+from lmppo.config.schema import Config
 from lmppo.rewards import FunctionSource
-from lmppo.trainer import PPOTrainer
+from lmppo.training.trainer import PPOTrainer
 
 NUMBER = re.compile(r"\d+")
 
 
 # ----------------------------------------------------------------------------- the reward (what issue #79 asks)
+
 
 def larger_number_spans(prompts: list[str], completions: list[str]) -> list:
     """+1 on the characters of the larger of the two numbers in each completion, -1 on the smaller.
@@ -74,11 +75,14 @@ def larger_number_spans(prompts: list[str], completions: list[str]) -> list:
 
 def summed(prompts: list[str], completions: list[str]) -> list[float]:
     """The same signal as one number per response (what a scalar-only trainer would get)."""
-    return [sum(v for _, _, v in spans) if isinstance(spans, list) else spans
-            for spans in larger_number_spans(prompts, completions)]
+    return [
+        sum(v for _, _, v in spans) if isinstance(spans, list) else spans
+        for spans in larger_number_spans(prompts, completions)
+    ]
 
 
 # ----------------------------------------------------------------------------- a tiny world to play in
+
 
 def dialogue(rng: random.Random, round_no: int) -> tuple[str, str]:
     """(prompt, completion) of one dialogue with numbers uniform in 1..99."""
@@ -92,8 +96,12 @@ def build_tokenizer(texts: list[str]):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<eos>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
@@ -102,10 +110,18 @@ def build_policy(tokenizer, seed: int):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64,
-                      pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg)
 
 
@@ -126,6 +142,7 @@ def teach_the_format(policy, tokenizer, seed: int, steps: int) -> None:
 
 
 # ----------------------------------------------------------------------------- looking at the rewards
+
 
 def show_token_rewards(trainer: PPOTrainer, count: int) -> None:
     """Sample a batch with the current policy and print, for `count` dialogues, each response token with its
@@ -165,8 +182,14 @@ class DialogueStats:
         pairs = [[int(x) for x in NUMBER.findall(text)] for text in completions]
         pairs = [p for p in pairs if len(p) == 2]
         n = max(len(pairs), 1)
-        self.rows.append({"bob_wins": sum(b > a for a, b in pairs) / n, "alice_median": _median([a for a, _ in pairs]),
-                          "bob_median": _median([b for _, b in pairs]), "well_formed": len(pairs) / len(completions)})
+        self.rows.append(
+            {
+                "bob_wins": sum(b > a for a, b in pairs) / n,
+                "alice_median": _median([a for a, _ in pairs]),
+                "bob_median": _median([b for _, b in pairs]),
+                "well_formed": len(pairs) / len(completions),
+            }
+        )
         return self.fn(prompts, completions)
 
 
@@ -176,6 +199,7 @@ def _median(xs: list[int]) -> float:
 
 
 # ----------------------------------------------------------------------------- main
+
 
 def make_trainer(args, tokenizer, policy, prompts, reward) -> PPOTrainer:
     cfg = Config()
@@ -207,11 +231,18 @@ def main(argv=None) -> None:
     parser.add_argument("--format-steps", type=int, default=300, help="supervised steps teaching the format")
     parser.add_argument("--lr", type=float, default=1e-3, help="PPO learning rate")
     parser.add_argument("--kl-coef", type=float, default=0.1, help="KL penalty coefficient (fixed)")
-    parser.add_argument("--gamma", type=float, default=1.0,
-                        help="discount: 1 credits a token with every reward after it, 0 with its own reward only")
+    parser.add_argument(
+        "--gamma",
+        type=float,
+        default=1.0,
+        help="discount: 1 credits a token with every reward after it, 0 with its own reward only",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scalar", action="store_true",
-                        help="train on the summed score instead of the spans (for comparison: nothing to learn)")
+    parser.add_argument(
+        "--scalar",
+        action="store_true",
+        help="train on the summed score instead of the spans (for comparison: nothing to learn)",
+    )
     parser.add_argument("--output-dir", default="runs/per_token_rewards")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # a tiny model: more threads only add overhead (and fight over shared cores)
@@ -222,8 +253,10 @@ def main(argv=None) -> None:
     tokenizer = build_tokenizer(corpus)
     policy = build_policy(tokenizer, args.seed)
     teach_the_format(policy, tokenizer, args.seed, args.format_steps)
-    print(f"taught the dialogue format in {time.perf_counter() - started:.0f} s "
-          f"({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters)")
+    print(
+        f"taught the dialogue format in {time.perf_counter() - started:.0f} s "
+        f"({sum(p.numel() for p in policy.parameters()) / 1e6:.2f}M parameters)"
+    )
 
     prompts = [f"Round {k}. Alice:" for k in range(1, 33)]
     reward = DialogueStats(summed if args.scalar else larger_number_spans)
@@ -233,19 +266,22 @@ def main(argv=None) -> None:
     reward.rows.clear()
 
     history = trainer.train()
-    rows = reward.rows[:len(history)]
-    print(f"\n{'iteration':>9} {'Bob wins':>9} {'median Alice':>13} {'median Bob':>11} {'well formed':>12} "
-          f"{'KL':>6}")
+    rows = reward.rows[: len(history)]
+    print(f"\n{'iteration':>9} {'Bob wins':>9} {'median Alice':>13} {'median Bob':>11} {'well formed':>12} {'KL':>6}")
     for k, (m, row) in enumerate(zip(history, rows), 1):
         if k <= 3 or k % 5 == 0 or k == len(history):
-            print(f"{k:>9} {row['bob_wins']:>9.2f} {row['alice_median']:>13.1f} {row['bob_median']:>11.1f} "
-                  f"{row['well_formed']:>12.2f} {m['objective/kl']:>6.2f}")
+            print(
+                f"{k:>9} {row['bob_wins']:>9.2f} {row['alice_median']:>13.1f} {row['bob_median']:>11.1f} "
+                f"{row['well_formed']:>12.2f} {m['objective/kl']:>6.2f}"
+            )
     print("\nwhere the rewards land, after training:")
     show_token_rewards(trainer, 2)
     first, last = rows[0]["bob_wins"], sum(r["bob_wins"] for r in rows[-5:]) / 5
-    print(f"\nBob's number is the larger one in {first:.0%} of the dialogues of the first iteration and "
-          f"{last:.0%} of the last 5 ({'summed scalar' if args.scalar else 'span'} rewards; "
-          f"{time.perf_counter() - started:.0f} s in all). Metrics: {trainer.config.output_dir}/metrics.jsonl")
+    print(
+        f"\nBob's number is the larger one in {first:.0%} of the dialogues of the first iteration and "
+        f"{last:.0%} of the last 5 ({'summed scalar' if args.scalar else 'span'} rewards; "
+        f"{time.perf_counter() - started:.0f} s in all). Metrics: {trainer.config.output_dir}/metrics.jsonl"
+    )
 
 
 if __name__ == "__main__":

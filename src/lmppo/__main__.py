@@ -2,7 +2,7 @@
 
 import sys
 
-from lmppo.cli import main
+from lmppo.apps.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,12 +22,20 @@ def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], Ad
             raise ValueError(f"advantage estimator {name!r} is already registered")
         ADVANTAGE_ESTIMATORS[name] = fn
         return fn
+
     return wrap
 
 
 @register_advantage_estimator("gae")
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
-        group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2016), vectorised over batch and time.
 
     delta_t = r_t + gamma * V_{t+1} - V_t  (V_{t+1} = 0 after the last real token)
@@ -66,7 +74,9 @@ def _group_stats(values: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.T
     """Per-row group size, group mean and group std (population) of `values` (B,) grouped by `group_ids` (B,)."""
     _, inverse = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inverse.max().item()) + 1
-    count = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(0, inverse, torch.ones_like(values))
+    count = torch.zeros(n_groups, dtype=values.dtype, device=values.device).index_add_(
+        0, inverse, torch.ones_like(values)
+    )
     total = torch.zeros_like(count).index_add_(0, inverse, values)
     mean = total / count
     sq = torch.zeros_like(count).index_add_(0, inverse, (values - mean[inverse]) ** 2)
@@ -81,8 +91,15 @@ def _require_groups(group_ids: Optional[torch.Tensor], name: str) -> torch.Tenso
 
 
 @register_advantage_estimator("rloo")
-def rloo(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
-         group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def rloo(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out (Ahmadian et al. 2024): A_i = R_i - mean of the other responses to the same
     prompt, R_i the response's total reward; the same advantage on every token of the response.
     Values are not used; returns are the per-token returns-to-go (for a value head, if one is trained)."""
@@ -98,8 +115,15 @@ def rloo(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gam
 
 
 @register_advantage_estimator("grpo")
-def grpo(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
-         group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def grpo(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-normalised outcome advantage (GRPO, Shao et al. 2024): A_i = (R_i - mean_g) / (std_g + 1e-6) on
     every token, std the population std of the group's totals. Values are not used."""
     group_ids = _require_groups(group_ids, "grpo")
@@ -110,8 +134,15 @@ def grpo(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gam
 
 
 @register_advantage_estimator("reinforce_pp")
-def reinforce_pp(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *, gamma: float, lam: float,
-                 group_ids: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def reinforce_pp(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025): the token-level discounted return-to-go of the KL-shaped rewards is the
     advantage; normalisation over the whole batch is the separate whitening step (`ppo.whiten_advantages`).
     Values are not used; no groups needed."""

@@ -1,4 +1,4 @@
-"""KL estimators (a registry) and KL coefficient controllers.
+"""KL estimators (a registry); the KL coefficient controllers are in `lmppo.core.kl_control`.
 
 Per-token estimators of KL(pi || pi_ref) from the log-probabilities of the *sampled* token
 (Schulman, "Approximating KL divergence", 2020). With log r = log pi_ref - log pi:
@@ -11,7 +11,6 @@ next-token distribution over the vocabulary, the per-token value every estimator
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -26,6 +25,7 @@ def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
             raise ValueError(f"KL estimator {name!r} is already registered")
         KL_ESTIMATORS[name] = fn
         return fn
+
     return wrap
 
 
@@ -59,7 +59,9 @@ def exact_kl(logits: torch.Tensor, ref_logits: torch.Tensor, chunk_size: int | N
     flat, ref_flat = logits.reshape(-1, logits.shape[-1]), ref_logits.reshape(-1, ref_logits.shape[-1])
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     for start in range(0, flat.shape[0], chunk_size):
-        out[start:start + chunk_size] = exact_kl(flat[start:start + chunk_size], ref_flat[start:start + chunk_size])
+        out[start : start + chunk_size] = exact_kl(
+            flat[start : start + chunk_size], ref_flat[start : start + chunk_size]
+        )
     return out.reshape(logits.shape[:-1])
 
 
@@ -71,135 +73,3 @@ def next_state_kl(kl: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     shifted = torch.zeros_like(kl)
     shifted[:, :-1] = torch.where(mask[:, 1:], kl[:, 1:], torch.zeros_like(kl[:, 1:]))
     return torch.where(mask, shifted, torch.zeros_like(shifted))
-
-
-class FixedKLController:
-    """A constant KL coefficient."""
-
-    def __init__(self, coef: float):
-        self.value = coef
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
-
-
-class AdaptiveKLController:
-    """Adaptive KL coefficient of Ziegler et al. 2019 (lm-human-preferences, `AdaptiveKLController`).
-
-    After each batch of `n_steps` episodes with mean per-response KL `current_kl`:
-      error = clip(current_kl / target - 1, -0.2, 0.2);  beta <- beta * (1 + error * n_steps / horizon)
-    """
-
-    def __init__(self, init_coef: float, target: float, horizon: int):
-        self.value, self.target, self.horizon = init_coef, target, horizon
-
-    def update(self, current_kl: float, n_steps: int) -> None:
-        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
-
-    def state_dict(self) -> dict:
-        return {"value": self.value}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
-
-
-class PIKLController:
-    """Proportional-integral control of log beta toward a target KL per response (lmppo's default), with a
-    look-ahead on the KL's rise.
-
-    After each iteration with mean per-response KL `kl_t` (nats, summed over the response's tokens):
-      ahead_t = kl_t + kd * max(kl_t - kl_{t-1}, 0)    where the KL will be next iteration if it keeps rising as it
-                                                     just did (the derivative term: it brakes before the target)
-      e_t = clip(log(ahead_t / target), -1, 1)         the error in log units: 2x and 0.5x the target weigh alike
-      I_t = I_{t-1} + e_t                            always above the target; below it only while the KL is not
-                                                     rising by itself (kl_t <= kl_{t-1}), and never while beta sits
-                                                     at a bound that e_t pushes it past; I is set to 0 (before
-                                                     adding e_t) the first time ahead_t reaches the target
-      log beta_t = log beta_0 + kp * e_t + ki * I_t,  beta_t clamped to [coef_min, coef_max]
-
-    Which batch the new beta penalises is the trainer's choice (`kl.react`): the batch just read (`now`, one
-    iteration less delay around the loop) or the next one (`next`, Ziegler's and TRL's timing).
-
-    Response time, in iterations: with the KL a factor x above target and staying there (e = log x, |e| <= 1),
-    beta moves at once by x**kp (x**(kp + ki) once the error integrates) and then by a further x**ki every
-    iteration. With the defaults (kp 1, ki 0.5) a KL stuck at twice the target multiplies beta by 2.8 within an
-    iteration and by 2 more every 2 iterations; a KL of e times the target or more multiplies it by 4.5 and then
-    e-fold every 2 iterations. A KL rising by d nats per iteration counts as kd * d nats higher.
-    Ziegler's controller moves beta by at most 0.2 * batch / horizon per iteration, whatever the error.
-    Why not a pure integral (Ziegler, Lagrangian): the KL itself integrates the policy's updates, and
-    integral-on-integral control overshoots; the proportional and look-ahead terms damp it (Stooke et al. 2020,
-    PID Lagrangian methods). Why the integral is conditional below the target: while the KL climbs from 0 at the
-    start of a run every iteration is "below target", and a plain integral would wind beta down to its floor just
-    before the KL arrives, so the KL would shoot past the target. Even so, a climb that stalls now and then (the
-    KL of a batch is a noisy reading) gathers a negative integral, and a policy arriving with beta still wound
-    down runs on past the target (issue 13: 8 nats for a target of 5). So the integral gathered on the way up is
-    dropped when the KL, read ahead, first reaches the target: beta is then `coef * (ahead / target)**(kp+ki)`,
-    and the integral learns the equilibrium from there. Above the target it always integrates: a KL that hovers
-    above the target, drifting down a little now and then, must still see beta rise.
-    """
-
-    def __init__(self, init_coef: float, target: float, kp: float = 1.0, ki: float = 0.5,
-                 coef_min: float = 1e-4, coef_max: float = 10.0, kd: float = 1.0):
-        if not (init_coef > 0 and target > 0 and 0 < coef_min <= coef_max and kp >= 0 and ki >= 0 and kd >= 0):
-            raise ValueError("PIKLController needs init_coef > 0, target > 0, kp >= 0, ki >= 0, kd >= 0 and "
-                             f"0 < coef_min <= coef_max; got {init_coef}, {target}, {kp}, {ki}, {kd}, {coef_min}, "
-                             f"{coef_max}")
-        self.init_coef, self.target, self.kp, self.ki, self.kd = init_coef, target, kp, ki, kd
-        self.coef_min, self.coef_max = coef_min, coef_max
-        self.integral = 0.0
-        self.arrived = False  # has the KL (read ahead) reached the target yet
-        self.last_kl: float | None = None
-        self.value = min(max(init_coef, coef_min), coef_max)
-
-    def error(self, current_kl: float) -> float:
-        """clip(log(kl / target), -1, 1); a KL at or below 0 (or NaN) counts as far below target: -1."""
-        if not current_kl > 0:
-            return -1.0
-        return min(max(math.log(current_kl / self.target), -1.0), 1.0)
-
-    def update(self, current_kl: float, n_steps: int = 0) -> None:
-        """`n_steps` (episodes) is accepted for the controllers' common interface and not used."""
-        last, self.last_kl = self.last_kl, current_kl
-        rising = last is not None and current_kl > last  # False for NaN readings
-        ahead = current_kl + self.kd * (current_kl - last) if rising else current_kl
-        e = self.error(ahead)
-        if not self.arrived and ahead >= self.target:  # first arrival: drop the windup of the climb
-            self.arrived, self.integral = True, 0.0
-        integrates = e > 0 or (last is not None and not rising)
-        lo, hi = math.log(self.coef_min), math.log(self.coef_max)
-        integral = self.integral + e if integrates else self.integral
-        log_beta = math.log(self.init_coef) + self.kp * e + self.ki * integral
-        if (log_beta > hi and e > 0) or (log_beta < lo and e < 0):  # anti-windup at the bounds
-            integral = self.integral
-            log_beta = math.log(self.init_coef) + self.kp * e + self.ki * integral
-        self.integral = integral
-        self.value = math.exp(min(max(log_beta, lo), hi))
-
-    def state_dict(self) -> dict:
-        return {"value": self.value, "integral": self.integral, "last_kl": self.last_kl, "arrived": self.arrived}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
-        self.integral = state.get("integral", 0.0)
-        self.last_kl = state.get("last_kl")
-        self.arrived = state.get("arrived", True)  # saved before the arrival reset existed: never reset
-
-
-def make_kl_controller(settings) -> "FixedKLController | AdaptiveKLController | PIKLController":
-    """The controller named by `settings.controller`; `settings` has KLConfig's fields (duck-typed, so the
-    math layer needs no config import)."""
-    return KL_CONTROLLERS[settings.controller](settings)
-
-
-KL_CONTROLLERS = {
-    "fixed": lambda k: FixedKLController(k.coef),
-    "adaptive": lambda k: AdaptiveKLController(k.coef, k.target, k.horizon),
-    "pi": lambda k: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd),
-}

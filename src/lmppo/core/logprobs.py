@@ -26,7 +26,7 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = 64) -> torch.Ten
     flat = logits.reshape(-1, logits.shape[-1])
     out = torch.empty(flat.shape[0], dtype=torch.float32, device=logits.device)
     for start in range(0, flat.shape[0], chunk_size):
-        block = flat[start:start + chunk_size].float()
+        block = flat[start : start + chunk_size].float()
         probs = torch.softmax(block, dim=-1)
-        out[start:start + chunk_size] = torch.logsumexp(block, dim=-1) - (probs * block).sum(-1)
+        out[start : start + chunk_size] = torch.logsumexp(block, dim=-1) - (probs * block).sum(-1)
     return out.reshape(logits.shape[:-1])

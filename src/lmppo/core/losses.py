@@ -12,8 +12,9 @@ import torch
 from lmppo.core.masking import masked_sum
 
 
-def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                        clip_range: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clipped_policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clipped surrogate (Schulman et al. 2017), per token, to be minimised.
 
     ratio = exp(logp - logp_old);  loss = max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps)).
@@ -33,8 +34,9 @@ def clipped_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adva
     return loss, stats
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       clip_range: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss, per token: 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old + clip(V - V_old, +-c).
 
     All (B, T). Stats: clipped (float 0/1: the clipped branch was larger).

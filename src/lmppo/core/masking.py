@@ -38,8 +38,14 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whiten_with(values, mask, masked_mean(values, mask), masked_var(values, mask), shift_mean, eps)
 
 
-def whiten_with(values: torch.Tensor, mask: torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
-                shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def whiten_with(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+) -> torch.Tensor:
     """`masked_whiten` with given statistics (e.g. computed over all processes)."""
     whitened = (values - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
@@ -60,7 +66,9 @@ def stop_token_mask(response_ids: torch.Tensor, stop_ids: torch.Tensor) -> tuple
     response_ids: (B, T) long; stop_ids: (S,) long (empty: no stop token).
     Returns mask (B, T) bool (True up to and including the first stop token) and terminated (B,) bool.
     """
-    is_stop = torch.isin(response_ids, stop_ids) if stop_ids.numel() else torch.zeros_like(response_ids, dtype=torch.bool)
+    is_stop = (
+        torch.isin(response_ids, stop_ids) if stop_ids.numel() else torch.zeros_like(response_ids, dtype=torch.bool)
+    )
     first = first_true_index(is_stop)  # (B,)
     T = response_ids.shape[-1]
     positions = torch.arange(T, device=response_ids.device)

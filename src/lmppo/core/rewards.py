@@ -12,8 +12,9 @@ import torch
 from lmppo.core.masking import last_true_index
 
 
-def kl_penalized_rewards(token_scores: torch.Tensor, kl: torch.Tensor, kl_coef: float,
-                         mask: torch.Tensor) -> torch.Tensor:
+def kl_penalized_rewards(
+    token_scores: torch.Tensor, kl: torch.Tensor, kl_coef: float, mask: torch.Tensor
+) -> torch.Tensor:
     """rewards[t] = token_scores[t] - kl_coef * kl[t] on real tokens, 0 elsewhere.  All (B, T)."""
     rewards = token_scores - kl_coef * kl
     return torch.where(mask, rewards, torch.zeros_like(rewards))
@@ -27,8 +28,9 @@ def _add_at_last(rewards: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, 
     return rewards + add
 
 
-def penalize_truncated(token_scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
-                       penalty: float, mode: str) -> torch.Tensor:
+def penalize_truncated(
+    token_scores: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor, penalty: float, mode: str
+) -> torch.Tensor:
     """The EOS trick on placed scores (B, T): for truncated rows, `replace` every score of the row by `penalty`
     on its last token, or `add` `penalty` to the last token."""
     if mode == "replace":
@@ -39,8 +41,14 @@ def penalize_truncated(token_scores: torch.Tensor, mask: torch.Tensor, truncated
     return _add_at_last(token_scores, mask, truncated, amount)
 
 
-def unfinished_scores(token_scores: torch.Tensor, placed: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
-                      final_scores: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+def unfinished_scores(
+    token_scores: torch.Tensor,
+    placed: torch.Tensor,
+    mask: torch.Tensor,
+    truncated: torch.Tensor,
+    final_scores: torch.Tensor,
+    scale: float = 1.0,
+) -> torch.Tensor:
     """For bootstrap: a cut response did not finish, so what judges it as a finished response is not a reward it
     received. Rows where `truncated` (B,) is True keep only their per-token and span scores: the placed scores
     `placed` (B, T) without `final_scores` (B,) (the scalar outputs, which sit on the last real token), divided by
@@ -55,8 +63,9 @@ def unfinished_scores(token_scores: torch.Tensor, placed: torch.Tensor, mask: to
     return torch.where(truncated[:, None], own, token_scores)
 
 
-def bootstrap_truncated(rewards: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor,
-                        final_values: torch.Tensor, gamma: float) -> torch.Tensor:
+def bootstrap_truncated(
+    rewards: torch.Tensor, mask: torch.Tensor, truncated: torch.Tensor, final_values: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """For truncated rows, add gamma * V(s_T) to the last real token's reward (TRL PR #1536); take their
     whole-response scores off first (`unfinished_scores`).
 
@@ -80,7 +89,7 @@ class RunningMoments:
         batch_var = values.float().var(unbiased=False).item() if n > 1 else 0.0
         total = self.count + n
         delta = batch_mean - self.mean
-        m2 = self.var * self.count + batch_var * n + delta ** 2 * self.count * n / total
+        m2 = self.var * self.count + batch_var * n + delta**2 * self.count * n / total
         self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
 
     @property
@@ -94,8 +103,9 @@ class RunningMoments:
         self.mean, self.var, self.count = state["mean"], state["var"], state["count"]
 
 
-def normalize_scores(token_scores: torch.Tensor, mask: torch.Tensor, mean: float, std: float,
-                     clip: float = 0.0) -> torch.Tensor:
+def normalize_scores(
+    token_scores: torch.Tensor, mask: torch.Tensor, mean: float, std: float, clip: float = 0.0
+) -> torch.Tensor:
     """Scale placed scores (B, T) so each response's total becomes (total - mean) / std, optionally clipped to
     [-clip, clip]: every token score is divided by std and -mean/std (plus any clipping correction) lands on
     the last real token."""

@@ -5,6 +5,14 @@ rollout batch and returns the weighted per-token scores, which samples are valid
 Importing this package registers the built-in kinds (`function`, `model`, `http`).
 """
 
+from lmppo.rewards.http import HttpSource  # noqa: F401,E402
+from lmppo.rewards.model import ModelSource  # noqa: F401,E402
+from lmppo.rewards.placement import (  # noqa: F401,E402
+    decode_completion,
+    parse_output,
+    place_scores,
+    token_char_offsets,
+)
 from lmppo.rewards.sources import (  # noqa: F401  (the registry must be defined before the kinds register)
     REWARD_SOURCES,
     FunctionSource,
@@ -18,17 +26,23 @@ from lmppo.rewards.sources import (  # noqa: F401  (the registry must be defined
     register_reward_source,
     score_rollout,
 )
-from lmppo.rewards.http import HttpSource  # noqa: F401,E402
-from lmppo.rewards.model import ModelSource  # noqa: F401,E402
-from lmppo.rewards.placement import (  # noqa: F401,E402
-    decode_completion,
-    parse_output,
-    place_scores,
-    token_char_offsets,
-)
 
 __all__ = [
-    "REWARD_SOURCES", "FunctionSource", "HttpSource", "ModelSource", "RewardResult", "RewardSource",
-    "SourceContext", "build_reward_sources", "check_source_arguments", "decode_completion", "import_callable", "mask_url",
-    "parse_output", "place_scores", "register_reward_source", "score_rollout", "token_char_offsets",
+    "REWARD_SOURCES",
+    "FunctionSource",
+    "HttpSource",
+    "ModelSource",
+    "RewardResult",
+    "RewardSource",
+    "SourceContext",
+    "build_reward_sources",
+    "check_source_arguments",
+    "decode_completion",
+    "import_callable",
+    "mask_url",
+    "parse_output",
+    "place_scores",
+    "register_reward_source",
+    "score_rollout",
+    "token_char_offsets",
 ]

@@ -38,13 +38,22 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from lmppo.assets import cache_dir, minilm_path, polarity_sentences
 from lmppo.errors import LmppoError, RewardError
+from lmppo.models.assets import cache_dir, minilm_path, polarity_sentences
 
 log = logging.getLogger(__name__)
 
-__all__ = ["exact_match", "final_answer", "vader_sentiment", "minilm_sentiment", "minilm_summary",
-           "minilm_sentiment_info", "minilm_relevance", "minilm_self_similarity", "embed"]
+__all__ = [
+    "exact_match",
+    "final_answer",
+    "vader_sentiment",
+    "minilm_sentiment",
+    "minilm_summary",
+    "minilm_sentiment_info",
+    "minilm_relevance",
+    "minilm_self_similarity",
+    "embed",
+]
 
 MAX_TOKENS = 256
 """MiniLM input length in word pieces (all-MiniLM-L6-v2 was trained with 256); longer text is cut."""
@@ -61,12 +70,22 @@ _HEAD_FORMAT = 1
 # A prior for the head: the direction from the mean embedding of these negative sentences to the mean of the
 # positive ones. It is generic sentiment (not movie trivia) and adds about 3 points of held-out accuracy over a
 # plain L2-regularised head with 200 training sentences.
-_PRIOR_POS = ("This movie is wonderful, I loved it.", "A great, moving and beautiful film.",
-              "Brilliant acting and a delightful story.", "I really enjoyed it, highly recommended.",
-              "A funny, charming and smart comedy.", "One of the best films of the year.")
-_PRIOR_NEG = ("This movie is terrible, I hated it.", "A boring, dull and ugly film.",
-              "Awful acting and a stupid story.", "I really disliked it, a waste of time.",
-              "A tedious, silly and pointless comedy.", "One of the worst films of the year.")
+_PRIOR_POS = (
+    "This movie is wonderful, I loved it.",
+    "A great, moving and beautiful film.",
+    "Brilliant acting and a delightful story.",
+    "I really enjoyed it, highly recommended.",
+    "A funny, charming and smart comedy.",
+    "One of the best films of the year.",
+)
+_PRIOR_NEG = (
+    "This movie is terrible, I hated it.",
+    "A boring, dull and ugly film.",
+    "Awful acting and a stupid story.",
+    "I really disliked it, a waste of time.",
+    "A tedious, silly and pointless comedy.",
+    "One of the worst films of the year.",
+)
 
 
 # ----------------------------------------------------------------------------- verifiable: exact match
@@ -114,6 +133,7 @@ def exact_match(completions: list[str], solution: list[Any], **kwargs: Any) -> l
 
 # ----------------------------------------------------------------------------- VADER
 
+
 def vader_sentiment(prompts: list[str], completions: list[str]) -> list[float]:
     """VADER compound sentiment of each completion (the prompt is ignored), in [-1, 1]; 0 for empty text."""
     _check(prompts, completions, "vader_sentiment")
@@ -126,12 +146,15 @@ def _vader() -> Any:
     try:
         from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
     except ImportError:
-        raise LmppoError("the reward `vader_sentiment` needs the package `vaderSentiment`; install it with: "
-                         "pip install vaderSentiment") from None
+        raise LmppoError(
+            "the reward `vader_sentiment` needs the package `vaderSentiment`; install it with: "
+            "pip install vaderSentiment"
+        ) from None
     return SentimentIntensityAnalyzer()
 
 
 # ----------------------------------------------------------------------------- MiniLM encoder
+
 
 @lru_cache(maxsize=1)
 def _minilm() -> tuple[Any, Any]:
@@ -141,8 +164,9 @@ def _minilm() -> tuple[Any, Any]:
         import torch  # noqa: F401
         from transformers import AutoModel, AutoTokenizer
     except ImportError:
-        raise LmppoError("the MiniLM rewards need `torch` and `transformers`; install them with: "
-                         "pip install torch transformers") from None
+        raise LmppoError(
+            "the MiniLM rewards need `torch` and `transformers`; install them with: pip install torch transformers"
+        ) from None
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     model = AutoModel.from_pretrained(path, local_files_only=True).eval()
     return tokenizer, model
@@ -157,8 +181,13 @@ def embed(texts: list[str], batch_size: int = 64) -> Any:
     out = []
     with torch.inference_mode():
         for i in range(0, len(texts), batch_size):
-            batch = tokenizer(list(texts[i:i + batch_size]), padding=True, truncation=True,
-                              max_length=MAX_TOKENS, return_tensors="pt")
+            batch = tokenizer(
+                list(texts[i : i + batch_size]),
+                padding=True,
+                truncation=True,
+                max_length=MAX_TOKENS,
+                return_tensors="pt",
+            )
             hidden = model(**batch).last_hidden_state  # (b, L, 384)
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (b, L, 1)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (b, 384)
@@ -167,6 +196,7 @@ def embed(texts: list[str], batch_size: int = 64) -> Any:
 
 
 # ----------------------------------------------------------------------------- MiniLM sentiment judge
+
 
 def minilm_sentiment(prompts: list[str], completions: list[str]) -> list[float]:
     """P(positive) - 0.5 for each completion (the prompt is ignored), in [-0.5, 0.5].
@@ -188,8 +218,11 @@ def minilm_sentiment_info() -> dict[str, float]:
     """The judge head's held-out accuracy (mean over a seeded 5-fold split of the 200 sentences), the training
     accuracy, and the number of training sentences."""
     head = _judge_head()
-    return {"heldout_accuracy": float(head["heldout_accuracy"]), "train_accuracy": float(head["train_accuracy"]),
-            "num_sentences": int(head["num_sentences"])}
+    return {
+        "heldout_accuracy": float(head["heldout_accuracy"]),
+        "train_accuracy": float(head["train_accuracy"]),
+        "num_sentences": int(head["num_sentences"]),
+    }
 
 
 @lru_cache(maxsize=1)
@@ -199,10 +232,21 @@ def _judge_head() -> dict[str, Any]:
 
     texts, labels = polarity_sentences()
     model_dir = Path(minilm_path())
-    key_src = json.dumps({"texts": texts, "labels": labels, "pos": _PRIOR_POS, "neg": _PRIOR_NEG, "l2": _L2,
-                          "scale": _PRIOR_SCALE, "folds": _FOLDS, "format": _HEAD_FORMAT, "max_tokens": MAX_TOKENS,
-                          "config": (model_dir / "config.json").read_text(),
-                          "weights": _file_size(model_dir / "model.safetensors")})
+    key_src = json.dumps(
+        {
+            "texts": texts,
+            "labels": labels,
+            "pos": _PRIOR_POS,
+            "neg": _PRIOR_NEG,
+            "l2": _L2,
+            "scale": _PRIOR_SCALE,
+            "folds": _FOLDS,
+            "format": _HEAD_FORMAT,
+            "max_tokens": MAX_TOKENS,
+            "config": (model_dir / "config.json").read_text(),
+            "weights": _file_size(model_dir / "model.safetensors"),
+        }
+    )
     key = hashlib.sha256(key_src.encode("utf-8")).hexdigest()[:16]
     path = cache_dir() / "judges" / f"minilm_sentiment-{key}.pt"
     if path.is_file():
@@ -251,8 +295,7 @@ def _train_head(texts: list[str], labels: list[int]) -> dict[str, Any]:
         correct += int(((x[test] @ w + b > 0).float() == y[test]).sum())
     w, b = _fit_logistic(x, y, prior)
     train_acc = float(((x @ w + b > 0).float() == y).float().mean())
-    return {"weight": w, "bias": b, "heldout_accuracy": correct / n, "train_accuracy": train_acc,
-            "num_sentences": n}
+    return {"weight": w, "bias": b, "heldout_accuracy": correct / n, "train_accuracy": train_acc, "num_sentences": n}
 
 
 def _fit_logistic(x: Any, y: Any, prior: Any) -> tuple[Any, Any]:
@@ -305,6 +348,7 @@ def minilm_summary(prompts: list[str], completions: list[str]) -> list[float]:
 
 # ----------------------------------------------------------------------------- reward-hacking checks (judges)
 
+
 def minilm_relevance(prompts: list[str], completions: list[str]) -> list[float]:
     """Prompt-relevance gap of each completion: cos(completion, its prompt) minus the mean cos(completion, q) over
     the call's other distinct prompts q (MiniLM embeddings, chat-template markers removed), roughly in [-1, 1].
@@ -352,10 +396,12 @@ def minilm_self_similarity(prompts: list[str], completions: list[str]) -> list[f
 
 # ----------------------------------------------------------------------------- checks
 
+
 def _check(prompts: list[str], completions: list[str], name: str) -> None:
     if len(prompts) != len(completions):
-        raise RewardError(f"{name}: got {len(prompts)} prompts but {len(completions)} completions; "
-                          "they must pair up one to one")
+        raise RewardError(
+            f"{name}: got {len(prompts)} prompts but {len(completions)} completions; they must pair up one to one"
+        )
     for i, c in enumerate(completions):
         if not isinstance(c, str):
             raise RewardError(f"{name}: completion {i} is a {type(c).__name__}, not a string: {c!r:.80}")

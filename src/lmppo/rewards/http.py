@@ -33,7 +33,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from lmppo.config import RewardSourceConfig, http_headers
+from lmppo.config.schema import RewardSourceConfig, http_headers
 from lmppo.errors import RewardError
 from lmppo.redact import MASK, redact_text
 from lmppo.rewards.sources import RewardSource, SourceContext, mask_url, register_reward_source
@@ -62,8 +62,10 @@ class HttpSource(RewardSource):
         super().__init__(cfg, ctx)
         parts = urllib.parse.urlsplit(cfg.path)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise RewardError(f"reward source `{self.name}`: URL {mask_url(cfg.path)!r} must start with "
-                              "http:// or https:// and name a host")
+            raise RewardError(
+                f"reward source `{self.name}`: URL {mask_url(cfg.path)!r} must start with "
+                "http:// or https:// and name a host"
+            )
         self.shown_url = mask_url(cfg.path)
         extra, self._secrets = http_headers(cfg, f"reward source `{self.name}`")
         self.headers = {"Content-Type": "application/json", "Accept": "application/json", **extra}
@@ -170,7 +172,8 @@ class HttpSource(RewardSource):
                 self._secrets.append(token)
             if self.scheme == "https":
                 conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-                    p.hostname, p.port or 8080, timeout=self.timeout, context=ssl.create_default_context())
+                    p.hostname, p.port or 8080, timeout=self.timeout, context=ssl.create_default_context()
+                )
                 conn.set_tunnel(self.host, self.port or 443, headers=auth)
             else:
                 conn = http.client.HTTPConnection(p.hostname, p.port or 8080, timeout=self.timeout)
@@ -179,8 +182,9 @@ class HttpSource(RewardSource):
                 self._headers = {**self.headers, **auth}
             return conn
         if self.scheme == "https":
-            return http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout,
-                                               context=ssl.create_default_context())
+            return http.client.HTTPSConnection(
+                self.host, self.port, timeout=self.timeout, context=ssl.create_default_context()
+            )
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
 
     def _exchange(self, conn: http.client.HTTPConnection, body: bytes) -> tuple[int, Any, bytes]:
@@ -234,12 +238,15 @@ class HttpSource(RewardSource):
             raise self._error(f"the answer is not JSON: {_body_text(raw)!r}") from None
         if isinstance(answer, dict):
             if "scores" not in answer:
-                raise self._error(f"the answer has keys {sorted(answer)[:10]}; "
-                                  'expected {"scores": [...]} or a JSON list')
+                raise self._error(
+                    f'the answer has keys {sorted(answer)[:10]}; expected {{"scores": [...]}} or a JSON list'
+                )
             answer = answer["scores"]
         if not isinstance(answer, list):
-            raise self._error(f"`scores` is a {type(answer).__name__} ({_body_text(raw)!r}); expected a list with "
-                              "one output per completion")
+            raise self._error(
+                f"`scores` is a {type(answer).__name__} ({_body_text(raw)!r}); expected a list with "
+                "one output per completion"
+            )
         return answer
 
 
@@ -272,4 +279,4 @@ def _http_date(text: str) -> datetime.datetime | None:
 
 
 def _body_text(raw: bytes, n: int = 200) -> str:
-    return raw[:n * 4].decode("utf-8", errors="replace")[:n]
+    return raw[: n * 4].decode("utf-8", errors="replace")[:n]

@@ -19,11 +19,11 @@ import os
 
 import torch
 
-from lmppo.attention import use_cpu_attention
-from lmppo.config import RewardSourceConfig
+from lmppo.config.schema import RewardSourceConfig
 from lmppo.errors import RewardError
+from lmppo.models.attention import use_cpu_attention
+from lmppo.models.files import ModelFolderError, check_json_file, check_model_folder, check_tokenizer_folder
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
-from lmppo.model_files import ModelFolderError, check_json_file, check_model_folder, check_tokenizer_folder
 
 PICKLE_EXTENSIONS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -39,14 +39,18 @@ class ModelSource(RewardSource):
             path = ctx.resolve_path(path)
         where = f"reward model `{cfg.path}`"
         if not os.path.isdir(path):
-            raise RewardError(f"{where}: no such folder (a reward model is a local folder holding a "
-                              "sequence-classification model and its tokenizer)")
+            raise RewardError(
+                f"{where}: no such folder (a reward model is a local folder holding a "
+                "sequence-classification model and its tokenizer)"
+            )
         has_safetensors = bool(glob.glob(os.path.join(path, "*.safetensors")))
         pickles = [f for f in os.listdir(path) if f.endswith(PICKLE_EXTENSIONS)]
         if not has_safetensors:
             if pickles and not ctx.allow_pickle:
-                raise RewardError(f"{where}: holds only pickle weights ({', '.join(sorted(pickles)[:3])}), which can "
-                                  "run arbitrary code; convert them to safetensors or set model.allow_pickle")
+                raise RewardError(
+                    f"{where}: holds only pickle weights ({', '.join(sorted(pickles)[:3])}), which can "
+                    "run arbitrary code; convert them to safetensors or set model.allow_pickle"
+                )
             if not pickles:
                 raise RewardError(f"{where}: holds no weights (*.safetensors)")
 
@@ -59,8 +63,10 @@ class ModelSource(RewardSource):
         except Exception as err:
             raise RewardError(f"{where}: cannot read its config.json: {type(err).__name__}: {err}") from err
         if getattr(mcfg, "num_labels", None) != 1:
-            raise RewardError(f"{where}: has {getattr(mcfg, 'num_labels', '?')} labels; a reward model must have "
-                              "exactly one (num_labels=1, one score per text)")
+            raise RewardError(
+                f"{where}: has {getattr(mcfg, 'num_labels', '?')} labels; a reward model must have "
+                "exactly one (num_labels=1, one score per text)"
+            )
         try:  # a missing, empty, truncated or garbage file: one error naming it
             check_model_folder(path, "reward model", ctx.allow_pickle)
             check_tokenizer_folder(path, "reward model's tokenizer")
@@ -69,21 +75,25 @@ class ModelSource(RewardSource):
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=ctx.trust_remote_code)
         except Exception as err:
-            raise RewardError(f"{where}: cannot load its tokenizer (the folder must hold the reward model's own "
-                              f"tokenizer): {type(err).__name__}: {err}") from err
+            raise RewardError(
+                f"{where}: cannot load its tokenizer (the folder must hold the reward model's own "
+                f"tokenizer): {type(err).__name__}: {err}"
+            ) from err
         kwargs = {"trust_remote_code": ctx.trust_remote_code, "use_safetensors": has_safetensors}
         if ctx.dtype is not None:
             kwargs["dtype"] = ctx.dtype
         try:
             self.model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
         except Exception as err:
-            raise RewardError(f"{where}: cannot load it as a sequence-classification model: "
-                              f"{type(err).__name__}: {err}") from err
+            raise RewardError(
+                f"{where}: cannot load it as a sequence-classification model: {type(err).__name__}: {err}"
+            ) from err
         self._setup(mcfg, ctx, where)
 
     @classmethod
-    def from_model(cls, model, tokenizer, name: str = "reward_model", ctx: SourceContext | None = None,
-                   input: str = "tokens") -> "ModelSource":
+    def from_model(
+        cls, model, tokenizer, name: str = "reward_model", ctx: SourceContext | None = None, input: str = "tokens"
+    ) -> "ModelSource":
         """A source from a sequence-classification model object (one label), used as given (frozen, eval mode,
         moved to `ctx.device`), and the tokenizer its inputs are written in (copied: its padding settings are
         changed). `input` as `reward.sources[].input`: `tokens` reads the policy's sampled ids (then `tokenizer`
@@ -95,8 +105,10 @@ class ModelSource(RewardSource):
         RewardSource.__init__(self, RewardSourceConfig(kind="model", path="", name=name, input=input), ctx)
         where = f"reward model `{name}` ({type(model).__name__})"
         if getattr(model.config, "num_labels", None) != 1:
-            raise RewardError(f"{where}: has {getattr(model.config, 'num_labels', '?')} labels; a reward model must "
-                              "have exactly one (num_labels=1, one score per text)")
+            raise RewardError(
+                f"{where}: has {getattr(model.config, 'num_labels', '?')} labels; a reward model must "
+                "have exactly one (num_labels=1, one score per text)"
+            )
         self.model, self.tokenizer = model, copy.deepcopy(tokenizer)
         self._setup(model.config, ctx, where)
         return self
@@ -111,8 +123,11 @@ class ModelSource(RewardSource):
             tok.pad_token = tok.eos_token or tok.unk_token
             if tok.pad_token is None:
                 raise RewardError(f"{where}: its tokenizer has no pad, eos or unk token to pad batches with")
-        limits = [n for n in (tok.model_max_length, getattr(mcfg, "max_position_embeddings", None))
-                  if isinstance(n, int) and 0 < n < 10**7]
+        limits = [
+            n
+            for n in (tok.model_max_length, getattr(mcfg, "max_position_embeddings", None))
+            if isinstance(n, int) and 0 < n < 10**7
+        ]
         self.max_length = min(limits) if limits else None
         self.batch_size = ctx.batch_size
         self.device = ctx.device
@@ -122,19 +137,22 @@ class ModelSource(RewardSource):
         self.decoder_head = hasattr(self.model, "score") and hasattr(self.model, "base_model")
         self.wants_token_ids = self.cfg.input == "tokens"
 
-    def __call__(self, prompts: list[str], completions: list[str],
-                 token_ids: list[list[int]] | None = None) -> list[float]:
+    def __call__(
+        self, prompts: list[str], completions: list[str], token_ids: list[list[int]] | None = None
+    ) -> list[float]:
         if self.wants_token_ids:
             if token_ids is None:
-                raise RewardError(f"reward model `{self.name}` reads token ids (input: tokens); call it with "
-                                  "token_ids=[prompt ids + response ids, ...]")
+                raise RewardError(
+                    f"reward model `{self.name}` reads token ids (input: tokens); call it with "
+                    "token_ids=[prompt ids + response ids, ...]"
+                )
             items, score = token_ids, self.score_ids
         else:
             items, score = [p + c for p, c in zip(prompts, completions)], self.score_texts
         step = self.batch_size or max(1, len(items))
         scores: list[float] = []
         for k in range(0, len(items), step):
-            scores += score(items[k:k + step]).tolist()
+            scores += score(items[k : k + step]).tolist()
         return scores
 
     @torch.inference_mode()
@@ -142,7 +160,7 @@ class ModelSource(RewardSource):
         """(N,) float32 score of each token-id sequence (`input: tokens`): right-padded, left-truncated to the
         model's length limit, the score read at the last real token."""
         if self.max_length is not None:
-            sequences = [s[-self.max_length:] for s in sequences]
+            sequences = [s[-self.max_length :] for s in sequences]
         width = max(len(s) for s in sequences)
         pad = self.tokenizer.pad_token_id
         input_ids = torch.tensor([s + [pad] * (width - len(s)) for s in sequences], device=self.device)
@@ -152,15 +170,17 @@ class ModelSource(RewardSource):
     @torch.inference_mode()
     def score_texts(self, texts: list[str]) -> torch.Tensor:
         """(N,) float32 score of each text."""
-        enc = self.tokenizer(texts, return_tensors="pt", padding=True, truncation=self.max_length is not None,
-                             max_length=self.max_length)
+        enc = self.tokenizer(
+            texts, return_tensors="pt", padding=True, truncation=self.max_length is not None, max_length=self.max_length
+        )
         input_ids = enc["input_ids"].to(self.device)  # (N, L) right-padded
         attention_mask = enc["attention_mask"].to(self.device)  # (N, L)
         return self._scores(input_ids, attention_mask)
 
     def _scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16,
-                            enabled=self.autocast_dtype is not None):
+        with torch.autocast(
+            input_ids.device.type, dtype=self.autocast_dtype or torch.bfloat16, enabled=self.autocast_dtype is not None
+        ):
             return self._forward(input_ids, attention_mask).float().cpu()
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

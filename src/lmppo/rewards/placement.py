@@ -50,8 +50,9 @@ def _common_prefix_len(a: str, b: str, hint: int) -> int:
     return i
 
 
-def token_char_offsets(tokenizer: Any, response_ids: Sequence[int], text: str | None = None,
-                       has_stop: bool | None = None) -> list[tuple[int, int]]:
+def token_char_offsets(
+    tokenizer: Any, response_ids: Sequence[int], text: str | None = None, has_stop: bool | None = None
+) -> list[tuple[int, int]]:
     """Each response token's ``(start, end)`` character range in the completion text.
 
     ``response_ids`` are the real response tokens (no padding), ending with the stop token when the response
@@ -74,8 +75,10 @@ def token_char_offsets(tokenizer: Any, response_ids: Sequence[int], text: str | 
     text_ids = ids[:-1] if has_stop and ids else ids
     full = decode_completion(tokenizer, text_ids)
     if text is not None and full != text:
-        raise ValueError(f"the completion text {text[:60]!r} is not the decoding of its tokens ({full[:60]!r}); "
-                         "decode responses with lmppo.rewards.placement.decode_completion")
+        raise ValueError(
+            f"the completion text {text[:60]!r} is not the decoding of its tokens ({full[:60]!r}); "
+            "decode responses with lmppo.rewards.placement.decode_completion"
+        )
     prefixes = tokenizer.batch_decode([text_ids[:k] for k in range(1, len(text_ids) + 1)], **DECODE_KWARGS)
     offsets: list[tuple[int, int]] = []
     done = 0  # characters of `full` fully produced by the tokens so far
@@ -93,6 +96,7 @@ def token_char_offsets(tokenizer: Any, response_ids: Sequence[int], text: str | 
 
 
 # ----------------------------------------------------------------------------- one output
+
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, numbers.Real)
@@ -126,29 +130,39 @@ def parse_output(out: Any, num_tokens: int, text_len: int | None) -> tuple[str, 
             raise BadOutput("the response has no tokens to carry the score")
         return "scalar", _finite(out, "the score")
     if not isinstance(out, (list, tuple)):
-        raise BadOutput(f"got {_short(out)} of type {type(out).__name__}; expected a number, a list of numbers "
-                        "(one per response token) or a list of (start_char, end_char, value) spans")
+        raise BadOutput(
+            f"got {_short(out)} of type {type(out).__name__}; expected a number, a list of numbers "
+            "(one per response token) or a list of (start_char, end_char, value) spans"
+        )
     items = [_to_plain(x) for x in out]
     if items and all(_is_number(x) for x in items):
         if len(items) != num_tokens:
-            raise BadOutput(f"per-token scores have length {len(items)}, the response has {num_tokens} tokens "
-                            "(stop token included; a function gets them as `completion_ids` when it has that "
-                            "parameter: re-encoding the text need not give back the sampled tokens)")
+            raise BadOutput(
+                f"per-token scores have length {len(items)}, the response has {num_tokens} tokens "
+                "(stop token included; a function gets them as `completion_ids` when it has that "
+                "parameter: re-encoding the text need not give back the sampled tokens)"
+            )
         return "tokens", [_finite(x, f"per-token score [{j}]") for j, x in enumerate(items)]
     spans = []
     for j, s in enumerate(items):
         if not (isinstance(s, (list, tuple)) and len(s) == 3):
-            raise BadOutput(f"item [{j}] is {_short(s)}; a list must hold only numbers (per-token scores) or only "
-                            "(start_char, end_char, value) spans")
+            raise BadOutput(
+                f"item [{j}] is {_short(s)}; a list must hold only numbers (per-token scores) or only "
+                "(start_char, end_char, value) spans"
+            )
         start, end, value = s
         for name, pos in (("start_char", start), ("end_char", end)):
-            if isinstance(pos, bool) or not (isinstance(pos, numbers.Integral)
-                                             or (isinstance(pos, float) and pos.is_integer())):
+            if isinstance(pos, bool) or not (
+                isinstance(pos, numbers.Integral) or (isinstance(pos, float) and pos.is_integer())
+            ):
                 raise BadOutput(f"span [{j}] {_short(s)}: {name} {pos!r} is not an integer")
         start, end = int(start), int(end)
         if start < 0 or start > end or (text_len is not None and end > text_len):
-            limit = f"0 <= start <= end <= {text_len} (the completion's length)" if text_len is not None \
+            limit = (
+                f"0 <= start <= end <= {text_len} (the completion's length)"
+                if text_len is not None
                 else "0 <= start <= end"
+            )
             raise BadOutput(f"span [{j}] {_short(s)} is outside the text: need {limit}")
         spans.append((start, end, _finite(value, f"span [{j}] value")))
     return "spans", spans
@@ -159,8 +173,14 @@ def _short(x: Any, n: int = 80) -> str:
     return r if len(r) <= n else r[: n - 3] + "..."
 
 
-def place_one(kind: str, payload: Any, num_tokens: int, width: int,
-              offsets: Sequence[tuple[int, int]] | None = None, span_placement: str = "last") -> torch.Tensor:
+def place_one(
+    kind: str,
+    payload: Any,
+    num_tokens: int,
+    width: int,
+    offsets: Sequence[tuple[int, int]] | None = None,
+    span_placement: str = "last",
+) -> torch.Tensor:
     """(width,) float32 scores of one response from a parsed output (see ``parse_output``)."""
     row = torch.zeros(width, dtype=torch.float32)
     if kind == "scalar":
@@ -195,9 +215,12 @@ def _tokens_covering(offsets: Sequence[tuple[int, int]], start: int, end: int, n
     return hit
 
 
-def place_scores(outputs: Sequence[Any], response_mask: torch.Tensor,
-                 offsets: Sequence[Sequence[tuple[int, int]] | None] | None = None,
-                 span_placement: str = "last") -> torch.Tensor:
+def place_scores(
+    outputs: Sequence[Any],
+    response_mask: torch.Tensor,
+    offsets: Sequence[Sequence[tuple[int, int]] | None] | None = None,
+    span_placement: str = "last",
+) -> torch.Tensor:
     """(B, T) float32 per-token scores from one output per response; zero wherever ``response_mask`` is False.
 
     ``response_mask``: (B, T) bool, real response tokens (stop token included), right-padded.

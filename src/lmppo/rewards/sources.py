@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import inspect
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from lmppo.config import RewardConfig, RewardSourceConfig
+from lmppo.config.schema import RewardConfig, RewardSourceConfig
 from lmppo.errors import RewardError
 from lmppo.rewards.placement import BadOutput, parse_output, place_one, token_char_offsets
 
@@ -116,8 +116,10 @@ def register_reward_source(kind: str) -> Callable[[type[RewardSource]], type[Rew
 def _raised(err: BaseException) -> str:
     """`Type: message` of an exception from user code, bounded; SystemExit says it was an exit."""
     if isinstance(err, SystemExit):
-        return (f"SystemExit (it called sys.exit({err.code!r:.60}) or exit(); user code must return or raise, "
-                "not end the process)")
+        return (
+            f"SystemExit (it called sys.exit({err.code!r:.60}) or exit(); user code must return or raise, "
+            "not end the process)"
+        )
     text = " ".join(str(err).split())
     return f"{type(err).__name__}: {text if len(text) <= 300 else text[:300] + ' ...'}"
 
@@ -181,8 +183,9 @@ class FunctionSource(RewardSource):
         self.required = [p for p, required in params.items() if required and p not in KEYWORDS]
 
     @classmethod
-    def from_callable(cls, fn: Callable, name: str = "", weight: float = 1.0,
-                      span_placement: str = "last") -> "FunctionSource":
+    def from_callable(
+        cls, fn: Callable, name: str = "", weight: float = 1.0, span_placement: str = "last"
+    ) -> "FunctionSource":
         """A source from a callable handed over through the Python API."""
         if not callable(fn):
             raise RewardError(f"reward function {name or fn!r} is a {type(fn).__name__}, not callable")
@@ -198,13 +201,21 @@ class FunctionSource(RewardSource):
         if missing:
             have = ", ".join(f"`{c}`" for c in column_names) or "none besides the prompt"
             hint = difflib.get_close_matches(missing[0], list(column_names), n=1)
-            raise RewardError(f"reward function `{self.name}` takes `{missing[0]}`, which is not a column of the "
-                              f"prompt data (columns: {have})" + (f"; did you mean `{hint[0]}`?" if hint else "")
-                              + "; arguments are prompts, completions, completion_ids and the prompt data's columns "
-                              "by name (give the parameter a default, or add the field to the prompt records)")
+            raise RewardError(
+                f"reward function `{self.name}` takes `{missing[0]}`, which is not a column of the "
+                f"prompt data (columns: {have})"
+                + (f"; did you mean `{hint[0]}`?" if hint else "")
+                + "; arguments are prompts, completions, completion_ids and the prompt data's columns "
+                "by name (give the parameter a default, or add the field to the prompt records)"
+            )
 
-    def __call__(self, prompts: list[str], completions: list[str], completion_ids: list[list[int]] | None = None,
-                 columns: Sequence[dict] | None = None) -> list:
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        completion_ids: list[list[int]] | None = None,
+        columns: Sequence[dict] | None = None,
+    ) -> list:
         given: dict[str, Any] = {"prompts": prompts, "completions": completions}
         if completion_ids is not None:
             given["completion_ids"] = completion_ids
@@ -260,20 +271,22 @@ def import_callable(spec: str) -> Callable:
             loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except (Exception, SystemExit) as err:  # SystemExit: a module that exits when imported
             sys.modules.pop(mod_name, None)
-            raise RewardError(f"reward function `{spec}`: loading `{target}` failed with "
-                              f"{_raised(err)}") from err
+            raise RewardError(f"reward function `{spec}`: loading `{target}` failed with {_raised(err)}") from err
     else:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as err:
             if err.name and target != err.name and not target.startswith(err.name + "."):
-                raise RewardError(f"reward function `{spec}`: importing `{target}` failed: it needs module "
-                                  f"`{err.name}`, which is not installed") from err
-            raise RewardError(f"reward function `{spec}`: no module named `{target}` (is it installed, or on "
-                              "PYTHONPATH? a file can be given as `path/to/file.py:function`)") from err
+                raise RewardError(
+                    f"reward function `{spec}`: importing `{target}` failed: it needs module "
+                    f"`{err.name}`, which is not installed"
+                ) from err
+            raise RewardError(
+                f"reward function `{spec}`: no module named `{target}` (is it installed, or on "
+                "PYTHONPATH? a file can be given as `path/to/file.py:function`)"
+            ) from err
         except (Exception, SystemExit) as err:
-            raise RewardError(f"reward function `{spec}`: importing `{target}` failed with "
-                              f"{_raised(err)}") from err
+            raise RewardError(f"reward function `{spec}`: importing `{target}` failed with {_raised(err)}") from err
     if not hasattr(module, attr):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
         hint = difflib.get_close_matches(attr, names, n=1)
@@ -287,8 +300,13 @@ def import_callable(spec: str) -> Callable:
 
 # ----------------------------------------------------------------------------- building
 
-def build_reward_sources(reward_cfg: RewardConfig, functions: dict[str, Callable] | Sequence[Callable] | None = None,
-                         device: str = "cpu", ctx: SourceContext | None = None) -> list[RewardSource]:
+
+def build_reward_sources(
+    reward_cfg: RewardConfig,
+    functions: dict[str, Callable] | Sequence[Callable] | None = None,
+    device: str = "cpu",
+    ctx: SourceContext | None = None,
+) -> list[RewardSource]:
     """The sources of ``reward_cfg.sources`` plus the callables given through the API.
 
     ``functions``: a list of callables, or a name -> callable dict. A dict key equal to the ``path`` of a
@@ -311,9 +329,11 @@ def build_reward_sources(reward_cfg: RewardConfig, functions: dict[str, Callable
     for i, scfg in enumerate(reward_cfg.sources):
         if scfg.kind not in REWARD_SOURCES:
             hint = difflib.get_close_matches(scfg.kind, list(REWARD_SOURCES), n=1)
-            raise RewardError(f"reward.sources[{i}].kind = {scfg.kind!r}: must be one of "
-                              + ", ".join(f"`{k}`" for k in REWARD_SOURCES)
-                              + (f" (did you mean `{hint[0]}`?)" if hint else ""))
+            raise RewardError(
+                f"reward.sources[{i}].kind = {scfg.kind!r}: must be one of "
+                + ", ".join(f"`{k}`" for k in REWARD_SOURCES)
+                + (f" (did you mean `{hint[0]}`?)" if hint else "")
+            )
         if scfg.kind == "function" and scfg.path in given:
             sources.append(FunctionSource(scfg, ctx, fn=given[scfg.path]))
         else:
@@ -331,6 +351,7 @@ def build_reward_sources(reward_cfg: RewardConfig, functions: dict[str, Callable
 
 # ----------------------------------------------------------------------------- scoring
 
+
 @dataclass
 class RewardResult:
     token_scores: torch.Tensor  # (B, T) float, weighted sum over sources of placed scores; 0 where masked/invalid
@@ -342,11 +363,18 @@ class RewardResult:
     problems: list[str] = field(default_factory=list)  # one line per bad output that was dropped
 
 
-def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], completions_text: Sequence[str],
-                  response_ids: torch.Tensor, response_mask: torch.Tensor, tokenizer: Any,
-                  on_bad_output: str = "error", terminated: torch.Tensor | None = None,
-                  prompt_ids: Sequence[Sequence[int]] | None = None,
-                  columns: Sequence[dict] | None = None) -> RewardResult:
+def score_rollout(
+    sources: Sequence[RewardSource],
+    prompts_text: Sequence[str],
+    completions_text: Sequence[str],
+    response_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    tokenizer: Any,
+    on_bad_output: str = "error",
+    terminated: torch.Tensor | None = None,
+    prompt_ids: Sequence[Sequence[int]] | None = None,
+    columns: Sequence[dict] | None = None,
+) -> RewardResult:
     """Call every source on the batch, check and place its outputs, and sum them with the sources' weights.
 
     ``response_ids``: (B, T) long, right-padded; ``response_mask``: (B, T) bool, True on real response tokens
@@ -356,7 +384,7 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
     and the value; with ``"drop"`` the sample is marked invalid (all its scores 0) and counted.
     ``prompt_ids``: each prompt's token ids without padding; needed by sources that read token ids
     (``wants_token_ids``, a reward model with ``input: tokens``). ``columns``: per response, its prompt's other
-    columns (dicts; see ``lmppo.data.PromptSet.columns``), for sources that take them (``wants_columns``).
+    columns (dicts; see ``lmppo.data.prompts.PromptSet.columns``), for sources that take them (``wants_columns``).
     """
     if on_bad_output not in ON_BAD_OUTPUT:
         raise ValueError(f"on_bad_output {on_bad_output!r}: must be one of {ON_BAD_OUTPUT}")
@@ -368,8 +396,9 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         raise ValueError(f"{len(columns)} column rows for {B} responses")
     readers = [s.name for s in sources if s.wants_token_ids]
     if readers and (prompt_ids is None or len(prompt_ids) != B):
-        raise ValueError(f"reward source `{readers[0]}` reads token ids: score_rollout needs the {B} prompts' ids "
-                         "(prompt_ids)")
+        raise ValueError(
+            f"reward source `{readers[0]}` reads token ids: score_rollout needs the {B} prompts' ids (prompt_ids)"
+        )
     lengths = mask.sum(dim=1).tolist()
     ids_cpu = response_ids.detach().cpu()
     offsets_cache: dict[int, list[tuple[int, int]]] = {}
@@ -378,8 +407,9 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         if i not in offsets_cache:
             has_stop = bool(terminated[i]) if terminated is not None else None
             try:
-                offsets_cache[i] = token_char_offsets(tokenizer, ids_cpu[i, : lengths[i]].tolist(),
-                                                      text=completions_text[i], has_stop=has_stop)
+                offsets_cache[i] = token_char_offsets(
+                    tokenizer, ids_cpu[i, : lengths[i]].tolist(), text=completions_text[i], has_stop=has_stop
+                )
             except ValueError as err:  # the rollout decoded differently: not the source's fault
                 raise RewardError(f"sample {i}: cannot map spans to tokens: {err}") from None
         return offsets_cache[i]
@@ -393,7 +423,7 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         if on_bad_output == "error":
             raise RewardError(line) from cause
         problems.append(line)
-        for j in ([i] if i is not None else range(B)):
+        for j in [i] if i is not None else range(B):
             valid[j] = False
 
     placed: list[torch.Tensor] = []
@@ -418,8 +448,11 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         if isinstance(outputs, torch.Tensor) or type(outputs).__module__ == "numpy":
             outputs = outputs.tolist()
         if not isinstance(outputs, (list, tuple)) or len(outputs) != B:
-            got = f"{len(outputs)} outputs" if isinstance(outputs, (list, tuple)) else \
-                f"a {type(outputs).__name__} ({_short(outputs)})"
+            got = (
+                f"{len(outputs)} outputs"
+                if isinstance(outputs, (list, tuple))
+                else f"a {type(outputs).__name__} ({_short(outputs)})"
+            )
             bad(source, None, f"returned {got}; expected a list of {B} (one per response)")
             continue
         for i, out in enumerate(outputs):
@@ -443,13 +476,18 @@ def score_rollout(sources: Sequence[RewardSource], prompts_text: Sequence[str], 
         final_scores += source.weight * scalar * keep
         per_source[source.name] = rows.sum(dim=1)
     if problems:
-        logger.warning("dropped %d of %d samples with bad reward outputs; first: %s", B - int(keep.sum()), B,
-                       problems[0])
+        logger.warning(
+            "dropped %d of %d samples with bad reward outputs; first: %s", B - int(keep.sum()), B, problems[0]
+        )
     device = response_mask.device
-    return RewardResult(token_scores=token_scores.to(device), valid=keep.to(device),
-                        per_source={k: v.to(device) for k, v in per_source.items()},
-                        final_scores=final_scores.to(device),
-                        num_invalid=B - int(keep.sum()), problems=problems)
+    return RewardResult(
+        token_scores=token_scores.to(device),
+        valid=keep.to(device),
+        per_source={k: v.to(device) for k, v in per_source.items()},
+        final_scores=final_scores.to(device),
+        num_invalid=B - int(keep.sum()),
+        problems=problems,
+    )
 
 
 def _short(x: Any, n: int = 80) -> str:

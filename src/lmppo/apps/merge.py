@@ -1,0 +1,504 @@
+"""`lmppo merge RUN RUN [...] --output DIR [--toward-start LAMBDA | --kl-budget NATS]`: average the policies of runs
+that started from the same model (WARP's merging step, Ramé et al. 2024), optionally moved back toward that start.
+
+Runs from one start with different seeds each drift in directions of their own besides the one the reward asks
+for. Averaging their weight changes keeps what they share and shrinks the rest, so the merged policy spends fewer
+nats of KL on the reward it keeps (measured in docs/choosing.md). `--toward-start LAMBDA` scales the averaged
+change by LAMBDA (WARP's interpolation toward the initialisation): 1 keeps it, 0 gives the start back.
+
+LoRA runs: the mean of the weight changes B_i A_i is itself a LoRA adapter, exactly: the A_i stacked (rank
+r * K) and the B_i side by side, times LAMBDA / K, with lora_alpha scaled by K so that alpha / r stays.
+Full-weight runs: W = W_start + LAMBDA * (mean of the W_i - W_start); the start (`--start`) is needed only when
+LAMBDA is not 1. The other files (tokenizer, chat template) come from the first input.
+
+`--kl-budget NATS` chooses LAMBDA for the user: the held-out KL of the merged policy to the start (per response,
+the exact KL over the vocabulary, on the run's held-out prompts and sampling settings, as `lmppo eval` measures it)
+is measured at LAMBDA = 1, then at LAMBDA = sqrt(budget / KL) (the KL grows about as LAMBDA squared), then by a power
+law through the two LAMBDAs that bracket the budget (`next_lambda`), until it is within `--tolerance` of the budget.
+Every LAMBDA is tried in memory on
+one loaded model, on the same prompts and random streams, and the search is written to merge.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from lmppo.config.schema import load_config
+from lmppo.errors import LmppoError, StorageError
+from lmppo.evaluation.evaluate import (
+    LoadedModels,
+    build_sources,
+    eval_device,
+    eval_plan,
+    find_run,
+    load_models,
+    sample_trained,
+)
+from lmppo.models.files import is_adapter_folder
+from lmppo.models.loading import resolve_model_path
+from lmppo.run.storage import atomic_dir, reason, write_json
+
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def policy_folder(path: str) -> str:
+    """A run's output_dir (its `final/policy`) or a model folder (a LoRA adapter or full weights in safetensors)."""
+    if not os.path.isdir(path):
+        raise LmppoError(f"lmppo merge: {path!r}: no such folder; give a run's output_dir or a model folder")
+    final = os.path.join(path, "final", "policy")
+    if os.path.isdir(final):
+        return final
+    if is_adapter_folder(path) or _weight_files(path):
+        return path
+    raise LmppoError(
+        f"lmppo merge: {path!r} is neither a run (no final/policy) nor a model folder (no "
+        f"{ADAPTER_CONFIG}, no *.safetensors)"
+    )
+
+
+def _weight_files(folder: str) -> list[str]:
+    return sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
+
+
+def merge_adapters(folders: Sequence[str], toward_start: float) -> tuple[dict[str, torch.Tensor], dict]:
+    """(weights, adapter config) of the LoRA adapter whose weight change is `toward_start` times the mean of the
+    adapters' changes B_i A_i (scale alpha / r each): A stacked, B side by side, B scaled by toward_start / K."""
+    configs = [json.loads(open(os.path.join(f, ADAPTER_CONFIG)).read()) for f in folders]
+    first = configs[0]
+    for folder, cfg in zip(folders[1:], configs[1:]):
+        for key in ("base_model_name_or_path", "r", "lora_alpha", "target_modules", "peft_type", "use_rslora"):
+            if _comparable(key, cfg.get(key)) != _comparable(key, first.get(key)):
+                raise LmppoError(
+                    f"lmppo merge: {folder}: adapter_config.json `{key}` is {cfg.get(key)!r}, but "
+                    f"{folders[0]} has {first.get(key)!r}; merge adapters of one base model and shape"
+                )
+    for folder, cfg in zip(folders, configs):
+        if cfg.get("rank_pattern") or cfg.get("alpha_pattern") or cfg.get("use_rslora"):
+            raise LmppoError(
+                f"lmppo merge: {folder}: adapters with rank_pattern, alpha_pattern or use_rslora are "
+                "not supported (their scale is not alpha / r for every layer)"
+            )
+    states = [load_file(os.path.join(f, ADAPTER_WEIGHTS)) for f in folders]
+    _same_tensors(folders, states)
+    k = len(states)
+    merged = {}
+    for name, tensor in states[0].items():
+        if ".lora_A." in name:
+            merged[name] = torch.cat([s[name] for s in states], dim=0).contiguous()
+        elif ".lora_B." in name:
+            merged[name] = (torch.cat([s[name] for s in states], dim=1) * (toward_start / k)).to(tensor.dtype)
+        else:
+            raise LmppoError(
+                f"lmppo merge: {folders[0]}: tensor {name!r} is neither a LoRA A nor a LoRA B "
+                "factor (modules_to_save and bias adapters cannot be merged exactly)"
+            )
+    config = dict(first, r=first["r"] * k, lora_alpha=first["lora_alpha"] * k)
+    return merged, config
+
+
+def merge_full(folders: Sequence[str], toward_start: float, start: Optional[str]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per safetensors file: start + toward_start * (mean of the models - start), float tensors only (others must
+    be equal and are copied)."""
+    files = _weight_files(folders[0])
+    for folder in folders[1:]:
+        if _weight_files(folder) != files:
+            raise LmppoError(
+                f"lmppo merge: {folder} holds the weight files {_weight_files(folder)}, but "
+                f"{folders[0]} holds {files}; merge models of one architecture"
+            )
+    if toward_start != 1.0 and start is None:
+        raise LmppoError(
+            "lmppo merge: --toward-start with full-weight models needs --start (the model the runs started from)"
+        )
+    out = {}
+    for name in files:
+        states = [load_file(os.path.join(f, name)) for f in folders]
+        _same_tensors(folders, states)
+        base = load_file(os.path.join(start, name)) if start is not None and toward_start != 1.0 else None
+        if base is not None:
+            _same_tensors([folders[0], start], [states[0], base])
+        merged = {}
+        for key, tensor in states[0].items():
+            if not tensor.is_floating_point():
+                if any(not torch.equal(s[key], tensor) for s in states[1:]):
+                    raise LmppoError(f"lmppo merge: the non-float tensor {key!r} differs between the models")
+                merged[key] = tensor
+                continue
+            mean = torch.stack([s[key].double() for s in states]).mean(0)
+            if base is not None:
+                mean = base[key].double() + toward_start * (mean - base[key].double())
+            merged[key] = mean.to(tensor.dtype)
+        out[name] = merged
+    return out
+
+
+def _comparable(key: str, value: Any) -> Any:
+    """A base model given as a local folder compares by where it really is (clones of one cache, links)."""
+    if key == "base_model_name_or_path" and isinstance(value, str) and os.path.isdir(value):
+        return os.path.realpath(value)
+    return sorted(value) if isinstance(value, list) else value
+
+
+def _same_tensors(folders: Sequence[str], states: Sequence[dict[str, torch.Tensor]]) -> None:
+    names = set(states[0])
+    for folder, state in zip(folders[1:], states[1:]):
+        if set(state) != names:
+            missing = sorted(names ^ set(state))[:3]
+            raise LmppoError(
+                f"lmppo merge: {folder} and {folders[0]} hold different tensors (e.g. {missing}); "
+                "merge models of one architecture"
+            )
+        for key, tensor in state.items():
+            if tensor.shape != states[0][key].shape:
+                raise LmppoError(
+                    f"lmppo merge: {key!r} has shape {tuple(tensor.shape)} in {folder} but "
+                    f"{tuple(states[0][key].shape)} in {folders[0]}"
+                )
+
+
+def merge(inputs: Sequence[str], output: str, toward_start: float = 1.0, start: Optional[str] = None) -> str:
+    """Write the merged policy of `inputs` (runs or model folders) to the new folder `output`; returns it."""
+    if toward_start < 0 or toward_start != toward_start:
+        raise LmppoError(
+            f"lmppo merge: --toward-start {toward_start}: must be >= 0 (1 keeps the averaged change, "
+            "0 gives the start back)"
+        )
+    if len(inputs) < 2 and toward_start == 1.0:
+        raise LmppoError("lmppo merge: give at least two runs (or one with --toward-start below 1)")
+    _check_output(output)
+    return _write_merge(_policy_folders(inputs), output, toward_start, start, None)
+
+
+def _write_merge(
+    folders: Sequence[str], output: str, toward_start: float, start: Optional[str], record: Optional[dict]
+) -> str:
+    """The merge of the policy folders `folders` into the new folder `output`; `record`: more for its merge.json."""
+    with atomic_dir(output, "the merged policy") as tmp:
+        for name in os.listdir(folders[0]):
+            src = os.path.join(folders[0], name)
+            if (
+                os.path.isfile(src)
+                and not name.endswith(".safetensors")
+                and name not in (ADAPTER_CONFIG, "model.safetensors.index.json")
+            ):
+                shutil.copy(src, os.path.join(tmp, name))
+        if is_adapter_folder(folders[0]):
+            weights, config = merge_adapters(folders, toward_start)
+            save_file(weights, os.path.join(tmp, ADAPTER_WEIGHTS))
+            write_json(os.path.join(tmp, ADAPTER_CONFIG), config, "the merged adapter's config", indent=2)
+        else:
+            for name, weights in merge_full(folders, toward_start, start).items():
+                save_file(weights, os.path.join(tmp, name), metadata={"format": "pt"})
+            index = os.path.join(folders[0], "model.safetensors.index.json")
+            if os.path.isfile(index):
+                shutil.copy(index, os.path.join(tmp, "model.safetensors.index.json"))
+        write_json(
+            os.path.join(tmp, "merge.json"),
+            {
+                "inputs": [os.path.abspath(f) for f in folders],
+                "toward_start": toward_start,
+                "start": start,
+                "method": "mean of the weight changes (WARP merge)",
+            }
+            | (record or {}),
+            "the merge record",
+            indent=1,
+        )
+    return output
+
+
+def _check_output(output: str) -> None:
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)):
+        raise LmppoError(
+            f"lmppo merge: --output {output!r} already exists and is not empty; nothing was written (give a new folder)"
+        )
+
+
+def _policy_folders(inputs: Sequence[str]) -> list[str]:
+    folders = [policy_folder(p) for p in inputs]
+    if len({is_adapter_folder(f) for f in folders}) > 1:
+        raise LmppoError("lmppo merge: some inputs are LoRA adapters and some full models; merge one kind")
+    return folders
+
+
+# ----------------------------------------------------------------------------- choosing LAMBDA for a KL budget
+
+
+@dataclass
+class BudgetStep:
+    """One LAMBDA tried: the merged policy's held-out KL to the start (mean per response) and its training score."""
+
+    toward_start: float
+    kl_exact: float
+    kl_exact_se: float
+    kl_k1: float
+    score: float
+
+
+def next_lambda(steps: Sequence[BudgetStep], budget: float) -> float:
+    """The LAMBDA to try next, inside the bracket of the LAMBDAs tried: `lo`, the largest whose KL is under the
+    budget (LAMBDA 0, KL 0, when none is), and `hi`, the smallest above it (1 when none is). From `hi` alone,
+    KL = c * LAMBDA^2; with both, the power law through them (exponent kept within [0.5, 4]); a point that falls
+    outside the bracket's middle 90% is replaced by the bracket's geometric middle."""
+    under = [s for s in steps if s.kl_exact < budget]
+    over = [s for s in steps if s.kl_exact >= budget]
+    lo = max(under, key=lambda s: s.toward_start) if under else None
+    hi = min(over, key=lambda s: s.toward_start) if over else None
+    if hi is None:
+        return 1.0
+    if lo is None or lo.kl_exact <= 0 or lo.toward_start >= hi.toward_start:
+        return hi.toward_start * (budget / hi.kl_exact) ** 0.5
+    power = math.log(hi.kl_exact / lo.kl_exact) / math.log(hi.toward_start / lo.toward_start)
+    power = min(max(power, 0.5), 4.0)
+    lam = lo.toward_start * (budget / lo.kl_exact) ** (1.0 / power)
+    width = hi.toward_start - lo.toward_start
+    if not lo.toward_start + 0.05 * width <= lam <= hi.toward_start - 0.05 * width:
+        lam = (lo.toward_start * hi.toward_start) ** 0.5
+    return lam
+
+
+def choose_step(steps: Sequence[BudgetStep], budget: float, tolerance: float) -> BudgetStep:
+    """The step within `tolerance` (a fraction) of the budget closest to it; else the largest LAMBDA under the
+    budget; else the least KL tried."""
+    within = [s for s in steps if abs(s.kl_exact - budget) <= tolerance * budget]
+    if within:
+        return min(within, key=lambda s: abs(s.kl_exact - budget))
+    under = [s for s in steps if s.kl_exact <= budget]
+    if under:
+        return max(under, key=lambda s: s.toward_start)
+    return min(steps, key=lambda s: s.kl_exact)
+
+
+def search_lambda(
+    measure: Callable[[float], BudgetStep], budget: float, tolerance: float = 0.1, max_evals: int = 5
+) -> tuple[BudgetStep, list[BudgetStep]]:
+    """(the chosen step, every step) of the search for the LAMBDA whose KL is the budget; `measure(LAMBDA)` gives a
+    step. Stops at a KL within `tolerance` of the budget, or at LAMBDA = 1 when its KL is under the budget."""
+    steps = [measure(1.0)]
+    while len(steps) < max_evals:
+        last = steps[-1]
+        if abs(last.kl_exact - budget) <= tolerance * budget or (last.toward_start == 1.0 and last.kl_exact < budget):
+            break
+        lam = next_lambda(steps, budget)
+        if any(abs(s.toward_start - lam) < 1e-4 for s in steps):
+            break  # no new point to learn from
+        steps.append(measure(lam))
+    return choose_step(steps, budget, tolerance), steps
+
+
+class LambdaSetter:
+    """Sets a loaded merged policy to LAMBDA times its weight change, in place: for a LoRA adapter its B factors
+    (the change is linear in them), for full weights W_start + LAMBDA * (W_merged - W_start)."""
+
+    def __init__(self, models: LoadedModels):
+        self.params: list[tuple[torch.nn.Parameter, torch.Tensor, Optional[torch.Tensor]]] = []
+        if models.start is None:  # an adapter on its base
+            for name, p in models.policy.named_parameters():
+                if ".lora_B." in name:
+                    self.params.append((p, p.detach().clone(), None))
+        else:
+            start = dict(models.start.named_parameters())
+            for name, p in models.policy.named_parameters():
+                self.params.append((p, p.detach().clone(), start[name].detach()))
+        if not self.params:
+            raise LmppoError("lmppo merge: the merged policy has no weights to scale (no LoRA B factors)")
+
+    @torch.no_grad()
+    def set(self, toward_start: float) -> None:
+        for p, merged, start in self.params:
+            p.copy_(merged * toward_start if start is None else start + toward_start * (merged - start))
+
+
+def check_budget_options(
+    budget: float, tolerance: float = 0.1, max_evals: int = 5, samples_per_prompt: int = 4, command: str = "lmppo merge"
+) -> None:
+    """One LmppoError line, naming `command`, for a bad --kl-budget search option (before any model loads or
+    trains)."""
+    if not budget > 0 or math.isinf(budget):
+        raise LmppoError(f"{command}: --kl-budget {budget}: must be a number of nats > 0")
+    if not 0 < tolerance < 1:
+        raise LmppoError(f"{command}: --tolerance {tolerance}: must be a fraction of the budget, in (0, 1)")
+    if max_evals < 1:
+        raise LmppoError(f"{command}: --max-evals {max_evals}: must be >= 1")
+    if samples_per_prompt < 1:
+        raise LmppoError(f"{command}: --samples-per-prompt {samples_per_prompt}: must be >= 1")
+
+
+def merge_to_budget(
+    inputs: Sequence[str],
+    output: str,
+    budget: float,
+    *,
+    start: Optional[str] = None,
+    config: Optional[str] = None,
+    seed: Optional[int] = None,
+    samples_per_prompt: int = 4,
+    tolerance: float = 0.1,
+    max_evals: int = 5,
+    say: Callable[[str], None] = print,
+) -> tuple[str, BudgetStep, list[BudgetStep]]:
+    """Merge `inputs` at the LAMBDA whose held-out KL to the start is `budget` nats per response (see the module's
+    docstring); returns (output, the chosen step, every step)."""
+    check_budget_options(budget, tolerance, max_evals, samples_per_prompt)
+    _check_output(output)
+    folders = _policy_folders(inputs)
+    run_dir = find_run(inputs[0])[1]
+    config = config or (os.path.join(run_dir, "config.yaml") if run_dir else None)
+    if config is None:
+        raise LmppoError(
+            f"lmppo merge: --kl-budget measures the KL on the runs' held-out prompts, but {inputs[0]!r} "
+            "is not a run folder (no config.yaml beside final/); give the runs' config with --config"
+        )
+    cfg = load_config(config)
+    cfg.validate()
+    full = not is_adapter_folder(folders[0])
+    if full and start is None:
+        start = resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle)
+    seed = cfg.seed if seed is None else seed
+    device = eval_device(cfg)
+    sources = build_sources(cfg, device)
+    parent = os.path.dirname(os.path.abspath(output))
+    try:  # the merge at LAMBDA 1, beside the output (a model's size: not in a small /tmp)
+        os.makedirs(parent, exist_ok=True)
+        scratch = tempfile.mkdtemp(prefix=".lmppo-merge-", dir=parent)
+    except OSError as err:
+        raise StorageError(f"lmppo merge: could not make a scratch folder in {parent}: {reason(err, parent)}") from None
+    try:
+        whole = _write_merge(folders, os.path.join(scratch, "merged"), 1.0, None, None)
+        models = load_models(whole, start if full else None, cfg, None, device, config_given=True)
+        plan = eval_plan(models, cfg, sources, seed=seed, samples_per_prompt=samples_per_prompt)
+        setter = LambdaSetter(models)
+
+        def measure(lam: float) -> BudgetStep:
+            setter.set(lam)
+            ev = sample_trained(models, plan)
+            n = len(ev.kl_exact)
+            sd = float(ev.kl_exact.std()) if n > 1 else 0.0
+            step = BudgetStep(
+                lam, float(ev.kl_exact.mean()), sd / math.sqrt(n), float(ev.kl_k1.mean()), float(ev.total.mean())
+            )
+            say(
+                f"  lambda {lam:.3f}: held-out KL {step.kl_exact:.2f} nats (SE {step.kl_exact_se:.2f}; k1 "
+                f"{step.kl_k1:.2f}), score {step.score:+.3f}"
+            )
+            return step
+
+        chosen, steps = search_lambda(measure, budget, tolerance, max_evals)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    record = {
+        "kl_budget": {
+            "budget": budget,
+            "tolerance": tolerance,
+            "config": os.path.abspath(config),
+            "seed": seed,
+            "prompts": plan.num_prompts,
+            "samples_per_prompt": samples_per_prompt,
+            "held_out": plan.held_out,
+            "chosen": asdict(chosen),
+            "steps": [asdict(s) for s in steps],
+        }
+    }
+    _write_merge(folders, output, chosen.toward_start, start if full else None, record)
+    return output, chosen, steps
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lmppo merge", description=__doc__.split("\n\n")[0])
+    p.add_argument("inputs", nargs="+", help="runs (their final/policy) or model folders, all from one start model")
+    p.add_argument("--output", "-o", required=True, help="a new folder for the merged policy")
+    p.add_argument(
+        "--toward-start",
+        type=float,
+        default=None,
+        metavar="LAMBDA",
+        help="scale the averaged weight change by LAMBDA (default 1; 0 gives the start model back)",
+    )
+    p.add_argument(
+        "--kl-budget",
+        type=float,
+        default=None,
+        metavar="NATS",
+        help="choose LAMBDA so that the merged policy's held-out KL to the start (per response, as lmppo "
+        "eval measures it) is NATS; measured on the runs' held-out prompts",
+    )
+    p.add_argument(
+        "--start",
+        default=None,
+        help="full-weight models only: the model the runs started from "
+        "(needed with --toward-start; with --kl-budget, default the runs' model.policy)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="with --kl-budget: the runs' config (prompts, held-out split, "
+        "sampling, rewards); default the first run's config.yaml",
+    )
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.1,
+        help="with --kl-budget: accept a KL within this fraction of the budget (default 0.1)",
+    )
+    p.add_argument(
+        "--max-evals", type=int, default=5, help="with --kl-budget: at most this many LAMBDAs measured (default 5)"
+    )
+    p.add_argument(
+        "--samples-per-prompt",
+        type=int,
+        default=4,
+        help="with --kl-budget: responses per held-out prompt for each measurement (default 4)",
+    )
+    p.add_argument("--seed", type=int, default=None, help="with --kl-budget: sampling seed (default the run's)")
+    return p
+
+
+def main(argv: Sequence[str], console: Any = None) -> int:
+    """`lmppo merge`; returns the exit code. Mistakes raise LmppoError (one line from the CLI)."""
+    args = _parser().parse_args(list(argv))
+    say = console.print if console is not None else print
+    if args.kl_budget is None:
+        toward = 1.0 if args.toward_start is None else args.toward_start
+        out = merge(args.inputs, args.output, toward, args.start)
+        say(
+            f"wrote {out}: the mean of {len(args.inputs)} policies' weight changes"
+            + (f", times {toward:g}" if toward != 1.0 else "")
+        )
+        return 0
+    if args.toward_start is not None:
+        raise LmppoError("lmppo merge: give --toward-start or --kl-budget, not both (--kl-budget chooses LAMBDA)")
+    say(f"choosing lambda for a held-out KL of {args.kl_budget:g} nats (within {args.tolerance:.0%}):")
+    out, chosen, steps = merge_to_budget(
+        args.inputs,
+        args.output,
+        args.kl_budget,
+        start=args.start,
+        config=args.config,
+        seed=args.seed,
+        samples_per_prompt=args.samples_per_prompt,
+        tolerance=args.tolerance,
+        max_evals=args.max_evals,
+        say=say,
+    )
+    where = (
+        "within the budget"
+        if abs(chosen.kl_exact - args.kl_budget) <= args.tolerance * args.kl_budget
+        else "the whole merge is under the budget"
+        if chosen.toward_start == 1.0 and chosen.kl_exact < args.kl_budget
+        else f"not within {args.tolerance:.0%} of the budget after {len(steps)} tries"
+    )
+    say(
+        f"wrote {out}: the mean of {len(args.inputs)} policies' weight changes, times {chosen.toward_start:.3f}: "
+        f"held-out KL {chosen.kl_exact:.2f} nats, score {chosen.score:+.3f} ({where})"
+    )
+    return 0

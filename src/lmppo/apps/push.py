@@ -1,0 +1,177 @@
+"""`lmppo push RUN --repo-id ORG/NAME`: upload a run's final model to the Hugging Face Hub.
+
+Built on huggingface_hub's upload API (`HfApi.create_repo`, then `HfApi.upload_folder`): the login is the Hub's
+own (`hf auth login` or `HF_TOKEN`), the endpoint `HF_ENDPOINT`. What is uploaded is one folder of `RUN/final/`
+with its model card: `policy-merged` when the run has it (a LoRA run: full weights that load without peft), else
+`policy`; `--folder` picks another. Any failure (no final model, an invalid id, the Hub unreachable, a refused
+token) is one `error:` line; the token never appears in a message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any, Optional, Sequence
+
+from lmppo.config.schema import is_hub_repo_id
+from lmppo.errors import ConfigError, LmppoError, bounded_repr
+
+FOLDERS = ("policy-merged", "policy", "value")
+
+
+def push_folder(run: str, folder: Optional[str] = None) -> str:
+    """The folder `lmppo push RUN` uploads: `RUN/final/<folder>`, by default `policy-merged` when it exists, else
+    `policy`; RUN may also be a model folder itself (one holding config.json or adapter_config.json)."""
+    if not os.path.isdir(run):
+        raise LmppoError(f"lmppo push: RUN {run!r}: no such folder; give a run's output_dir or a model folder")
+    final = os.path.join(run, "final")
+    if os.path.isdir(final):
+        if folder is not None:
+            path = os.path.join(final, folder)
+            if not os.path.isdir(path):
+                have = ", ".join(f for f in FOLDERS if os.path.isdir(os.path.join(final, f))) or "none"
+                raise LmppoError(f"lmppo push: --folder {folder!r}: {final} has no such folder (it has: {have})")
+            return path
+        for name in ("policy-merged", "policy"):
+            if os.path.isdir(os.path.join(final, name)):
+                return os.path.join(final, name)
+    if folder is None and any(os.path.isfile(os.path.join(run, f)) for f in ("config.json", "adapter_config.json")):
+        return run
+    if os.path.isfile(os.path.join(run, "config.yaml")):
+        raise LmppoError(
+            f"lmppo push: {run} is a run without a final model (final/policy): the run did not finish; "
+            f"resume it with `lmppo train --resume {run}`"
+        )
+    raise LmppoError(
+        f"lmppo push: {run} holds neither a run's final model (final/policy) nor a model "
+        "(config.json or adapter_config.json)"
+    )
+
+
+def _hub_error(repo_id: str, err: BaseException) -> LmppoError:
+    from huggingface_hub import constants
+    from huggingface_hub.errors import HfHubHTTPError
+
+    endpoint = constants.ENDPOINT
+    if constants.is_offline_mode():
+        return LmppoError(f"lmppo push {repo_id}: the Hub cannot be reached (HF_HUB_OFFLINE is set)")
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    if isinstance(err, HfHubHTTPError) and status in (401, 403):
+        return LmppoError(
+            f"lmppo push {repo_id}: the Hub ({endpoint}) refused the upload (HTTP {status}): log in "
+            "with `hf auth login` or set HF_TOKEN to a token that can write to this repo"
+        )
+    text = " ".join(str(err).split())
+    if not isinstance(err, HfHubHTTPError):
+        return LmppoError(
+            f"lmppo push {repo_id}: the Hub cannot be reached ({endpoint}): {type(err).__name__}: "
+            f"{bounded_repr(text)[1:-1]}"
+        )
+    return LmppoError(f"lmppo push {repo_id}: the Hub ({endpoint}) answered HTTP {status}: {bounded_repr(text)[1:-1]}")
+
+
+def push(
+    run: str,
+    repo_id: str,
+    folder: Optional[str] = None,
+    private: Optional[bool] = None,
+    commit_message: Optional[str] = None,
+    revision: Optional[str] = None,
+) -> tuple[str, Any]:
+    """Upload the folder `push_folder(run, folder)` to Hub model repo `repo_id` (created if missing);
+    (the folder, huggingface_hub's CommitInfo)."""
+    if not is_hub_repo_id(repo_id, bare=True):
+        raise LmppoError(
+            f"lmppo push: --repo-id {repo_id!r} is not a Hub model id; give ORG/NAME (your user name "
+            "or an organisation, then the model's name)"
+        )
+    path = push_folder(run, folder)
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(
+            repo_id=repo_id,
+            repo_type="model",
+            folder_path=path,
+            revision=revision,
+            commit_message=commit_message
+            or f"lmppo: {os.path.basename(path)} of {os.path.basename(os.path.abspath(run))}",
+        )
+    except (OSError, ValueError) as err:  # huggingface_hub's HTTP errors are OSErrors; connection errors too
+        raise _hub_error(repo_id, err) from None
+    except Exception as err:  # noqa: BLE001 - httpx's connection errors are not OSErrors
+        if not type(err).__module__.startswith(("httpx", "httpcore", "huggingface_hub", "requests", "urllib3")):
+            raise
+        raise _hub_error(repo_id, err) from None
+    return path, info
+
+
+def check_hub_login(repo_id: str) -> None:
+    """ConfigError for `push_to_hub` when no Hub token is known (checked before a run trains, not after)."""
+    from huggingface_hub import get_token
+
+    if not get_token():
+        raise ConfigError(
+            "push_to_hub",
+            repo_id,
+            "uploading needs a Hub login: run `hf auth login` or set HF_TOKEN "
+            "(or leave push_to_hub empty and push later with `lmppo push`)",
+        )
+
+
+def push_after_training(output_dir: str, repo_id: str, console: Any = None) -> None:
+    """`push_to_hub`: upload the finished run's final model; a failure says the model is safe on disk."""
+    try:
+        path, info = push(output_dir, repo_id)
+    except LmppoError as err:
+        raise LmppoError(
+            f"{err} (the run finished and its model is in {os.path.join(output_dir, 'final')}; "
+            f"upload it later with `lmppo push {output_dir} --repo-id {repo_id}`)"
+        ) from None
+    _say(f"pushed {path} to {repo_id}: {getattr(info, 'commit_url', None) or repo_id}", console)
+
+
+def _say(line: str, console: Any) -> None:
+    if console is not None:
+        console.print(line, highlight=False, soft_wrap=True)
+    else:
+        print(line)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lmppo push",
+        description="Upload a run's final model (with its model card) to the Hugging Face Hub. "
+        "Log in first (`hf auth login`, or HF_TOKEN); HF_ENDPOINT selects another Hub.",
+    )
+    p.add_argument("run", help="a run's output_dir (its final/ model is uploaded) or a model folder")
+    p.add_argument("--repo-id", required=True, help="the Hub model repo, ORG/NAME (created if missing)")
+    p.add_argument(
+        "--folder",
+        choices=FOLDERS,
+        default=None,
+        help="which folder of RUN/final to upload (default: "
+        "policy-merged when the run has it, a LoRA run's full weights; else policy)",
+    )
+    p.add_argument("--private", action="store_true", default=None, help="create the repo private")
+    p.add_argument("--revision", default=None, help="branch to commit to (default: main)")
+    p.add_argument("--commit-message", default=None, help="the commit's message")
+    return p
+
+
+def main(argv: Sequence[str], console: Any = None) -> int:
+    """`lmppo push`; returns the exit code. Mistakes and Hub failures raise LmppoError (one line from the CLI)."""
+    args = _parser().parse_args(list(argv))
+    path, info = push(
+        args.run,
+        args.repo_id,
+        folder=args.folder,
+        private=args.private,
+        commit_message=args.commit_message,
+        revision=args.revision,
+    )
+    url = getattr(info, "commit_url", None) or getattr(info, "repo_url", None) or args.repo_id
+    _say(f"pushed {path} to {args.repo_id}: {url}", console)
+    return 0

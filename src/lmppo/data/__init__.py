@@ -1,0 +1,1 @@
+"""Prompts: reading them (files, built-in sets, Hugging Face datasets), tokenizing them, the order they are drawn in."""

@@ -1,0 +1,522 @@
+"""Prompts: reading them, tokenizing them, and the seeded order in which they are drawn.
+
+* ``load_prompt_records`` reads a local ``.jsonl`` / ``.csv`` / ``.txt`` file, a built-in set, a Python list, or a
+  Hugging Face dataset (a ``datasets.Dataset``, a ``save_to_disk`` folder, Parquet / Arrow files:
+  ``lmppo.data.hf_datasets``).
+  A record is a string, a list of chat messages (``{"role", "content"}``) or a list of token ids. Every problem
+  is a one-line ``DataError`` naming the file, the line, the value and what is allowed. The other fields of a
+  JSONL line or CSV row (a reference answer, metadata), and of a dict record passed through the API, are kept
+  as the prompt's *columns*: they travel with the prompt to every reward function that asks for them by name.
+* ``tokenize_prompts`` turns records into token ids the policy is conditioned on (``PromptSet``).
+* ``PromptStream`` yields batches of prompt indices: a seeded permutation per pass over the data, wrapping around
+  across passes, resumable exactly from ``state_dict()``, and split into disjoint per-rank slices of one global
+  batch for multi-process runs.
+
+Tokenization choices: a plain string is tokenized with ``tokenizer(text)["input_ids"]``, i.e. with the tokenizer's
+default special tokens (a BOS for Llama-like tokenizers, nothing for GPT-2/SmolLM-like ones): the same ids the
+model saw in pretraining for a text at the start of a document. Message lists (and plain strings when
+``data.chat_template`` is set) go through ``apply_chat_template(..., add_generation_prompt=True)``, which adds what
+the template writes and nothing else. Token-id records are used as given. When a prompt is cut on the left and it
+starts with the BOS token, the BOS is kept.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import io
+import json
+import numbers
+import os
+import warnings
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any, Sequence
+
+import torch
+
+import lmppo.models.assets
+from lmppo.config.schema import DataConfig
+from lmppo.data.hf_datasets import dataset_format, dataset_records, is_hf_dataset, load_dataset_path
+from lmppo.errors import ConfigError, DataError
+
+FORMATS = ("jsonl", "csv", "text")
+EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".txt": "text", ".text": "text"}
+
+
+class PromptRecords(list):
+    """A list of prompt records that remembers where each came from (for error messages)."""
+
+    source: str = "prompts"
+    """The file (or `builtin:NAME`, or `prompts passed to the API`)."""
+    locations: list[str]
+    """Per record: `line 7`, or `item 3` for lists."""
+    columns: list[dict[str, Any]]
+    """Per record: its fields other than the prompt (empty dicts when there are none)."""
+
+    def where(self, index: int) -> str:
+        locs = getattr(self, "locations", None)
+        loc = locs[index] if locs and index < len(locs) else f"item {index}"
+        return f"{self.source}, {loc}"
+
+
+def _where(records: Sequence[Any], index: int) -> str:
+    return records.where(index) if isinstance(records, PromptRecords) else f"prompt {index}"
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = None) -> PromptRecords:
+    """The prompt records of ``data_cfg.prompts`` (a file or ``builtin:NAME``), or of ``prompts`` when given."""
+    if prompts is not None:
+        if is_hf_dataset(prompts):  # a datasets.Dataset object: its `data.field` column
+            return _load_dataset(prompts, data_cfg, "the datasets.Dataset passed to the API")
+        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+            raise DataError(f"prompts passed to the API must be a list of records, got a {type(prompts).__name__}")
+        return _records(
+            list(prompts),
+            "prompts passed to the API",
+            [f"item {i}" for i in range(len(prompts))],
+            field_name=data_cfg.field,
+        )
+    spec = data_cfg.prompts
+    if spec.startswith("builtin:"):
+        name = spec[len("builtin:") :]
+        items = list(lmppo.models.assets.builtin_records(name))
+        return _records(items, spec, [f"item {i}" for i in range(len(items))], field_name="prompt")
+    return _load_file(spec, data_cfg)
+
+
+def _load_dataset(ds: Any, data_cfg: DataConfig, source: str) -> PromptRecords:
+    """Records of a Hugging Face dataset's prompt column (``lmppo.data.hf_datasets``)."""
+
+    items, locations, column, columns = dataset_records(ds, data_cfg.field, source)
+    return _records(items, f"{source}, column `{column}`", locations, columns)
+
+
+def _load_file(path: str, data_cfg: DataConfig) -> PromptRecords:
+
+    hf_format = dataset_format(path, data_cfg.format) if os.path.exists(path) else None
+    if hf_format is not None:  # a save_to_disk folder, Parquet or Arrow: read through `datasets`
+        return _load_dataset(load_dataset_path(path, hf_format), data_cfg, f"prompt dataset `{path}`")
+    if not os.path.exists(path):
+        raise DataError(
+            f"prompt file `{path}` does not exist (data.prompts takes a .jsonl, .csv or .txt file, or "
+            "`builtin:reviews` / `builtin:news`)"
+        )
+    if os.path.isdir(path):
+        raise DataError(
+            f"prompt file `{path}` is a folder; with data.format `{data_cfg.format}` data.prompts takes a "
+            ".jsonl, .csv or .txt file (a save_to_disk folder needs data.format `auto` or `dataset`)"
+        )
+    fmt = data_cfg.format
+    if fmt == "auto":
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in EXTENSIONS:
+            raise DataError(
+                f"prompt file `{path}`: cannot tell the format from the extension `{ext or '(none)'}`; "
+                "use .jsonl, .csv or .txt, or set data.format to `jsonl`, `csv` or `text`"
+            )
+        fmt = EXTENSIONS[ext]
+    if fmt not in FORMATS:
+        raise DataError(f"data.format = {fmt!r}: must be `auto`, `jsonl`, `csv` or `text`")
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        offset = err.start
+        line = raw[:offset].count(b"\n") + 1
+        raise DataError(
+            f"prompt file `{path}` is not UTF-8 text: byte {raw[offset : offset + 1]!r} at byte offset "
+            f"{offset} (line {line}) cannot be decoded; save the file as UTF-8"
+        ) from None
+    if not text.strip():
+        raise DataError(f"prompt file `{path}` is empty")
+    reader = {"jsonl": _read_jsonl, "csv": _read_csv, "text": _read_text}[fmt]
+    items, locations, columns = reader(text, path, data_cfg.field)
+    return _records(items, path, locations, columns)
+
+
+def _read_text(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
+    items, locations = [], []
+    for n, line in enumerate(_lines(text), start=1):
+        if line.strip():
+            items.append(line)
+            locations.append(f"line {n}")
+    return items, locations, [{} for _ in items]
+
+
+def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
+    items, locations, columns = [], [], []
+    for n, line in enumerate(_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(
+                f"{path}, line {n}: not valid JSON ({err.msg} at column {err.colno}): {_short(line)}"
+            ) from None
+        except RecursionError:
+            raise DataError(f"{path}, line {n}: JSON nested too deeply to read: {_short(line)}") from None
+        if not isinstance(row, dict):
+            raise DataError(
+                f"{path}, line {n}: expected a JSON object with field `{field_name}`, got a "
+                f"{type(row).__name__}: {_short(line)}"
+            )
+        if field_name not in row:
+            raise DataError(
+                f"{path}, line {n}: no field `{field_name}`; the line has fields {_names(row)}"
+                f"{_close(field_name, list(row))}; data.field names the field that holds the prompt"
+            )
+        items.append(row[field_name])
+        locations.append(f"line {n}")
+        columns.append({k: v for k, v in row.items() if k != field_name})
+    return items, locations, columns
+
+
+def _read_csv(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
+    try:
+        return _read_csv_rows(text, path, field_name)
+    except csv.Error as err:
+        raise DataError(f"{path}: not readable as CSV ({err}); check quoting, or use a .jsonl file") from None
+
+
+def _read_csv_rows(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    columns = reader.fieldnames or []
+    if field_name not in columns:
+        raise DataError(
+            f"{path}, line 1: no column `{field_name}`; the header has columns {_names(columns)}"
+            f"{_close(field_name, columns)}; data.field names the column that holds the prompt"
+        )
+    items, locations, columns = [], [], []
+    line = reader.line_num
+    for row in reader:
+        start, line = line + 1, reader.line_num
+        value = row.get(field_name)
+        if value is None:
+            raise DataError(
+                f"{path}, line {start}: the row has no value in column `{field_name}` "
+                f"({len(row) - (None in row)} columns, the header has {len(columns)})"
+            )
+        items.append(value)
+        locations.append(f"line {start}")
+        columns.append({k: v for k, v in row.items() if k != field_name and k is not None})
+    return items, locations, columns
+
+
+def _lines(text: str) -> list[str]:
+    """Lines split on newlines only (str.splitlines would also split JSON strings holding U+2028)."""
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
+def _records(
+    items: list, source: str, locations: list[str], columns: list[dict] | None = None, field_name: str = "prompt"
+) -> PromptRecords:
+    """Checked records. Without `columns` (API, built-in sets) a dict item is a record: its `field_name` is the
+    prompt and its other keys are the columns; a file reader has taken the prompt out already (`columns` given)."""
+    if not items:
+        raise DataError(f"{source}: holds no prompts")
+    split = columns is None
+    columns = list(columns) if columns is not None else [{} for _ in items]
+    for i, x in enumerate(items):
+        if split and isinstance(x, dict) and not _is_message(x):
+            if field_name not in x:
+                raise DataError(
+                    f"{source}, {locations[i]}: the record has no field `{field_name}` (it has "
+                    f"{_names(x)}{_close(field_name, list(x))}); data.field names the field that holds "
+                    "the prompt, the other fields are passed to reward functions by name"
+                )
+            items[i], columns[i] = x[field_name], {k: v for k, v in x.items() if k != field_name}
+    out = PromptRecords(_check_record(x, f"{source}, {loc}") for x, loc in zip(items, locations))
+    out.source, out.locations, out.columns = source, locations, columns
+    return out
+
+
+def _is_message(x: dict) -> bool:
+    """A lone chat message given where a record was expected (refused by `_check_record` with its message)."""
+    return "role" in x and "content" in x and len(x) <= 3
+
+
+def _check_record(value: Any, where: str) -> Any:
+    """The record if it is a non-empty string, a list of chat messages or a list of token ids."""
+    allowed = 'a string, a list of chat messages ({"role", "content"}) or a list of token ids'
+    if isinstance(value, str):
+        if not value.strip():
+            raise DataError(f"{where}: the prompt is an empty string")
+        return value
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise DataError(f"{where}: the prompt is an empty list; must be {allowed}")
+        if all(isinstance(x, dict) for x in value):
+            for j, m in enumerate(value):
+                missing = [k for k in ("role", "content") if k not in m]
+                if missing:
+                    raise DataError(
+                        f"{where}: chat message {j} has no `{'` or `'.join(missing)}` (it has "
+                        f"{_names(m)}); each message needs `role` and `content`"
+                    )
+                if not isinstance(m["role"], str) or not m["role"]:
+                    raise DataError(
+                        f"{where}: chat message {j} has role {m['role']!r}; must be a non-empty string "
+                        "such as `system`, `user` or `assistant`"
+                    )
+                if not isinstance(m["content"], str):
+                    raise DataError(
+                        f"{where}: chat message {j} has content {_short(m['content'])} of type "
+                        f"{type(m['content']).__name__}; must be a string"
+                    )
+            return [dict(m) for m in value]
+        for j, x in enumerate(value):
+            if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+                raise DataError(
+                    f"{where}: item {j} of the list is {_short(x)} ({type(x).__name__}); a list must "
+                    "hold only chat messages or only token ids (integers)"
+                )
+        return [int(x) for x in value]
+    raise DataError(f"{where}: the prompt is {_short(value)} ({type(value).__name__}); must be {allowed}")
+
+
+# ----------------------------------------------------------------------------- tokenizing
+
+
+@dataclass
+class PromptSet:
+    ids: list[list[int]]
+    """Per prompt, the token ids the policy is conditioned on (after truncation)."""
+    texts: list[str]
+    """Per prompt, the decoded ids (special tokens and chat template included): what the policy sees."""
+    columns: list[dict[str, Any]] = dc_field(default_factory=list)
+    """Per prompt, the record's other fields (a reference answer, metadata), for reward functions that take them
+    by name; empty when the records had none."""
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def columns_of(self, index: Sequence[int]) -> list[dict[str, Any]]:
+        """The columns of prompts `index` (empty dicts when the set has none)."""
+        return [self.columns[i] if i < len(self.columns) else {} for i in index]
+
+
+def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfig) -> PromptSet:
+    """Token ids and texts of the prompt records (see the module docstring for the choices)."""
+    limit = data_cfg.max_prompt_length
+    if limit < 1:
+        raise DataError(f"data.max_prompt_length = {limit}: must be >= 1")
+    if data_cfg.long_prompts not in ("truncate_left", "error"):
+        raise DataError(f"data.long_prompts = {data_cfg.long_prompts!r}: must be `truncate_left` or `error`")
+    vocab = len(tokenizer)
+    ids_all: list[list[int]] = []
+    cut, longest = 0, 0
+    if not isinstance(records, PromptRecords):  # records from load_prompt_records are checked already
+        records = [_check_record(rec, _where(records, i)) for i, rec in enumerate(records)]
+    plain = [i for i, rec in enumerate(records) if isinstance(rec, str) and not data_cfg.chat_template]
+    encoded = dict(zip(plain, tokenizer([records[i] for i in plain])["input_ids"])) if plain else {}  # one call
+    for i, rec in enumerate(records):
+        if i in encoded:
+            ids = list(encoded[i])
+        elif isinstance(rec, str) or (isinstance(rec, list) and rec and isinstance(rec[0], dict)):
+            messages = [{"role": "user", "content": rec}] if isinstance(rec, str) else rec
+            ids = _apply_template(tokenizer, messages, _where(records, i), isinstance(rec, str))
+        elif isinstance(rec, list) and rec:
+            ids = [int(t) for t in rec]
+            bad = next((t for t in ids if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise DataError(
+                    f"{_where(records, i)}: token id {bad} is outside the tokenizer's vocabulary "
+                    f"(ids must be in 0..{vocab - 1})"
+                )
+        else:
+            raise DataError(
+                f"{_where(records, i)}: the prompt is {_short(rec)}; must be a string, a list of chat "
+                "messages or a list of token ids"
+            )
+        if not ids:
+            raise DataError(f"{_where(records, i)}: the prompt has no tokens")
+        if len(ids) > limit:
+            if data_cfg.long_prompts == "error":
+                raise DataError(
+                    f"{_where(records, i)}: the prompt is {len(ids)} tokens, longer than "
+                    f"data.max_prompt_length = {limit} (raise it, or set data.long_prompts = "
+                    "truncate_left to keep the last tokens)"
+                )
+            cut, longest = cut + 1, max(longest, len(ids))
+            ids = _truncate_left(ids, limit, tokenizer.bos_token_id)
+        ids_all.append(ids)
+    if cut:
+        source = records.source if isinstance(records, PromptRecords) else "the prompts"
+        warnings.warn(
+            f"{cut} of {len(ids_all)} prompts in {source} are longer than data.max_prompt_length = "
+            f"{limit} tokens (the longest has {longest}) and were cut on the left, keeping their end",
+            UserWarning,
+            stacklevel=2,
+        )
+    texts = tokenizer.batch_decode(ids_all, skip_special_tokens=False) if ids_all else []
+    columns = list(getattr(records, "columns", None) or [])
+    return PromptSet(ids=ids_all, texts=texts, columns=columns if any(columns) else [])
+
+
+def _apply_template(tokenizer: Any, messages: list[dict], where: str, wrapped: bool) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        why = "data.chat_template is set" if wrapped else "the prompt is a list of chat messages"
+        raise DataError(
+            f"{where}: {why}, but the tokenizer has no chat template (use a chat/instruct "
+            "tokenizer, or give plain-text prompts with data.chat_template = false)"
+        )
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    except Exception as err:
+        raise DataError(
+            f"{where}: the tokenizer's chat template refused the messages: {type(err).__name__}: {err}"
+        ) from None
+    if isinstance(out, dict) or hasattr(out, "input_ids"):  # BatchEncoding on some versions
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+def _truncate_left(ids: list[int], limit: int, bos_id: int | None) -> list[int]:
+    """The last `limit` tokens, keeping a leading BOS in front."""
+    if bos_id is not None and ids[0] == bos_id and limit > 1:
+        return [bos_id] + ids[len(ids) - (limit - 1) :]
+    return ids[len(ids) - limit :]
+
+
+# ----------------------------------------------------------------------------- order
+
+
+class PromptStream:
+    """Batches of prompt indices: a seeded permutation per pass over the data, wrapping around across passes.
+
+    ``next_batch()`` returns the next ``batch_size`` indices (the global batch). A batch that crosses the end of a
+    pass takes the rest of this pass and the start of the next one; when ``batch_size <= num_prompts`` the next
+    pass's first prompts that are already in the batch are deferred to its next batch, so a batch never holds a
+    prompt twice and every pass still draws every prompt exactly once. With more prompts per batch than prompts,
+    repeats are unavoidable (each prompt then appears about ``batch_size / num_prompts`` times).
+
+    The order of pass p depends only on (seed, p), from its own ``torch.Generator`` (the global RNG is never
+    touched), so the state is three small numbers and a short list. Multi-process: every rank keeps an identical
+    stream and calls ``next_batch(rank, world_size)``, which returns that rank's contiguous slice of the same global
+    batch (``batch_size`` must be divisible by ``world_size``).
+    """
+
+    def __init__(self, num_prompts: int, batch_size: int, seed: int = 0, shuffle: bool = True):
+        if num_prompts < 1:
+            raise DataError(f"PromptStream: num_prompts = {num_prompts}; there must be at least one prompt")
+        if batch_size < 1:
+            raise DataError(f"PromptStream: batch_size = {batch_size}; must be >= 1")
+        self.num_prompts, self.batch_size = int(num_prompts), int(batch_size)
+        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.epoch = 0  # the pass the next prompt comes from
+        self.pos = 0  # prompts of this pass's permutation already consumed (carry aside)
+        self.carry: list[int] = []  # prompts of this pass deferred to its next batch
+        self._perm_cache: tuple[int, list[int]] | None = None
+
+    def _perm(self, epoch: int) -> list[int]:
+        if self._perm_cache is None or self._perm_cache[0] != epoch:
+            if self.shuffle:
+                g = torch.Generator().manual_seed((self.seed * 1_000_003 + epoch) % (2**63 - 1))
+                perm = torch.randperm(self.num_prompts, generator=g).tolist()
+            else:
+                perm = list(range(self.num_prompts))
+            self._perm_cache = (epoch, perm)
+        return self._perm_cache[1]
+
+    def _global_batch(self) -> list[int]:
+        out: list[int] = []
+        while len(out) < self.batch_size:
+            need = self.batch_size - len(out)
+            perm = self._perm(self.epoch)
+            remaining = len(self.carry) + self.num_prompts - self.pos
+            if remaining >= need:
+                take_carry = self.carry[:need]
+                self.carry = self.carry[need:]
+                n = need - len(take_carry)
+                out += take_carry + perm[self.pos : self.pos + n]
+                self.pos += n
+                break
+            out += self.carry + perm[self.pos :]
+            self.epoch, self.pos, self.carry = self.epoch + 1, 0, []
+            if self.batch_size <= self.num_prompts:  # fill from the next pass without repeating a prompt
+                taken = set(out)
+                perm = self._perm(self.epoch)
+                need = self.batch_size - len(out)
+                while need:
+                    x = perm[self.pos]
+                    self.pos += 1
+                    if x in taken:
+                        self.carry.append(x)
+                    else:
+                        out.append(x)
+                        need -= 1
+        return out
+
+    def next_batch(self, rank: int = 0, world_size: int = 1) -> list[int]:
+        """The next global batch of prompt indices, or rank `rank`'s slice of it."""
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} with world_size {world_size}: need 0 <= rank < world_size")
+        if self.batch_size % world_size:
+            raise DataError(f"the prompt batch size {self.batch_size} is not divisible by the {world_size} processes")
+        batch = self._global_batch()
+        per = self.batch_size // world_size
+        return batch[rank * per : (rank + 1) * per]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "num_prompts": self.num_prompts,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self.epoch,
+            "pos": self.pos,
+            "carry": list(self.carry),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("num_prompts", "batch_size", "seed", "shuffle"):
+            if key in state and state[key] != getattr(self, key):
+                raise DataError(
+                    f"cannot resume the prompt order: the checkpoint has {key} = {state[key]!r}, this "
+                    f"run has {getattr(self, key)!r} (the prompts or data settings changed)"
+                )
+        self.epoch, self.pos, self.carry = int(state["epoch"]), int(state["pos"]), [int(x) for x in state["carry"]]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _short(x: Any, n: int = 60) -> str:
+    r = repr(x)
+    return r if len(r) <= n else r[: n - 3] + "..."
+
+
+def _names(row: Any) -> str:
+    keys = list(row)
+    shown = ", ".join(f"`{k}`" for k in keys[:12])
+    return (shown + (", ..." if len(keys) > 12 else "")) or "(none)"
+
+
+def _close(name: str, options: Sequence[str]) -> str:
+    hint = difflib.get_close_matches(name, [str(o) for o in options], n=1)
+    return f" (`{hint[0]}` is close: a typo?)" if hint else ""
+
+
+def split_holdout(prompts, holdout: int, seed: int):
+    """(training prompts, held-out prompts): `holdout` prompts picked by a seeded permutation."""
+    n = len(prompts.ids)
+    if holdout >= n:
+        raise ConfigError("data.holdout", holdout, f"must be smaller than the number of prompts ({n})")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7)).tolist()
+    held = set(order[:holdout])
+
+    def pick(keep):
+        idx = [i for i in range(n) if (i in held) == keep]
+        return PromptSet(
+            ids=[prompts.ids[i] for i in idx],
+            texts=[prompts.texts[i] for i in idx],
+            columns=prompts.columns_of(idx) if prompts.columns else [],
+        )
+
+    return pick(False), pick(True)

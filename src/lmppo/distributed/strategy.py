@@ -1,0 +1,187 @@
+"""How training is spread over processes: one strategy object with the hooks the loop needs.
+
+`Strategy` is a single process or DDP (accelerate's wrappers all-reduce the gradients); `ZeroStrategy` is
+DeepSpeed ZeRO-2 / ZeRO-3 (`lmppo.distributed.zero`, which documents what differs and why). The trainer and the
+assembly step call the hooks and never ask which strategy runs:
+
+- models: `build_critic`, `reference_model` (the reference's own weights when the strategy must build them),
+  `models_built` (whatever loads afterwards loads whole), `prepare` (wrap actor, critic and optimizer);
+- the loop: `generation(actor)` (the policy's weights for sampling), `sync_gradients(last, ...)` (gradient
+  all-reduce only after the last micro-batch of a minibatch), `backward_kwargs`, `reuses_rollout_forward`;
+- numbers over all processes: `process_mean` / `process_sum` / `process_max`, `gather_mean` (over every sample),
+  `whiten` (advantages whitened with the statistics of every process);
+- saving: `saving(actor)` (the full weights while the model is written), `full_weights(actor)` (every process can
+  sample on its own: the end-of-run summary);
+- checkpoints (`lmppo.run.checkpoint` calls these): `checkpoint_layout()` (what a resume must match), and where the
+  engine keeps the model and optimizer state in per-process shards (`sharded_checkpoint`), `write_shards` /
+  `read_shards` (every process its own).
+
+A new strategy (FSDP, say) is a subclass here and one line in `make_strategy`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from lmppo.config.schema import Config, ModelConfig
+from lmppo.core.masking import whiten_with
+from lmppo.distributed.zero import ZeroSupport, accelerator_kwargs, prepare
+from lmppo.models.loading import build_critic
+
+
+class Strategy:
+    """A single process, or DDP through accelerate."""
+
+    zero: Optional[ZeroSupport] = None  # the DeepSpeed side (ZeroStrategy only)
+    reuses_rollout_forward = True  # the rollout's policy/value pass may be the first epoch's forward
+    backward_kwargs: dict = {}
+
+    def __init__(self, accelerator: Any):
+        self.accelerator = accelerator
+
+    # ---- models
+    def build_critic(
+        self, policy: nn.Module, policy_path: Optional[str], init_path: Optional[str], mc: ModelConfig
+    ) -> nn.Module:
+        return build_critic(policy, init_path, mc)
+
+    def reference_model(self, policy: nn.Module, policy_path: Optional[str], mc: ModelConfig) -> Optional[nn.Module]:
+        """None: `ReferencePolicy` copies the policy (or, with LoRA, needs no copy)."""
+        return None
+
+    def models_built(self) -> None:
+        """The trainable models and the reference exist (reward models load after this)."""
+
+    def prepare(self, actor: nn.Module, critic: Optional[nn.Module], optimizer):
+        """(actor, critic, optimizer) wrapped for training."""
+        return prepare(self.accelerator, actor, critic, optimizer, None)
+
+    # ---- the loop
+    def generation(self, actor: nn.Module) -> contextlib.AbstractContextManager:
+        """The policy's weights ready for sampling inside the block."""
+        return contextlib.nullcontext()
+
+    def sync_gradients(self, last: bool, actor: nn.Module, critic: Optional[nn.Module]) -> contextlib.ExitStack:
+        """Gradient all-reduce only on the last micro-batch of a minibatch (no-op with one process)."""
+        stack = contextlib.ExitStack()
+        if not last and self.accelerator.num_processes > 1:
+            stack.enter_context(self.accelerator.no_sync(actor))
+            if critic is not None:
+                stack.enter_context(self.accelerator.no_sync(critic))
+        return stack
+
+    # ---- numbers over all processes (accelerate's collectives: the same under every strategy)
+    def process_mean(self, value: float) -> float:
+        return self.accelerator.reduce(torch.tensor(float(value), device=self.accelerator.device), "mean").item()
+
+    def process_sum(self, value: torch.Tensor) -> float:
+        return self.accelerator.reduce(value.float().to(self.accelerator.device), "sum").item()
+
+    def process_max(self, value: torch.Tensor) -> float:
+        return self.accelerator.gather(value.float().reshape(1).to(self.accelerator.device)).max().item()
+
+    def gather_mean(self, per_sample: torch.Tensor) -> float:
+        """Mean over every sample of every process (TRL 1.12 averages per-process means)."""
+        values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
+        return values.mean().item()
+
+    def whiten(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process."""
+        m = mask.to(values.dtype)
+        sums = torch.stack([(values * m).sum(), m.sum()])
+        sums = self.accelerator.reduce(sums, "sum")
+        mean = sums[0] / sums[1].clamp(min=1)
+        sq = self.accelerator.reduce(((values - mean) ** 2 * m).sum(), "sum")
+        var = sq / (sums[1] - 1).clamp(min=1)
+        return whiten_with(values, mask, mean, var)
+
+    # ---- saving
+    def saving(self, actor: nn.Module) -> contextlib.AbstractContextManager:
+        """The full weights available for writing the model inside the block."""
+        return contextlib.nullcontext()
+
+    def full_weights(self, actor: nn.Module) -> contextlib.AbstractContextManager:
+        """Every process can sample and score on its own inside the block."""
+        return contextlib.nullcontext()
+
+    # ---- checkpoints
+    sharded_checkpoint = False  # True: the engine writes the model and optimizer state, one shard per process
+
+    def checkpoint_layout(self) -> dict:
+        """What a checkpoint written under this strategy records, and a resume must match (besides the number of
+        processes): {} for one process and DDP (the checkpoint holds whole tensors)."""
+        return {}
+
+    def write_shards(self, actor: nn.Module, folder: str) -> None:
+        """Every process writes its shards of the model and optimizer state into `folder` (a collective)."""
+        raise NotImplementedError
+
+    def read_shards(self, actor: nn.Module, folder: str) -> None:
+        """Every process reads its shards back from checkpoint `folder` (a collective)."""
+        raise NotImplementedError
+
+
+class ZeroStrategy(Strategy):
+    """DeepSpeed ZeRO-2 / ZeRO-3 (`lmppo.distributed.zero.ZeroSupport` does the work)."""
+
+    reuses_rollout_forward = False  # the engine owns the backward: no graph kept from the rollout pass
+
+    def __init__(self, accelerator: Any, zero: ZeroSupport):
+        super().__init__(accelerator)
+        self.zero = zero
+        self.backward_kwargs = zero.backward_kwargs
+
+    @property
+    def stage(self) -> int:
+        return self.zero.stage
+
+    def build_critic(self, policy, policy_path, init_path, mc):
+        return self.zero.build_critic(policy, policy_path, init_path, mc)
+
+    def reference_model(self, policy, policy_path, mc):
+        return self.zero.reference_model(policy, policy_path, mc)
+
+    def models_built(self) -> None:
+        self.zero.models_built()  # reward models load whole, never partitioned
+
+    def prepare(self, actor, critic, optimizer):
+        return prepare(self.accelerator, actor, critic, optimizer, self.zero)  # actor and critic: one engine
+
+    def generation(self, actor):
+        return self.zero.gathered_for_generation(actor)
+
+    def sync_gradients(self, last, actor, critic):
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.zero.micro_batch(last))  # the engine steps after the last micro-batch only
+        return stack
+
+    def saving(self, actor):
+        return self.zero.gathered(actor)  # ZeRO-3: every process gathers the full weights for the save
+
+    def full_weights(self, actor):
+        return self.zero.full_weights(actor)
+
+    sharded_checkpoint = True  # DeepSpeed's own checkpoint files (lmppo.distributed.zero.ZeroSupport.save_engine)
+
+    def checkpoint_layout(self) -> dict:
+        return {"deepspeed_stage": self.stage}
+
+    def write_shards(self, actor, folder):
+        self.zero.save_engine(actor, folder)
+
+    def read_shards(self, actor, folder):
+        self.zero.load_engine(actor, folder)
+
+
+def make_strategy(accelerator: Any, cfg: Config) -> Strategy:
+    """The strategy for this run: DeepSpeed when accelerate started it or the config asks for it, else DDP (one
+    process: plain)."""
+    zero = ZeroSupport.maybe(accelerator, cfg)
+    return ZeroStrategy(accelerator, zero) if zero is not None else Strategy(accelerator)
+
+
+__all__ = ["Strategy", "ZeroStrategy", "accelerator_kwargs", "make_strategy"]

@@ -1,0 +1,559 @@
+"""Evaluation of a policy on held-out prompts: `lmppo eval`, and the building block of the end-of-run summary.
+
+    lmppo eval MODEL [--reference MODEL] [--config CONFIG.yaml] [--judge NAME] [--num-prompts N]
+                     [--samples-per-prompt K] [--seed S] [--show N] [--output FILE.json] [--section.field VALUE ...]
+
+MODEL is a run's output_dir (its `final/policy` is evaluated with the run's own config.yaml), `OUTPUT_DIR/final/policy`,
+any Hugging Face model folder, or a LoRA adapter folder. It is compared with its starting point: for an adapter the
+base model with the adapter switched off, otherwise `--reference` or the run's `model.policy`.
+
+What is measured, on the run's held-out prompts (`data.holdout`; without them, on up to `--num-prompts` training
+prompts, with a warning), with pure sampling at the training temperature and a fixed seed (`--seed`, default the
+run's seed). The trained model and its starting point sample with the same per-response random streams, so the
+comparison is paired:
+- the mean of every reward source (`reward/<name>`, unweighted) and the training score (the weighted sum of the
+  sources, before normalisation and the truncation policy);
+- the win rate of the trained model over its starting point by one source (`--judge`; default the first source of
+  weight 0, the held-out judge, else the first source): per prompt 1 if its response scores higher, 0.5 on a tie;
+- the KL of the trained policy to the starting point, per response (summed over its tokens), on responses sampled
+  from the trained policy, taken as in training (same temperature and precision): k1 and k3 of the sampled tokens,
+  and the exact KL of each next-token distribution over the vocabulary (`kl_exact`, what the other two estimate);
+- the response length in tokens (stop token included) and the fraction that ended with the stop token.
+
+Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.native.sample_native` (or `rollout`'s HF
+backend), log-probabilities come from `models.policy_forward`, the KL from `core.kl`, scores from
+`rewards.score_rollout`, prompts and the held-out split from `data` and `data.split_holdout`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import warnings
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional, Sequence
+
+import torch
+from torch import nn
+
+from lmppo.config.schema import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
+from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.errors import LmppoError
+from lmppo.evaluation.heldout import (  # noqa: F401  (re-exported: their home was here)
+    EVAL_STREAM,
+    PolicyEval,
+    RefLogits,
+    compare,
+    repeat_columns,
+    repeat_prompts,
+    sample_and_score,
+    win_rate,
+)
+from lmppo.models.files import is_adapter_folder
+from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
+from lmppo.models.precision import choose_precision
+from lmppo.rewards import SourceContext, build_reward_sources
+from lmppo.run.storage import write_json
+
+
+def default_judge(weights: dict[str, float]) -> str:
+    """The first source of weight 0 (a judge logged but never trained on), else the first source."""
+    if not weights:
+        raise LmppoError("no reward sources to judge with")
+    return next((n for n, w in weights.items() if w == 0), next(iter(weights)))
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedModels:
+    policy: nn.Module
+    tokenizer: Any
+    start: Optional[nn.Module]  # the starting point as its own model, or None when it is `policy` with adapters off
+    model_path: str
+    start_name: str
+    run_dir: Optional[str]
+
+
+def find_run(model: str) -> tuple[str, Optional[str]]:
+    """(policy folder, run folder or None) for a run folder, `RUN/final/policy`, or any other model folder."""
+    if os.path.isdir(os.path.join(model, "final", "policy")):
+        return os.path.join(model, "final", "policy"), model
+    parent = os.path.dirname(os.path.dirname(os.path.abspath(model)))
+    if os.path.basename(os.path.dirname(os.path.abspath(model))) == "final" and os.path.isfile(
+        os.path.join(parent, "config.yaml")
+    ):
+        return model, parent
+    return model, None
+
+
+def _check_model_folder(path: str, what: str) -> None:
+
+    if path in BUILTIN_MODELS or hub_repo_id(path) is not None:
+        return
+    if not os.path.isdir(path):
+        raise LmppoError(
+            f"{what} {path!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a model "
+            "folder or a LoRA adapter folder"
+        )
+    if not (os.path.isfile(os.path.join(path, "config.json")) or is_adapter_folder(path)):
+        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+            raise LmppoError(
+                f"{what} {path!r} is a run folder without a final model (final/policy): the run did not "
+                "finish; resume it with `lmppo train --resume` or evaluate one of its checkpoints"
+            )
+        raise LmppoError(f"{what} {path!r} holds no model (neither config.json nor adapter_config.json)")
+
+
+def load_models(
+    model_path: str,
+    reference: Optional[str],
+    cfg: Any,
+    run_dir: Optional[str],
+    device: torch.device,
+    config_given: bool = False,
+) -> LoadedModels:
+    """The policy to evaluate (a LoRA adapter is loaded onto its base), its tokenizer, and its starting point.
+
+    The starting point: `reference` if given; for an adapter, its base model with the adapter switched off;
+    otherwise `cfg.model.policy` when `cfg` is the run's (in a run folder, or `config_given`)."""
+
+    _check_model_folder(model_path, "model")
+    mc = cfg.model
+    model_path = resolve_model_path(model_path, "model", mc.allow_pickle)  # a Hub id: its downloaded folder
+    if is_adapter_folder(model_path):
+        try:
+            from peft import PeftModel
+        except ImportError:
+            raise LmppoError(f"{model_path} is a LoRA adapter; loading it needs `peft` (pip install peft)") from None
+        with open(os.path.join(model_path, "adapter_config.json"), encoding="utf-8") as fh:
+            base_name = json.load(fh).get("base_model_name_or_path") or ""
+        base = reference or base_name
+        if not base:
+            raise LmppoError(f"the adapter {model_path} does not name its base model; give it with --reference")
+        if reference is None and not os.path.isdir(base) and hub_repo_id(base) is None:
+            base = mc.policy  # the base folder moved (another machine, a cleared cache): the run's model.policy
+        _check_model_folder(base, "base model")
+        base_path = resolve_model_path(base, "--reference" if reference else "base model", mc.allow_pickle)
+        tokenizer = load_tokenizer(
+            model_path if os.path.isfile(os.path.join(model_path, "tokenizer_config.json")) else base_path, mc
+        )
+        from transformers import AutoModelForCausalLM
+
+        base_model = AutoModelForCausalLM.from_pretrained(
+            base_path, dtype=torch.float32, trust_remote_code=mc.trust_remote_code
+        )
+        policy = PeftModel.from_pretrained(base_model, model_path).eval()
+        policy.to(device)
+        return LoadedModels(policy, tokenizer, None, model_path, f"{base} (adapter off)", run_dir)
+    start_name = reference or (mc.policy if run_dir is not None or config_given else None)
+    if start_name is None:
+        raise LmppoError(
+            f"cannot tell where {model_path} started from (it is not in a run folder with a config.yaml); "
+            "give the starting model with --reference, or the run's config with --config"
+        )
+    _check_model_folder(start_name, "reference")
+    full = _full_weights(mc)
+    tokenizer = load_tokenizer(model_path, mc)
+    policy = load_policy(full, model_path).to(device)
+    start = load_policy(
+        full, resolve_model_path(start_name, "--reference" if reference else "model.policy", mc.allow_pickle)
+    ).to(device)
+    return LoadedModels(policy, tokenizer, start, model_path, start_name, run_dir)
+
+
+def _full_weights(mc: Any) -> Any:
+    out = copy.deepcopy(mc)
+    out.lora.enabled = False
+    return out
+
+
+@contextmanager
+def adapters_off(policy: nn.Module) -> Iterator[nn.Module]:
+    with policy.disable_adapter():
+        yield policy
+
+
+def stop_token_ids(tokenizer: Any, stop_token: str) -> torch.Tensor:
+    """The stop token ids of `rollout.stop_token` (as the trainer resolves them)."""
+    if stop_token == "none":
+        return torch.zeros(0, dtype=torch.long)
+    if stop_token == "eos":
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise LmppoError("rollout.stop_token is `eos` but the tokenizer has no eos token")
+        return torch.tensor([eos] if isinstance(eos, int) else list(eos), dtype=torch.long)
+    ids = tokenizer.encode(stop_token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise LmppoError(f"rollout.stop_token {stop_token!r} is not a single token of this tokenizer")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[int]], list[str], bool]:
+    """(ids, texts, held_out): the run's held-out prompts (`data.holdout`, the same seeded split as in training),
+    or, when the run kept none out, `num_prompts` training prompts picked by a seeded permutation."""
+    prompts, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
+    return prompts.ids, prompts.texts, held_out
+
+
+def eval_prompt_set(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[PromptSet, bool]:
+    """(prompts with their columns, held_out): the prompts of `eval_prompts`."""
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # long prompts were reported at training time
+        prompts = tokenize_prompts(load_prompt_records(cfg.data), tokenizer, cfg.data)
+    if cfg.data.holdout > 0:
+        _, held = split_holdout(prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
+        n = min(num_prompts, len(held.ids)) if num_prompts > 0 else len(held.ids)
+        return PromptSet(held.ids[:n], held.texts[:n], held.columns[:n]), True
+    order = torch.randperm(len(prompts.ids), generator=torch.Generator().manual_seed(cfg.seed + 11)).tolist()
+    pick = order[: num_prompts if num_prompts > 0 else 64]
+    return PromptSet(
+        [prompts.ids[i] for i in pick],
+        [prompts.texts[i] for i in pick],
+        prompts.columns_of(pick) if prompts.columns else [],
+    ), False
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="lmppo eval",
+        description="Score a trained policy against its starting point on held-out prompts: mean reward per "
+        "source, win rate by a judge, KL to the start (k1, k3, exact), response length. Any other "
+        "--section.field VALUE overrides the run's config (e.g. --rollout.temperature 1.0).",
+    )
+    p.add_argument("model", help="a run's output_dir, OUTPUT_DIR/final/policy, a model folder or a LoRA adapter folder")
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="the starting model to compare with (default: the adapter's "
+        "base with the adapter off, else the run's model.policy)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="config YAML giving prompts, rewards and sampling (default: the "
+        "run's config.yaml, else the built-in default recipe)",
+    )
+    p.add_argument(
+        "--judge",
+        default=None,
+        help="reward source (by name) that decides the win rate (default: the "
+        "first source of weight 0, else the first source)",
+    )
+    p.add_argument(
+        "--num-prompts",
+        type=int,
+        default=0,
+        help="evaluate on at most this many prompts (default: all "
+        "held-out prompts; 64 training prompts when the run kept none out)",
+    )
+    p.add_argument(
+        "--samples-per-prompt", type=int, default=4, help="responses sampled per prompt, by each model (default 4)"
+    )
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (default: the run's seed)")
+    p.add_argument("--show", type=int, default=3, help="example responses to print (default 3)")
+    p.add_argument(
+        "--output",
+        "-o",
+        default=None,
+        help="JSON file for the results (default: RUN/eval.json, or eval.json next to the model folder)",
+    )
+    return p
+
+
+def main(argv: Sequence[str], console: Any = None) -> int:
+    """`lmppo eval`; returns the exit code. User mistakes raise LmppoError (one line from the CLI)."""
+
+    args, rest = _parser().parse_known_args(list(argv))
+    overrides = parse_overrides(rest)
+    model_path, run_dir = find_run(args.model)
+    if not os.path.exists(model_path) and model_path not in BUILTIN_MODELS and hub_repo_id(model_path) is None:
+        raise LmppoError(
+            f"model {args.model!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a "
+            "model folder, a LoRA adapter folder or a Hub model id (ORG/NAME)"
+        )
+    config_path = args.config or (os.path.join(run_dir, "config.yaml") if run_dir else None)
+    config_given = config_path is not None
+    cfg = load_config(config_path or recipe_path("sentiment"), overrides)
+    cfg.validate()
+    if args.num_prompts < 0:
+        raise LmppoError(f"--num-prompts {args.num_prompts}: must be >= 0")
+    if args.samples_per_prompt < 1:
+        raise LmppoError(f"--samples-per-prompt {args.samples_per_prompt}: must be >= 1")
+    seed = cfg.seed if args.seed is None else args.seed
+    device = eval_device(cfg)
+    sources = build_sources(cfg, device)
+    judge = choose_judge(sources, args.judge)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars: noise in a report
+    models = load_models(model_path, args.reference, cfg, run_dir, device, config_given)
+    result = evaluate_models(
+        models,
+        cfg,
+        sources,
+        seed=seed,
+        judge=judge,
+        num_prompts=args.num_prompts,
+        samples_per_prompt=args.samples_per_prompt,
+    )
+    beside = os.path.dirname(os.path.abspath(model_path)) if hub_repo_id(model_path) is None else os.getcwd()
+    out = args.output or os.path.join(run_dir or beside, "eval.json")
+    _write_json(result, out)
+    if console is None:
+        from rich.console import Console
+
+        console = Console(highlight=False)
+    print_eval(result, console, show=args.show)
+    console.print(f"wrote {out}")
+    return 0
+
+
+def eval_device(cfg: Any) -> torch.device:
+    """Where evaluation runs: CUDA when there is one and `device` does not say `cpu`."""
+    return torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def build_sources(cfg: Any, device: torch.device) -> list:
+    """The config's reward sources (as the trainer builds them)."""
+
+    return build_reward_sources(
+        cfg.reward,
+        ctx=SourceContext(
+            device=str(device),
+            allow_pickle=cfg.model.allow_pickle,
+            trust_remote_code=cfg.model.trust_remote_code,
+            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+            resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
+        ),
+    )
+
+
+def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
+    """`judge` checked against the source names, or the default judge (see `default_judge`)."""
+    weights = {s.name: float(s.weight) for s in sources}
+    judge = judge or default_judge(weights)
+    if judge not in weights:
+        raise LmppoError(
+            f"--judge {judge!r} is not a reward source of this config; sources: " + ", ".join(f"`{n}`" for n in weights)
+        )
+    return judge
+
+
+@dataclass
+class EvalPlan:
+    """What both sides of an evaluation share: the prompts (each repeated per sample), the sampling settings, and
+    the starting point's logits for the KL."""
+
+    ids: list
+    texts: list[str]
+    num_prompts: int
+    held_out: bool
+    precision: str
+    common: dict[str, Any]  # sample_and_score's keyword arguments
+    start_logits: RefLogits
+
+
+def eval_plan(
+    models: LoadedModels,
+    cfg: Any,
+    sources: Sequence[Any],
+    *,
+    seed: int,
+    num_prompts: int = 0,
+    samples_per_prompt: int = 4,
+) -> EvalPlan:
+    """The held-out prompts (`eval_prompt_set`), the sampling settings of `cfg.rollout` at the precision a new run
+    here would choose, and the starting point's logits (`models.start`, or the policy with its adapters off)."""
+
+    tokenizer = models.tokenizer
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    device = next(models.policy.parameters()).device
+    prompt_set, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
+    ids, texts = repeat_prompts(prompt_set.ids, prompt_set.texts, samples_per_prompt)
+    columns = repeat_columns(prompt_set.columns, samples_per_prompt)
+    if not held_out:
+        warnings.warn(
+            "the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts", stacklevel=3
+        )
+    r = cfg.rollout
+    precision = choose_precision(cfg.precision, device.type).precision  # `auto`: as a new run here would choose
+    autocast = (
+        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if precision == "bf16" else nullcontext
+    )
+    common = dict(
+        tokenizer=tokenizer,
+        sources=sources,
+        temperature=r.temperature,
+        max_new_tokens=r.max_new_tokens,
+        stop_ids=stop_token_ids(tokenizer, r.stop_token),
+        seed=seed,
+        backend="hf" if r.backend == "hf" else "native",
+        batch_size=r.forward_batch_size or r.batch_size,
+        autocast=autocast,
+        columns=columns,
+    )
+
+    def start_logits(input_ids, attention, P):
+        if models.start is not None:
+            return policy_forward(models.start, input_ids, attention, P, r.temperature).logits
+        with adapters_off(models.policy):
+            return policy_forward(models.policy, input_ids, attention, P, r.temperature).logits
+
+    return EvalPlan(ids, texts, len(prompt_set.ids), held_out, precision, common, start_logits)
+
+
+def sample_trained(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
+    """The policy's responses to the plan's prompts, scored, with their KL to the starting point."""
+    return sample_and_score(models.policy, plan.ids, plan.texts, reference_logits=plan.start_logits, **plan.common)
+
+
+def evaluate_models(
+    models: LoadedModels,
+    cfg: Any,
+    sources: Sequence[Any],
+    *,
+    seed: int,
+    judge: Optional[str] = None,
+    num_prompts: int = 0,
+    samples_per_prompt: int = 4,
+) -> dict[str, Any]:
+    """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
+
+    weights = {s.name: float(s.weight) for s in sources}
+    judge = choose_judge(sources, judge)
+    plan = eval_plan(models, cfg, sources, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt)
+    trained = sample_trained(models, plan)
+    if models.start is not None:
+        start = sample_and_score(models.start, plan.ids, plan.texts, **plan.common)
+    else:
+        with adapters_off(models.policy) as base:
+            start = sample_and_score(base, plan.ids, plan.texts, **plan.common)
+    wins = compare(trained, start)
+    r = cfg.rollout
+    texts = plan.texts
+    return {
+        "model": models.model_path,
+        "start": models.start_name,
+        "run_dir": models.run_dir,
+        "prompts": plan.num_prompts,
+        "samples_per_prompt": samples_per_prompt,
+        "held_out": plan.held_out,
+        "temperature": r.temperature,
+        "max_new_tokens": r.max_new_tokens,
+        "seed": seed,
+        "precision": plan.precision,
+        "judge": judge,
+        "weights": weights,
+        "trained": trained.means(),
+        "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0, "kl_exact": 0.0},
+        "win_rate": wins[judge],
+        "win_rate_by_source": wins,
+        "samples": [
+            {
+                "prompt": texts[i],
+                "start": start.responses[i],
+                "trained": trained.responses[i],
+                "start_scores": {k: float(v[i]) for k, v in start.scores.items()},
+                "trained_scores": {k: float(v[i]) for k, v in trained.scores.items()},
+                "trained_kl": float(trained.kl_k1[i]),
+            }  # this response's log pi - log pi_start, summed (k1)
+            for i in range(len(plan.ids))
+        ],
+    }
+
+
+def _write_json(data: dict, path: str) -> None:
+
+    write_json(path, data, f"the evaluation ({os.path.basename(path)})", indent=2, default=_json_default)
+
+
+def _json_default(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    raise TypeError(f"not JSON-able: {type(v).__name__}")
+
+
+def metric_rows(
+    before: dict[str, Optional[float]], after: dict[str, Optional[float]], weights: dict[str, float]
+) -> list[tuple[str, str, str, str]]:
+    """(label, before, after, change) rows shared by `lmppo eval` and the end-of-run summary."""
+    rows = [("score (training reward)", before.get("score"), after.get("score"), "+")]
+    for name, w in weights.items():
+        tag = " (weight 0)" if w == 0 else (f" (weight {w:g})" if w != 1 else "")
+        rows.append((f"reward/{name}{tag}", before.get(f"reward/{name}"), after.get(f"reward/{name}"), "+"))
+    rows.append(("KL to reference, k1 (nats)", before.get("kl"), after.get("kl"), ""))
+    rows.append(("KL to reference, k3 (nats)", before.get("kl_k3"), after.get("kl_k3"), ""))
+    rows.append(("KL to reference, exact (nats)", before.get("kl_exact"), after.get("kl_exact"), ""))
+    rows.append(("length (tokens)", before.get("length"), after.get("length"), ""))
+    rows.append(("ended with stop token", before.get("terminated_frac"), after.get("terminated_frac"), ""))
+
+    def fmt(v, sign):
+        return "n/a" if v is None else (f"{v:+.3f}" if sign else f"{v:.3f}")
+
+    out = []
+    for label, b, a, sign in rows:
+        change = "" if a is None or b is None else f"{a - b:+.3f}"
+        out.append((label, fmt(b, sign), fmt(a, sign), change))
+    return out
+
+
+def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
+    from rich.table import Table
+
+    where = "held-out" if result["held_out"] else "training (no held-out split)"
+    k = result.get("samples_per_prompt", 1)
+    table = Table(
+        title=f"{result['model']} vs {result['start']}: {result['prompts']} {where} prompts x {k} "
+        f"samples, T={result['temperature']:g}, seed {result['seed']}",
+        title_justify="left",
+    )
+    for col, just in (("metric", "left"), ("start", "right"), ("trained", "right"), ("change", "right")):
+        table.add_column(col, justify=just)
+    for row in metric_rows(result["start_point"], result["trained"], result["weights"]):
+        table.add_row(*row)
+    by = result["win_rate_by_source"]
+    table.add_row(f"win rate by {result['judge']} (judge)", "", f"{result['win_rate']:.3f}", "")
+    for name, w in by.items():
+        if name != result["judge"]:
+            table.add_row(f"win rate by {name}", "", f"{w:.3f}", "")
+    console.print(table)
+    if show > 0 and result["samples"]:
+        firsts = result["samples"][::k][:show]  # the first response to each of the first prompts
+        console.print(
+            sample_comparison(
+                firsts, "start", "trained", "the first held-out prompts: a response of each model, with its scores"
+            )
+        )
+
+
+def sample_comparison(samples: list[dict[str, Any]], before_key: str, after_key: str, title: str = ""):
+    """A rich table: prompt | response before | response after, each response followed by its scores."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(show_lines=True, title=title or None, title_justify="left", expand=True)
+    table.add_column("prompt", overflow="fold", ratio=2)
+    table.add_column(before_key, overflow="fold", ratio=3)
+    table.add_column(after_key, overflow="fold", ratio=3)
+    for s in samples:
+        cells = []
+        for key in (before_key, after_key):
+            scores = s.get(f"{key}_scores", {})
+            text = Text(s[key].strip() or "(empty)")
+            if scores:
+                text.append("\n" + "  ".join(f"{n} {v:+.2f}" for n, v in scores.items()), style="dim")
+            cells.append(text)
+        table.add_row(Text(s["prompt"]), *cells)
+    return table

@@ -1,0 +1,177 @@
+"""Checks of a model folder before `from_pretrained` reads it, and one clear error when loading fails anyway.
+
+A broken folder (an empty, truncated or garbage `model.safetensors`, an invalid `config.json`, no weights file,
+no tokenizer files) otherwise ends in a traceback from deep inside transformers or safetensors. Here it is one
+`LmppoError` naming the folder, the file and what is wrong with it. The checks read headers only (a few bytes
+per file), never the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from contextlib import contextmanager
+from typing import Iterator
+
+from lmppo.errors import LmppoError
+
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt")
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+class ModelFolderError(LmppoError, ValueError):
+    """A model folder is missing a file, or a file in it is corrupt."""
+
+
+def is_adapter_folder(folder: str) -> bool:
+    """A LoRA adapter folder (peft's adapter_config.json), rather than a full model."""
+    return os.path.isfile(os.path.join(folder, "adapter_config.json"))
+
+
+def _bad(what: str, folder: str, name: str, why: str) -> ModelFolderError:
+    return ModelFolderError(f"{what} {folder}: {name} {why}")
+
+
+def _json_file(what: str, folder: str, name: str) -> dict:
+    path = os.path.join(folder, name)
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(64 * 1024 * 1024 + 1)
+    except OSError as err:
+        raise _bad(what, folder, name, f"cannot be read ({err.strerror or err})") from None
+    if not raw.strip():
+        raise _bad(what, folder, name, "is empty")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _bad(what, folder, name, "is not UTF-8 text (corrupt?)") from None
+    except json.JSONDecodeError as err:
+        raise _bad(
+            what, folder, name, f"is not valid JSON (line {err.lineno}, column {err.colno}: {err.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise _bad(what, folder, name, f"must hold a JSON object, not a {type(data).__name__}")
+    return data
+
+
+def check_json_file(folder: str, name: str, what: str = "model") -> None:
+    """`folder/name` exists and holds a JSON object (ModelFolderError naming the folder and the file otherwise)."""
+    if not os.path.isfile(os.path.join(folder, name)):
+        raise _bad(what, folder, name, "is missing")
+    _json_file(what, folder, name)
+
+
+def check_safetensors(what: str, folder: str, name: str) -> None:
+    """`folder/name` is a complete safetensors file: its header parses and the file is as long as it says."""
+    path = os.path.join(folder, name)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if size == 0:
+                raise _bad(what, folder, name, "is empty (0 bytes; an interrupted download or copy?)")
+            if len(head) < 8:
+                raise _bad(what, folder, name, f"is truncated ({size} bytes, not even a header)")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, _MAX_HEADER):
+                raise _bad(
+                    what,
+                    folder,
+                    name,
+                    f"is not a safetensors file or is truncated ({size} bytes; its header length field says {n})",
+                )
+            raw = fh.read(n)
+    except OSError as err:
+        raise _bad(what, folder, name, f"cannot be read ({err.strerror or err})") from None
+    try:
+        header = json.loads(raw.decode("utf-8"))
+        if not isinstance(header, dict):
+            raise ValueError
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError):
+        raise _bad(what, folder, name, "is not a safetensors file (its header is not valid)") from None
+    if 8 + n + end != size:
+        raise _bad(what, folder, name, f"is truncated or corrupt: it has {size} bytes, its header says {8 + n + end}")
+
+
+def check_model_folder(folder: str, what: str = "model", allow_pickle: bool = False) -> None:
+    """Raise ModelFolderError naming the file when local model folder `folder` cannot be a loadable model."""
+    if not os.path.isdir(folder):
+        return  # a hub id or a built-in name: resolved and checked elsewhere
+    files = set(os.listdir(folder))
+    if "config.json" not in files and "adapter_config.json" not in files:
+        raise _bad(what, folder, "config.json", "is missing (not a Hugging Face model folder?)")
+    for name in ("config.json", "adapter_config.json"):
+        if name in files:
+            _json_file(what, folder, name)
+    weights = [f for f in WEIGHT_FILES if f in files] or sorted(f for f in files if f.endswith(".safetensors"))
+    if not weights:
+        raise _bad(
+            what,
+            folder,
+            "model.safetensors",
+            "is missing: the folder holds no weights file "
+            "(model.safetensors, or a sharded model.safetensors.index.json)",
+        )
+    for name in weights:
+        if name.endswith(".safetensors"):
+            check_safetensors(what, folder, name)
+        elif name.endswith(".index.json"):
+            index = _json_file(what, folder, name)
+            shards = (
+                sorted(set((index.get("weight_map") or {}).values()))
+                if isinstance(index.get("weight_map"), dict)
+                else []
+            )
+            if not shards:
+                raise _bad(what, folder, name, "has no weight_map")
+            for shard in shards:
+                if not isinstance(shard, str) or os.path.basename(shard) != shard:
+                    raise _bad(what, folder, name, f"names a shard outside the folder: {str(shard)[:100]!r}")
+                if shard not in files:
+                    raise _bad(what, folder, shard, f"is missing (listed in {name})")
+                if shard.endswith(".safetensors"):
+                    check_safetensors(what, folder, shard)
+        elif os.path.getsize(os.path.join(folder, name)) == 0:
+            raise _bad(what, folder, name, "is empty")
+
+
+def check_tokenizer_folder(folder: str, what: str = "tokenizer") -> None:
+    """Raise ModelFolderError naming the file when local folder `folder` holds no usable tokenizer files."""
+    if not os.path.isdir(folder):
+        return
+    files = set(os.listdir(folder))
+    if not any(f in files for f in TOKENIZER_FILES):
+        raise _bad(
+            what,
+            folder,
+            "tokenizer.json",
+            "is missing: the folder holds no tokenizer files "
+            f"({', '.join(TOKENIZER_FILES)}); give model.tokenizer a folder that has them",
+        )
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json"):
+        if name in files:  # config.json: transformers reads it to pick the tokenizer class
+            _json_file("model folder" if name == "config.json" else what, folder, name)
+
+
+@contextmanager
+def loading(what: str, folder: str) -> Iterator[None]:
+    """Any failure of `from_pretrained` inside the block becomes one error naming the folder."""
+    try:
+        yield
+    except LmppoError:
+        raise
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except BaseException as err:  # noqa: BLE001 - transformers/safetensors/tokenizers raise anything
+        text = " ".join(str(err).split())
+        text = text if len(text) <= 300 else text[:300] + " ..."
+        raise ModelFolderError(f"cannot load the {what} from {folder}: {type(err).__name__}: {text}") from err

@@ -1,0 +1,1 @@
+"""Sampling engines (native, hf, vllm): how phase 1 draws the responses."""

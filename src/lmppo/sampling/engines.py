@@ -1,0 +1,171 @@
+"""Sampling engines: how phase 1 draws the responses (`rollout.backend`). One interface, one registry.
+
+Every engine turns a batch of prompts into responses the same way:
+
+    engine.sample(policy, prompts) -> response_ids (B, T), response_mask (B, T) bool, terminated (B,) bool,
+                                      truncated (B,) bool
+
+with padding after the stop token, `terminated` when a stop token was produced and `truncated` when the length
+limit cut the response. `prompts` is a `PromptBatch`: the left-padded ids and mask, the same prompts as unpadded
+id lists, and one seed per response (`lmppo.sampling.native.response_seed`: run seed, iteration, position in the global
+batch), so an engine may sample each response from its own random stream.
+
+Engines register under their `rollout.backend` name (`register_sampling_engine`, duplicate names refused):
+`native` (lmppo's Gumbel-max loop, `lmppo.sampling.native`), `hf` (transformers' `generate` with a pure-sampling config,
+`lmppo.sampling.hf`), `vllm` (a colocated vLLM engine, `lmppo.sampling.vllm`). A new engine is a class here (or in its
+own module that registers it) and its name in the allowed values of `rollout.backend`; the trainer does not change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+import lmppo.sampling.vllm as vllm_backend
+from lmppo.config.schema import Config
+from lmppo.errors import ConfigError
+from lmppo.sampling.hf import pure_sampling_config, sample_responses
+from lmppo.sampling.native import SamplingWeights, sample_native
+
+Responses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+"""response_ids (B, T), response_mask (B, T) bool, terminated (B,) bool, truncated (B,) bool."""
+
+
+@dataclass
+class PromptBatch:
+    """The prompts of one rollout on this process, each repeated `num_samples_per_prompt` times."""
+
+    ids: torch.Tensor  # (B, P) left-padded prompt token ids
+    mask: torch.Tensor  # (B, P) bool, True at real prompt tokens
+    token_lists: list[list[int]]  # B unpadded prompt id lists (the rows of `ids` without padding)
+    seeds: list[int]  # B per-response seeds (`lmppo.sampling.native.response_seed`)
+
+
+class SamplingEngine:
+    """One way to sample responses. Built once per run, after every model is loaded, from the run's config, the
+    stop token ids, the pad id and the accelerator (device and process layout)."""
+
+    name: str = ""
+
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+        self.config, self.stop_ids, self.pad_id, self.accelerator = config, stop_ids, pad_id, accelerator
+
+    @classmethod
+    def check(cls, config: Config) -> None:
+        """Raise ConfigError when this machine cannot run the engine; called before any model is loaded."""
+
+    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
+        raise NotImplementedError
+
+
+SAMPLING_ENGINES: dict[str, type[SamplingEngine]] = {}
+"""Sampling engines by `rollout.backend` name."""
+
+
+def register_sampling_engine(name: str) -> Callable[[type[SamplingEngine]], type[SamplingEngine]]:
+    """Class decorator adding an engine to `SAMPLING_ENGINES`; a name registered twice is refused."""
+
+    def deco(cls: type[SamplingEngine]) -> type[SamplingEngine]:
+        if name in SAMPLING_ENGINES:
+            raise ValueError(f"sampling engine `{name}` is already registered ({SAMPLING_ENGINES[name].__name__})")
+        cls.name = name
+        SAMPLING_ENGINES[name] = cls
+        return cls
+
+    return deco
+
+
+def engine_class(name: str) -> type[SamplingEngine]:
+    if name not in SAMPLING_ENGINES:
+        raise ConfigError(
+            "rollout.backend", name, "is not a sampling engine; available: " + ", ".join(sorted(SAMPLING_ENGINES))
+        )
+    return SAMPLING_ENGINES[name]
+
+
+@register_sampling_engine("native")
+class NativeEngine(SamplingEngine):
+    """lmppo's own loop (`lmppo.sampling.native.sample_native`): Gumbel-max over the KV-cached model, one random stream
+    per response, so the same responses come out whatever the batching or number of processes. With LoRA on CPU it
+    runs a sampling copy of the policy (`lmppo.sampling.native.SamplingWeights`: the adapters folded into the weights),
+    refreshed at every rollout; under DeepSpeed the policy itself (its weights are gathered for generation)."""
+
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+        super().__init__(config, stop_ids, pad_id, accelerator)
+        self.weights = SamplingWeights()
+        self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
+
+    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
+        r = self.config.rollout
+        model = self.weights.model_for(policy) if self.copies else policy
+        return sample_native(
+            model, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id, prompts.seeds
+        )
+
+
+@register_sampling_engine("hf")
+class HFEngine(SamplingEngine):
+    """transformers' `generate` with a pure-sampling GenerationConfig (`lmppo.sampling.hf`), checked once by a probe;
+    draws from the global torch RNG (the seeds are not used); `rollout.generation_kwargs` apply here only. With
+    LoRA on CPU it generates from the same folded sampling copy as the native engine."""
+
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+        super().__init__(config, stop_ids, pad_id, accelerator)
+        self.gen_config: Optional[Any] = None  # built at the first rollout (its probe runs the policy)
+        self.weights = SamplingWeights()
+        self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
+
+    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
+        r = self.config.rollout
+        model = self.weights.model_for(policy) if self.copies else policy
+        if self.gen_config is None:
+            self.gen_config = pure_sampling_config(
+                model, r.temperature, r.max_new_tokens, self.stop_ids.tolist(), self.pad_id, r.generation_kwargs
+            )
+        return sample_responses(model, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, r.max_new_tokens)
+
+
+@register_sampling_engine("vllm")
+class VLLMEngine(SamplingEngine):
+    """A colocated vLLM engine (`lmppo.sampling.vllm`), built at the first rollout (after every model is loaded, so
+    vLLM sizes its memory around them), the policy's weights synced in before each rollout; the native seeds."""
+
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+        super().__init__(config, stop_ids, pad_id, accelerator)
+        self.sampler: Optional[vllm_backend.VLLMSampler] = None
+
+    @classmethod
+    def check(cls, config: Config) -> None:
+        vllm_backend.check_vllm_available(config)  # a GPU and the `vllm` package
+
+    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
+        if self.sampler is None:
+            acc = self.accelerator
+            vllm_backend.set_launcher_env(acc.process_index, acc.local_process_index, acc.num_processes)
+            self.sampler = vllm_backend.VLLMSampler.create(self.config, policy, self.stop_ids.tolist(), self.pad_id)
+        return self.sampler.sample(policy, prompts.token_lists, prompts.seeds, self.accelerator.device)
+
+
+def check_sampling_engine(config: Config) -> None:
+    """ConfigError when `rollout.backend` names no engine or one this machine cannot run (before models load)."""
+    engine_class(config.rollout.backend).check(config)
+
+
+def build_sampling_engine(
+    name: str, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any
+) -> SamplingEngine:
+    return engine_class(name)(config, stop_ids, pad_id, accelerator)
+
+
+__all__: Sequence[str] = [
+    "PromptBatch",
+    "SAMPLING_ENGINES",
+    "SamplingEngine",
+    "build_sampling_engine",
+    "check_sampling_engine",
+    "engine_class",
+    "register_sampling_engine",
+]

@@ -1,0 +1,227 @@
+"""lmppo's own sampling loop (`rollout.backend: native`): pure sampling with per-response random streams.
+
+Each response draws its randomness from its own generator, seeded from (run seed, iteration, the response's
+position in the global batch). The same response therefore comes out whatever the micro-batching, the number
+of processes, or an interruption and resume: a 2-process run samples what a 1-process run samples.
+Sampling is Gumbel-max, argmax(logits / T + G) with G ~ Gumbel(0, 1), which draws exactly from
+softmax(logits / T): no logits processor, nothing that bends the distribution.
+The loop runs the HF model with its KV cache, computing logits only for the last position.
+
+`SamplingWeights` gives the loop a sampling copy of a LoRA policy on CPU: the adapters folded into plain linear
+layers (W + scale * B @ A, computed once per rollout instead of two extra matmuls per layer per token), stored in
+the autocast dtype when autocast is on. Everything else (embeddings, norms, LM head, buffers) is shared with the
+policy, not copied; the frozen LM head keeps one cast to the autocast dtype (`lmppo.models.frozen_casts`) instead of
+being cast at every decoding step. The copy is refreshed from the policy's weights at every rollout, so it never
+samples from stale weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from lmppo.core.masking import stop_token_mask
+from lmppo.models.frozen_casts import reuse_frozen_casts
+from lmppo.models.loading import hf_model, position_ids_from_mask
+
+_MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
+
+
+def response_seed(seed: int, iteration: int, position: int) -> int:
+    """A 63-bit seed for one response, mixed (splitmix64-style) from the run seed, iteration and position."""
+    x = (seed * _MIX[0] + iteration * _MIX[1] + position * _MIX[2] + 1) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 30
+    x = (x * _MIX[1]) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 27
+    x = (x * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
+    x ^= x >> 31
+    return x & 0x7FFFFFFFFFFFFFFF
+
+
+def gumbel_noise(
+    generators: Sequence[torch.Generator], vocab: int, device: torch.device, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
+    """(B, V) standard Gumbel noise, row b drawn from generators[b]; written into `out` ((B, V) float32 on the CPU)
+    when given. In place, the same numbers as -log(-log(clamp(u))) with fresh tensors."""
+    u = torch.empty(len(generators), vocab) if out is None else out
+    for row, g in zip(u, generators):
+        torch.rand(vocab, generator=g, out=row)
+    u.clamp_(min=1e-20, max=1.0 - 1e-7).log_().neg_().log_().neg_()
+    return u.to(device)
+
+
+def _accepts_logits_to_keep(model: nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _cache_argument(model: nn.Module) -> str:
+    """The KV cache's keyword: `cache` from transformers 5.2x on, `past_key_values` before (and in PEFT wrappers)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(output) -> object:
+    return output.cache if "cache" in output else output.past_key_values
+
+
+@torch.no_grad()
+def sample_native(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    temperature: float,
+    max_new_tokens: int,
+    stop_ids: torch.Tensor,
+    pad_id: int,
+    seeds: Sequence[int],
+):
+    """Sample one response per left-padded prompt.
+
+    prompt_ids, prompt_mask: (B, P). seeds: B ints (see `response_seed`).
+    Returns response_ids (B, T) padded with `pad_id` after the stop token, response_mask (B, T) bool,
+    terminated (B,) bool, truncated (B,) bool; T <= max_new_tokens (trailing all-padding columns dropped).
+    """
+    device = prompt_ids.device
+    model = hf_model(model)  # LoRA layers sit inside it; PEFT's wrapper would hide `logits_to_keep` and `cache`
+    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    keep_kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
+    cache_argument = _cache_argument(model)
+    attention = prompt_mask.long()
+    positions = position_ids_from_mask(prompt_mask)
+    out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, **keep_kwargs)
+    past, logits = _cache_of(out), out.logits[:, -1]
+    next_position = positions[:, -1] + 1  # (B,)
+    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=device)
+    stop = stop_ids.to(device)
+    tokens = []
+    noise = torch.empty(len(generators), logits.shape[-1])  # reused at every step
+    for step in range(max_new_tokens):
+        scores = logits.float().div_(temperature) if logits.dtype != torch.float32 else logits / temperature
+        scores += gumbel_noise(generators, logits.shape[-1], device, noise)
+        token = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long), scores.argmax(-1))
+        tokens.append(token)
+        finished = finished | torch.isin(token, stop)
+        if bool(finished.all()) or step == max_new_tokens - 1:
+            break
+        attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=next_position[:, None],
+            use_cache=True,
+            **{cache_argument: past},
+            **keep_kwargs,
+        )
+        past, logits = _cache_of(out), out.logits[:, -1]
+        next_position = next_position + 1
+    response_ids = torch.stack(tokens, dim=1)
+    response_mask, terminated = stop_token_mask(response_ids, stop)
+    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
+    truncated = ~terminated & (response_mask.sum(1) >= max_new_tokens)
+    return response_ids, response_mask, terminated, truncated
+
+
+def _lora_parts(module: nn.Module) -> Optional[list[tuple[torch.Tensor, torch.Tensor, float]]]:
+    """(A, B, scale) of each active adapter of a PEFT LoRA linear layer; None for a layer that is not one."""
+    if not (hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "lora_B")):
+        return None
+    return [
+        (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
+        for name in module.active_adapters
+        if name in module.lora_A
+    ]
+
+
+def _foldable(module: nn.Module) -> bool:
+    """A LoRA layer around a floating-point nn.Linear that a weight fold reproduces exactly: no DoRA, not merged, no
+    dropout active, weights not transposed (GPT-2's Conv1D)."""
+    base = module.base_layer
+    dropout_on = any(d.training and getattr(d, "p", 0.0) > 0 for d in module.lora_dropout.values())
+    dora = any(getattr(module, "use_dora", {}).values())
+    return (
+        type(base) is nn.Linear
+        and base.weight.is_floating_point()
+        and not dropout_on
+        and not dora
+        and not getattr(module, "merged", False)
+        and not getattr(module, "fan_in_fan_out", False)
+    )
+
+
+class SamplingWeights:
+    """The model the native sampler runs for a LoRA policy on CPU: a copy whose LoRA layers are plain nn.Linear with
+    the adapters folded in, in the autocast dtype; elsewhere (GPU, no LoRA) the policy's own model.
+
+    `model_for(policy)` rebuilds the copy when handed another policy and refreshes its linear weights from the
+    policy's at every call (once per rollout: a fold costs about one decoding step of a batch of r tokens)."""
+
+    def __init__(self) -> None:
+        self.source: Optional[nn.Module] = None
+        self.copy: Optional[nn.Module] = None
+        self.layers: list[tuple[nn.Module, nn.Linear]] = []  # (policy's LoRA layer, the copy's plain layer)
+        self.dtype: Optional[torch.dtype] = None
+        self.refreshes = 0
+        self.keep_casts = (
+            True  # the copy's other frozen linear layers (the LM head) cast once (lmppo.models.frozen_casts)
+        )
+
+    @staticmethod
+    def compute_dtype(model: nn.Module) -> Optional[torch.dtype]:
+        """The dtype the copy's linear weights take: the CPU autocast dtype when autocast is on, else None (the
+        weights' own dtype)."""
+        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+
+    def model_for(self, policy: nn.Module) -> nn.Module:
+        model = hf_model(policy)
+        params = list(model.parameters())
+        if not params or params[0].device.type != "cpu":
+            return model
+        if not any(_lora_parts(m) is not None for m in model.modules()):
+            return model  # without LoRA a copy gains nothing measurable, even pre-cast to bf16 (docs/performance.md)
+        dtype = self.compute_dtype(model)
+        if self.source is not model or self.dtype != dtype:
+            if not self._build(model, dtype):
+                return model
+        self._refresh()  # every call: fused optimizers update in place without bumping tensor versions
+        reuse_frozen_casts(self.copy, enabled=self.keep_casts and self.dtype is not None)  # under autocast
+        return self.copy
+
+    def _build(self, model: nn.Module, dtype: Optional[torch.dtype]) -> bool:
+        targets = [(name, m) for name, m in model.named_modules() if _lora_parts(m) is not None]
+        if any(not _foldable(m) for _, m in targets):
+            self.source = self.copy = None
+            return False
+        shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+        clone = copy.deepcopy(model, memo=shared)  # new modules around the same parameters and buffers
+        layers = []
+        for name, m in targets:
+            base = m.base_layer
+            # built on the meta device, then given empty storage: no random init, the global RNG is left untouched
+            plain = nn.Linear(
+                base.in_features,
+                base.out_features,
+                bias=base.bias is not None,
+                device="meta",
+                dtype=dtype or base.weight.dtype,
+            ).to_empty(device="cpu")
+            plain.requires_grad_(False)
+            parent_name, _, attr = name.rpartition(".")
+            setattr(clone.get_submodule(parent_name) if parent_name else clone, attr, plain)
+            layers.append((m, plain))
+        self.source, self.copy, self.layers, self.dtype = model, clone.eval(), layers, dtype
+        return True
+
+    @torch.no_grad()
+    def _refresh(self) -> None:
+        for layer, plain in self.layers:
+            base = layer.base_layer
+            weight = base.weight.float()
+            for a, b, scale in _lora_parts(layer):
+                weight = weight + scale * (b.float() @ a.float())
+            plain.weight.copy_(weight)
+            if base.bias is not None:
+                plain.bias.copy_(base.bias)
+        self.refreshes += 1

@@ -1,0 +1,364 @@
+"""The assembly step: everything a `PPOTrainer` works with, built from a `Config` (and the objects the Python API
+passes in place of what the config would load).
+
+`build_components(config, policy=..., tokenizer=..., prompts=..., reward_functions=...)` validates the config,
+checks the sampling engine, starts accelerate and the distribution strategy, seeds, resolves the precision,
+prepares the output folder, loads the tokenizer, the policy, the value head or critic, the reference, the prompts
+(with the held-out split), the reward sources, and builds the optimizer, the LR schedule and the KL controller.
+The order is the order of the random draws a seeded run makes; keep it. The result is a `Components`; the
+trainer takes one (`PPOTrainer(config, components=...)`) or builds one with this function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch import nn
+
+from lmppo.config.sampling_settings import check_generation_kwargs
+from lmppo.config.schema import Config, RewardSourceConfig, _default_sources
+from lmppo.core.kl_control import make_kl_controller
+from lmppo.data.prompts import PromptSet, PromptStream, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.distributed.strategy import Strategy, make_strategy
+from lmppo.distributed.zero import accelerator_kwargs
+from lmppo.errors import ConfigError
+from lmppo.models.attention import use_cpu_attention
+from lmppo.models.cpu_memory import keep_freed_memory
+from lmppo.models.loading import (
+    WEIGHT_DTYPES,
+    Actor,
+    Critic,
+    ValueHead,
+    check_memory_options,
+    enable_gradient_checkpointing,
+    fetch_hub_models,
+    hf_model,
+    hidden_size,
+    load_policy,
+    load_tokenizer,
+    prepare_policy,
+    resolve_model_path,
+)
+from lmppo.models.optim import lr_factor, make_adamw
+from lmppo.models.precision import PrecisionChoice, choose_precision
+from lmppo.models.reference import ReferencePolicy
+from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
+from lmppo.run.checkpoint import prepare_output_dir
+from lmppo.sampling.engines import SamplingEngine, check_sampling_engine
+from lmppo.sampling.hf import warn_distorting_once
+
+
+@dataclass
+class Components:
+    """What the loop works with. Built by `build_components`, or by hand for the Python API."""
+
+    config: Config  # validated; `precision` resolved
+    accelerator: Any  # accelerate.Accelerator
+    strategy: Strategy  # single process / DDP / DeepSpeed ZeRO (lmppo.distributed.strategy)
+    precision: PrecisionChoice  # the chosen precision and why
+    tokenizer: Any  # left padding, a pad token
+    stop_ids: torch.Tensor  # (S,) token ids that end a response
+    actor: nn.Module  # lmppo.models.loading.Actor (policy + shared value head), wrapped by the strategy
+    critic: Optional[nn.Module]  # lmppo.models.loading.Critic (value.mode critic), wrapped; else None
+    reference: ReferencePolicy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    trainable_params: list  # what the gradient norm is clipped over
+    prompt_set: PromptSet  # training prompts
+    holdout_set: PromptSet  # held-out prompts (data.holdout)
+    stream: PromptStream  # which prompts each iteration takes
+    reward_sources: list[RewardSource]
+    kl_controller: Any  # lmppo.core.kl controller
+    distorting: list[str] = field(default_factory=list)  # generation settings that bend the distribution (opted in)
+    sampling_engines: dict[str, SamplingEngine] = field(default_factory=dict)  # ready engines by backend name
+    #                                                    (others are built from the registry on first use)
+    base_model: str = ""  # the policy's starting model as named in model cards: model.policy, or the passed object's
+    #                       name_or_path (empty: an object built in memory)
+    prompt_source: str = ""  # where the prompts came from, as named in model cards (data.prompts, or passed in)
+
+
+def build_components(
+    config: Config,
+    *,
+    policy: Optional[nn.Module] = None,
+    tokenizer: Any = None,
+    prompts: Optional[Sequence] = None,
+    reward_functions: Any = None,
+    value_model: Optional[nn.Module] = None,
+    ref_model: Optional[nn.Module] = None,
+    console: Any = None,
+    resuming: bool = False,
+) -> Components:
+    """Everything the trainer needs, from `config`; objects passed in replace what the config would load (see
+    `PPOTrainer`). `resuming`: the output folder holds this run already (`PPOTrainer.resume`)."""
+    if reward_functions is not None and not _has_user_sources(config):
+        config.reward.sources = []
+    cfg = _validate_with_api_objects(config, reward_functions, prompts)
+    distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
+    check_sampling_engine(cfg)  # e.g. `vllm`: a GPU and the package, checked before any model is loaded
+    # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
+    fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
+    given_policy = policy
+    accelerator = Accelerator(**accelerator_kwargs(cfg))
+    device = accelerator.device
+    strategy = make_strategy(accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed.zero), else DDP / one process
+    _check_model_objects(cfg, value_model, ref_model, strategy.zero is not None)
+    set_seed(cfg.seed)
+    # `auto` becomes what this machine runs faster; the run's config.yaml keeps the resolved value (and a resume
+    # computes in the precision the run started with)
+    precision = choose_precision(cfg.precision, device.type)
+    cfg.precision = precision.precision
+    if console is not None and accelerator.is_main_process:
+        console.print(f"precision {precision.precision}: {precision.reason}", highlight=False, soft_wrap=True)
+    # create output_dir and write its config.yaml (secrets masked); refuse a folder holding another run unless
+    # `overwrite: true` (see `lmppo.run.checkpoint.prepare_output_dir`)
+    prepare_output_dir(cfg, accelerator.is_main_process, resuming, comments=[f"precision: {precision.reason}"])
+
+    # --- models
+    check_memory_options(cfg.model, device.type)  # 4-bit, flash attention: where this machine runs them
+    path = (
+        resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle)
+        if policy is None or tokenizer is None
+        else None
+    )
+    tokenizer = (
+        tokenizer
+        if tokenizer is not None
+        else load_tokenizer(
+            resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False) if cfg.model.tokenizer else path,
+            cfg.model,
+        )
+    )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    policy = (
+        load_policy(cfg.model, path, WEIGHT_DTYPES[cfg.model.dtype])
+        if policy is None
+        else prepare_policy(policy, cfg.model)
+    )
+    _check_context_length(cfg, policy)
+    stop_ids = stop_token_ids(cfg, tokenizer, device)
+    value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
+    if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
+        critic = Critic(value_model.eval())
+    elif cfg.value.mode == "critic":
+        critic = strategy.build_critic(policy, path, critic_init_path(cfg), cfg.model)
+    else:
+        critic = None
+    reference = ReferencePolicy(
+        policy,
+        cfg.reference.mode,
+        cfg.reference.every,
+        cfg.reference.ema_alpha,
+        model=ref_model if ref_model is not None else strategy.reference_model(policy, path, cfg.model),
+    )
+    if reference.model is not None:
+        reference.model.to(device)
+    if device.type == "cpu":  # freed memory reused, not faulted in again every iteration (lmppo.models.cpu_memory)
+        keep_freed_memory()
+    for model in (hf_model(policy), critic.model if critic is not None else None, reference.model):
+        if model is None:
+            continue
+        if cfg.model.attn_implementation != "auto":  # the user's kernel for every model
+            hf_model(model).set_attn_implementation(cfg.model.attn_implementation)
+        elif device.type == "cpu":  # eager attention for short bf16 passes (lmppo.models.attention)
+            use_cpu_attention(model)
+    strategy.models_built()  # (DeepSpeed: reward models load whole, never partitioned)
+
+    # --- data and rewards
+    all_prompts = tokenize_prompts(load_prompt_records(cfg.data, prompts), tokenizer, cfg.data)
+    prompt_set, holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
+    check_process_split(cfg, accelerator.num_processes)
+    stream = PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle)
+    reward_sources = build_reward_sources(
+        cfg.reward,
+        reward_functions,
+        ctx=SourceContext(
+            device=str(device),
+            allow_pickle=cfg.model.allow_pickle,
+            trust_remote_code=cfg.model.trust_remote_code,
+            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+            resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
+            autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
+        ),
+    )
+    _check_token_input(reward_sources, tokenizer)
+    check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
+
+    # --- optimisation
+    actor = Actor(policy, value_head)
+    params = [p for p in actor.parameters() if p.requires_grad]
+    if critic is not None:
+        params += [p for p in critic.parameters() if p.requires_grad]
+    optimizer = make_adamw(params, cfg.ppo.learning_rate, cfg.ppo.adam_eps, cfg.ppo.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.ppo, cfg.num_iterations))
+    actor, critic, optimizer = strategy.prepare(actor, critic, optimizer)
+    if cfg.model.gradient_checkpointing:  # after every .eval() (DeepSpeed's prepare has some)
+        enable_gradient_checkpointing(accelerator.unwrap_model(actor).policy)
+        if critic is not None:
+            enable_gradient_checkpointing(accelerator.unwrap_model(critic).model)
+    warn_distorting_once(distorting)
+    return Components(
+        config=cfg,
+        accelerator=accelerator,
+        strategy=strategy,
+        precision=precision,
+        tokenizer=tokenizer,
+        stop_ids=stop_ids,
+        actor=actor,
+        critic=critic,
+        reference=reference,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        trainable_params=params,
+        prompt_set=prompt_set,
+        holdout_set=holdout_set,
+        stream=stream,
+        reward_sources=reward_sources,
+        kl_controller=make_kl_controller(cfg.kl),
+        distorting=distorting,
+        base_model=cfg.model.policy
+        if given_policy is None
+        else str(getattr(hf_model(given_policy), "name_or_path", "") or ""),
+        prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)",
+    )
+
+
+def prompts_per_iteration(cfg: Config) -> int:
+    return cfg.rollout.batch_size // cfg.rollout.num_samples_per_prompt
+
+
+def check_process_split(cfg: Config, W: int) -> None:
+    """Every process takes an equal share of the prompts and of each minibatch."""
+    if prompts_per_iteration(cfg) % W:
+        raise ConfigError(
+            "rollout.batch_size",
+            cfg.rollout.batch_size,
+            f"with {W} processes, the prompts per iteration ({prompts_per_iteration(cfg)}) must "
+            f"divide evenly among them",
+        )
+    if (cfg.minibatch_size // W) % cfg.ppo.micro_batch_size or cfg.minibatch_size % W:
+        raise ConfigError(
+            "ppo.micro_batch_size",
+            cfg.ppo.micro_batch_size,
+            f"must divide each process's share of a minibatch ({cfg.minibatch_size} / {W} processes)",
+        )
+
+
+def stop_token_ids(cfg: Config, tokenizer: Any, device: torch.device) -> torch.Tensor:
+    """(S,) the ids of `rollout.stop_token` (`eos`: the tokenizer's eos ids; `none`: no stop token)."""
+    stop = cfg.rollout.stop_token
+    if stop == "none":
+        ids: list[int] = []
+    elif stop == "eos":
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ConfigError("rollout.stop_token", stop, "the tokenizer has no eos token; name a token string")
+        ids = [eos] if isinstance(eos, int) else list(eos)
+    else:
+        tid = tokenizer.convert_tokens_to_ids(stop)
+        if tid is None or tid == tokenizer.unk_token_id:
+            encoded = tokenizer.encode(stop, add_special_tokens=False)
+            if len(encoded) != 1:
+                raise ConfigError(
+                    "rollout.stop_token",
+                    stop,
+                    f"is not a single token of this tokenizer (it encodes to {len(encoded)} tokens)",
+                )
+            tid = encoded[0]
+        ids = [tid]
+    return torch.tensor(ids, dtype=torch.long, device=device)
+
+
+def critic_init_path(cfg: Config) -> Optional[str]:
+    """The folder the critic starts from (`value.init_from`); None: the policy's own trunk."""
+    init = cfg.value.init_from
+    model_sources = [s for s in cfg.reward.sources if s.kind == "model"]
+    if init == "policy" or (init == "auto" and not model_sources):
+        return None
+    if init in ("auto", "reward_model"):
+        index = cfg.reward.sources.index(model_sources[0])
+        return resolve_model_path(model_sources[0].path, f"reward.sources[{index}].path", cfg.model.allow_pickle)
+    return resolve_model_path(init, "value.init_from", cfg.model.allow_pickle)
+
+
+def _check_context_length(cfg: Config, policy: nn.Module) -> None:
+    """ConfigError when the longest prompt plus the longest response does not fit the model's positions."""
+    model_cfg = hf_model(policy).config
+    positions = getattr(model_cfg, "max_position_embeddings", None) or getattr(model_cfg, "n_positions", None)
+    need = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if isinstance(positions, int) and need > positions:
+        raise ConfigError(
+            "data.max_prompt_length",
+            cfg.data.max_prompt_length,
+            f"+ rollout.max_new_tokens ({cfg.rollout.max_new_tokens}) = {need} tokens is more than the "
+            f"policy model can attend to (max_position_embeddings = {positions}); lower one of them",
+        )
+
+
+def _check_token_input(sources, tokenizer) -> None:
+    """ConfigError when a reward model reads the policy's token ids (`input: tokens`) but has another tokenizer."""
+    for i, source in enumerate(sources):
+        own = getattr(source, "tokenizer", None)
+        if source.wants_token_ids and own is not None and own.get_vocab() != tokenizer.get_vocab():
+            raise ConfigError(
+                f"reward.sources[{i}].input",
+                "tokens",
+                f"reward model `{source.name}` has its own tokenizer ({len(own)} tokens), not the "
+                f"policy's ({len(tokenizer)} tokens): it must read text (`input: text`)",
+            )
+
+
+def _check_model_objects(
+    cfg: Config, value_model: Optional[nn.Module], ref_model: Optional[nn.Module], zero: bool
+) -> None:
+    """ConfigError when a value_model / ref_model object passed in does not fit the config."""
+    if value_model is not None and cfg.value.mode != "critic":
+        raise ConfigError(
+            "value.mode", cfg.value.mode, "a value_model object is a separate critic: set value.mode `critic`"
+        )
+    if (value_model is not None or ref_model is not None) and zero:
+        raise ConfigError(
+            "deepspeed",
+            cfg.deepspeed or "(from the launcher)",
+            "value_model / ref_model objects are "
+            "not partitioned by lmppo's DeepSpeed support; give the models as folders",
+        )
+    if ref_model is not None and cfg.reference.mode != "frozen":
+        raise ConfigError(
+            "reference.mode",
+            cfg.reference.mode,
+            "a ref_model object is a frozen reference; use reference.mode `frozen`",
+        )
+
+
+def _has_user_sources(config: Config) -> bool:
+    return config.reward.sources != _default_sources()
+
+
+def _validate_with_api_objects(config: Config, reward_functions: Any, prompts: Any) -> Config:
+    """validate(), allowing what objects passed through the API replace (reward functions, prompts)."""
+    if reward_functions is not None and not config.reward.sources:
+        placeholder = RewardSourceConfig(kind="function", path="api:callable")
+        config.reward.sources = [placeholder]
+        try:
+            config.validate() if prompts is None else _validate_without_prompts(config)
+        finally:
+            config.reward.sources = []
+        return config
+    return config.validate() if prompts is None else _validate_without_prompts(config)
+
+
+def _validate_without_prompts(config: Config) -> Config:
+    saved = config.data.prompts
+    config.data.prompts = "builtin:api"
+    try:
+        config.validate()
+    finally:
+        config.data.prompts = saved
+    return config

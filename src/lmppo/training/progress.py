@@ -1,0 +1,74 @@
+"""Training progress on the console: a live rich bar on a terminal, one plain line per iteration elsewhere."""
+
+from __future__ import annotations
+
+import atexit
+from typing import Any, Optional
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class ProgressDisplay:
+    """The progress of one training session (`PPOTrainer._print_progress` calls `show` after every iteration).
+
+    On a terminal (and with `log.progress`): one live rich bar, iteration/total with the latest score, KL,
+    beta, episodes per second and the time left, redrawn in place below the sample tables. Elsewhere (CI,
+    output piped to a file, `log.progress: false`): one plain line per iteration."""
+
+    def __init__(self) -> None:
+        self.bar: Optional[Progress] = None  # the live bar, once started
+        self.task: Any = None
+
+    def show(
+        self,
+        console: Any,
+        live: bool,
+        iteration: int,
+        total: int,
+        episode: int,
+        train_seconds: float,
+        m: Optional[dict[str, float]],
+    ) -> None:
+        """Progress after iteration `iteration` of `total` (metrics `m`; None: before the first one of this
+        session); `live`: `log.progress` (a live bar when the console is a terminal)."""
+        if console is None:
+            return
+        if m is not None:
+            left = train_seconds / max(iteration, 1) * max(total - iteration, 0)
+            stats = (
+                f"score {m['objective/scores']:+.3f}  kl {m['objective/kl']:.2f}  "
+                f"beta {m['objective/kl_coef']:.4f}  len {m['response/length_mean']:.1f}  "
+                f"{m['eps']:.2f} eps  ~{int(left) // 60}:{int(left) % 60:02d} left"
+            )
+        if not (live and console.is_terminal and not console.is_dumb_terminal):
+            if m is not None:
+                console.print(
+                    f"[bold]iter {iteration}/{total}[/] episode {episode}  {stats}  "
+                    f"rlhf {m['objective/rlhf_reward']:+.3f}  ratio {m.get('val/ratio', 1.0):.3f}",
+                    highlight=False,
+                    soft_wrap=True,
+                )  # one line per iteration in a log file
+            return
+        bar = self.bar
+        if bar is None:
+            bar = Progress(
+                TextColumn("[bold]PPO iter[/]"),
+                BarColumn(bar_width=30),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"),
+                TimeElapsedColumn(),
+                console=console,
+                refresh_per_second=1,
+            )
+            done = iteration - (m is not None)
+            self.task = bar.add_task(
+                "ppo", total=total, completed=done, stats="(first iteration: sampling, scoring, updating)"
+            )
+            bar.start()
+            atexit.register(bar.stop)  # the cursor comes back even if training stops with an error
+            self.bar = bar
+        if m is not None:
+            bar.update(self.task, completed=iteration, stats=stats)
+        if iteration >= total:
+            bar.stop()
+            self.bar = None

@@ -1,0 +1,294 @@
+"""lmppo.evaluation.evaluate (`lmppo eval`) and lmppo.evaluation.summary (the end-of-run summary) on tiny in-process
+models."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import torch
+from rich.console import Console
+
+from conftest import (
+    PROMPTS,
+    tiny_llama,
+)
+from lmppo.apps.cli import main as cli_main
+from lmppo.config.schema import Config, RewardSourceConfig
+from lmppo.errors import LmppoError
+from lmppo.evaluation.evaluate import default_judge, repeat_prompts, sample_and_score, win_rate
+from lmppo.evaluation.evaluate import main as eval_main
+from lmppo.evaluation.summary import SAMPLES_PER_PROMPT, print_summary, summarize
+from lmppo.models.loading import policy_forward
+from lmppo.rewards import FunctionSource
+from lmppo.training.trainer import PPOTrainer
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def length_reward(prompts, completions):
+    return [len(c) / 20.0 for c in completions]
+
+
+def vowel_judge(prompts, completions):
+    return [sum(ch in "aeiou" for ch in c) / max(len(c), 1) for c in completions]
+
+
+def _console():
+    return Console(file=io.StringIO(), width=140, force_terminal=False)
+
+
+def test_win_rate_counts_ties_half():
+    a = torch.tensor([1.0, 2.0, 3.0, 0.0])
+    b = torch.tensor([0.0, 2.0, 4.0, 0.0])
+    assert win_rate(a, b) == pytest.approx((1 + 0.5 + 0 + 0.5) / 4)
+    assert win_rate(b, a) == pytest.approx(1 - 0.5)
+    with pytest.raises(ValueError):
+        win_rate(a, b[:2])
+
+
+def test_default_judge_is_the_first_weight_zero_source():
+    assert default_judge({"vader": 1.0, "judge": 0.0, "other": 0.0}) == "judge"
+    assert default_judge({"vader": 1.0, "len": 0.5}) == "vader"
+
+
+def _ids(tokenizer, texts):
+    return [tokenizer.encode(t) for t in texts]
+
+
+def test_sample_and_score_is_seeded_scores_every_source_and_kl_to_itself_is_zero(tokenizer):
+    policy, other = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=3)
+    sources = [FunctionSource.from_callable(length_reward), FunctionSource.from_callable(vowel_judge, weight=0.0)]
+    ids = _ids(tokenizer, PROMPTS)
+    common = dict(
+        tokenizer=tokenizer,
+        sources=sources,
+        temperature=1.0,
+        max_new_tokens=6,
+        stop_ids=torch.tensor([tokenizer.eos_token_id]),
+        seed=5,
+        batch_size=3,
+    )
+
+    def logits_of(model):
+        return lambda ids_, att, P: policy_forward(model, ids_, att, P, 1.0).logits
+
+    a = sample_and_score(policy, ids, PROMPTS, reference_logits=logits_of(policy), **common)
+    b = sample_and_score(policy, ids, PROMPTS, **common)
+    assert a.responses == b.responses  # fixed seed: the same responses, whatever else was computed
+    assert len(a.responses) == len(PROMPTS) and a.lengths.shape == (len(PROMPTS),)
+    assert torch.allclose(a.scores["length_reward"], torch.tensor(length_reward(PROMPTS, a.responses)))
+    assert torch.allclose(a.scores["vowel_judge"], torch.tensor(vowel_judge(PROMPTS, a.responses)))
+    assert torch.allclose(a.total, a.scores["length_reward"])  # the judge has weight 0
+    for kl in (a.kl_k1, a.kl_k3, a.kl_exact):
+        assert torch.allclose(kl, torch.zeros(len(PROMPTS)), atol=1e-6)
+    assert b.kl_k1 is None and b.means()["kl"] is None
+    c = sample_and_score(policy, ids, PROMPTS, reference_logits=logits_of(other), **common)
+    assert c.responses == a.responses
+    assert (c.kl_k3 >= 0).all() and c.kl_k3.sum() > 0 and c.kl_k1.abs().sum() > 0 and (c.kl_exact > 0).all()
+    # the batch split does not change the samples (each response has its own random stream)
+    d = sample_and_score(policy, ids, PROMPTS, **{**common, "batch_size": 8})
+    assert d.responses == a.responses
+
+
+def test_exact_kl_of_held_out_responses_is_the_vocabulary_sum_and_what_k1_estimates(tokenizer):
+    """`kl_exact` of a response is the sum, over the states its tokens are chosen in, of KL(pi || pi_ref) of the
+    next-token distribution (checked against torch.distributions' Categorical KL on the same sequences); over many
+    samples, the per-response k1 sums average to it (within 4 standard errors)."""
+    policy, other = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=3)
+    prompts = PROMPTS * 40
+    ids = _ids(tokenizer, prompts)
+    common = dict(
+        tokenizer=tokenizer,
+        sources=[FunctionSource.from_callable(length_reward)],
+        temperature=1.0,
+        max_new_tokens=5,
+        stop_ids=torch.tensor([tokenizer.eos_token_id]),
+        seed=7,
+        batch_size=64,
+    )
+    seen = []  # the sequences the reference was asked about, to recompute their KL independently
+
+    def other_logits(input_ids, attention, P):
+        seen.append((input_ids.clone(), attention.clone(), P))
+        return policy_forward(other, input_ids, attention, P, 1.0).logits
+
+    res = sample_and_score(policy, ids, prompts, reference_logits=other_logits, **common)
+    input_ids, attention, P = seen[0]
+    with torch.no_grad():
+        p = policy_forward(policy, input_ids, attention, P, 1.0).logits
+        q = policy_forward(other, input_ids, attention, P, 1.0).logits
+    per_state = torch.distributions.kl_divergence(
+        torch.distributions.Categorical(logits=p), torch.distributions.Categorical(logits=q)
+    )
+    expected = (per_state * attention[:, P:]).sum(1)
+    assert torch.allclose(res.kl_exact[: len(expected)], expected, rtol=1e-4, atol=1e-6)
+    assert torch.equal(attention[:, P:].sum(1), res.lengths[: len(expected)])
+    k1, exact = res.kl_k1, res.kl_exact
+    se = float((k1 - exact).std()) / len(prompts) ** 0.5
+    assert abs(float(k1.mean() - exact.mean())) < 4 * se
+    assert float(exact.std()) < float(k1.std())  # the vocabulary sum has no sampling noise of its own per token
+    assert res.means()["kl_exact"] == pytest.approx(float(exact.mean()))
+
+
+def _write_prompts(tmp_path):
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(PROMPTS * 2) + "\n")
+    return str(path)
+
+
+def _config(tmp_path, policy_dir, lora=False, holdout=4) -> Config:
+    cfg = Config()
+    cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)
+    cfg.output_dir = str(tmp_path / ("run_lora" if lora else "run"))
+    cfg.model.policy = policy_dir
+    cfg.model.lora.enabled, cfg.model.lora.r = lora, 4
+    cfg.data.prompts, cfg.data.holdout = _write_prompts(tmp_path), holdout
+    cfg.total_episodes, cfg.rollout.batch_size, cfg.rollout.max_new_tokens = 8, 8, 6
+    cfg.rollout.temperature = 1.0
+    cfg.ppo.micro_batch_size, cfg.ppo.num_epochs, cfg.ppo.learning_rate = 4, 2, 1e-2 if lora else 3e-3
+    cfg.reward.sources = [
+        RewardSourceConfig(kind="function", path=f"{HERE}/test_evaluate.py:length_reward", name="length"),
+        RewardSourceConfig(kind="function", path=f"{HERE}/test_evaluate.py:vowel_judge", name="judge", weight=0.0),
+    ]
+    cfg.log.trackers, cfg.log.sample_every = [], 0
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_model_dir):
+    tmp = tmp_path_factory.mktemp("eval_full")
+    trainer = PPOTrainer(_config(tmp, tiny_model_dir))
+    trainer.train()
+    return trainer
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, full_run, lora):
+    trainer = full_run if not lora else PPOTrainer(_config(tmp_path, tiny_model_dir, lora=True))
+    if lora:
+        trainer.train()
+    console = _console()
+    summary = summarize(trainer, console)
+    saved = json.load(open(os.path.join(trainer.config.output_dir, "summary.json")))
+    assert saved["heldout_prompts"] == 4 == summary["heldout_prompts"]
+    assert set(trainer.holdout_set.texts).isdisjoint(trainer.prompt_set.texts)
+    for side in ("before", "after"):
+        for key in ("score", "reward/length", "reward/judge", "kl", "kl_k3", "kl_exact", "length"):
+            assert saved[side][key] is not None, (side, key)
+    assert saved["before"]["kl"] == 0.0 and saved["after"]["kl_k3"] >= 0
+    assert saved["judge"] == "judge" and 0 <= saved["win_rate"]["judge"] <= 1
+    assert len(saved["samples"]) == 3 and all(s["prompt"] in trainer.holdout_set.texts for s in saved["samples"])
+    assert saved["training"]["iterations"] == 1 and "objective/kl" in saved["training"]["last"]
+    # the initial policy's responses are those of the untrained model at the same seed
+    k = saved["samples_per_prompt"]
+    assert k == SAMPLES_PER_PROMPT > 1
+    if not lora:
+        ids, texts = repeat_prompts(trainer.holdout_set.ids, trainer.holdout_set.texts, k)
+        fresh = sample_and_score(
+            trainer.reference.model,
+            ids,
+            texts,
+            tokenizer=trainer.tokenizer,
+            sources=trainer.reward_sources,
+            temperature=1.0,
+            max_new_tokens=6,
+            stop_ids=trainer.stop_ids,
+            seed=trainer.config.seed,
+        )
+        assert [s["before"] for s in saved["samples"]] == fresh.responses[::k][:3]
+        assert saved["before"]["reward/length"] == pytest.approx(float(fresh.scores["length"].mean()))
+    out = console.file.getvalue()
+    assert "held-out prompts (4), 4 samples each" in out and "reward/judge (weight 0)" in out and "summary.json" in out
+    assert "win rate" in out and "before" in out and "after" in out
+
+
+def test_summary_without_held_out_prompts_says_so(tmp_path, tokenizer):
+    cfg = _config(tmp_path, "smollm2", holdout=0)  # the policy object below replaces it
+    cfg.reward.sources = []
+    trainer = PPOTrainer(
+        cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[length_reward]
+    )
+    trainer.train()
+    console = _console()
+    summary = summarize(trainer, console)
+    assert "after" not in summary and "data.holdout" in summary["note"]
+    assert "data.holdout" in console.file.getvalue()
+    print_summary(json.load(open(os.path.join(cfg.output_dir, "summary.json"))), _console())
+
+
+def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
+    run = full_run.config.output_dir
+    out = tmp_path / "eval.json"
+    console = _console()
+    assert eval_main([run, "--output", str(out), "--show", "2"], console) == 0
+    res = json.load(open(out))
+    assert res["held_out"] and res["prompts"] == 4 and res["judge"] == "judge"
+    assert res["start"] == full_run.config.model.policy
+    assert res["trained"]["kl_k3"] >= 0 and res["start_point"]["kl"] == 0.0
+    per_response = [s["trained_kl"] for s in res["samples"]]  # each response's KL; their mean is the reported KL
+    assert sum(per_response) / len(per_response) == pytest.approx(res["trained"]["kl"], rel=1e-6, abs=1e-9)
+    assert len(set(per_response)) > 1
+    assert set(res["win_rate_by_source"]) == {"length", "judge"} and 0 <= res["win_rate"] <= 1
+    # the held-out prompts are the run's own, and the trained responses are the summary's "after" ones
+    k = res["samples_per_prompt"]
+    assert [s["prompt"] for s in res["samples"][::k]] == full_run.holdout_set.texts and len(res["samples"]) == 4 * k
+    summary = (
+        json.load(open(os.path.join(run, "summary.json")))
+        if os.path.exists(os.path.join(run, "summary.json"))
+        else summarize(full_run)
+    )
+    assert [s["trained"] for s in res["samples"][::k][:3]] == [s["after"] for s in summary["samples"]]
+    assert res["trained"]["reward/length"] == pytest.approx(summary["after"]["reward/length"], abs=1e-6)
+    text = console.file.getvalue()
+    assert "win rate by judge (judge)" in text and "KL to reference, k1" in text
+    # the same model against itself: KL 0, every comparison a tie
+    assert (
+        eval_main(
+            [
+                os.path.join(run, "final", "policy"),
+                "--reference",
+                os.path.join(run, "final", "policy"),
+                "--config",
+                os.path.join(run, "config.yaml"),
+                "-o",
+                str(out),
+            ],
+            _console(),
+        )
+        == 0
+    )
+    res = json.load(open(out))
+    assert res["trained"]["kl"] == pytest.approx(0.0, abs=1e-5) and res["win_rate"] == 0.5
+
+
+def test_eval_a_lora_adapter_folder(tmp_path, tiny_model_dir):
+    trainer = PPOTrainer(_config(tmp_path, tiny_model_dir, lora=True))
+    trainer.train()
+    policy_dir = os.path.join(trainer.config.output_dir, "final", "policy")
+    assert os.path.isfile(os.path.join(policy_dir, "adapter_config.json"))
+    out = tmp_path / "e.json"
+    assert eval_main([policy_dir, "-o", str(out), "--judge", "length", "--num-prompts", "3"], _console()) == 0
+    res = json.load(open(out))
+    assert res["start"].endswith("(adapter off)") and res["prompts"] == 3 and res["judge"] == "length"
+    assert res["trained"]["kl_k3"] >= 0
+
+
+def test_eval_errors_are_one_line(tmp_path, full_run, tiny_model_dir, capsys):
+    run = full_run.config.output_dir
+    cases = [
+        ([str(tmp_path / "nowhere")], "no such folder"),
+        ([str(tmp_path)], "holds no model"),
+        ([tiny_model_dir], "--reference"),
+        ([run, "--judge", "vader"], "not a reward source"),
+        ([run, "--rollout.temprature", "1"], "did you mean"),
+        ([run, "--samples-per-prompt", "0"], "must be >= 1"),
+    ]
+    for argv, message in cases:
+        assert cli_main(["eval", *argv]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err and err[-1].startswith("error:") and message in err[-1], (argv, err)
+    with pytest.raises(LmppoError, match="no such folder"):
+        eval_main([str(tmp_path / "nowhere")], _console())
