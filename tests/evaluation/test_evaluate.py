@@ -292,3 +292,27 @@ def test_eval_errors_are_one_line(tmp_path, full_run, tiny_model_dir, capsys):
         assert err and err[-1].startswith("error:") and message in err[-1], (argv, err)
     with pytest.raises(LmppoError, match="no such folder"):
         eval_main([str(tmp_path / "nowhere")], _console())
+
+
+def test_a_watch_metric_is_never_the_judge_nor_called_a_win():
+    from lmppo.evaluation.evaluate import metric_rows, watched, win_rows
+    from lmppo.rewards.builtin import minilm_self_similarity
+
+    source = FunctionSource.from_callable(minilm_self_similarity, name="self_similarity", weight=0.0)
+    plain = FunctionSource.from_callable(length_reward, name="length", weight=0.0)
+    watch = watched([source, plain])
+    assert watch == {"self_similarity": "rises as completions collapse onto one phrasing"}
+    weights = {"vader": 1.0, "self_similarity": 0.0, "length": 0.0}
+    assert default_judge(weights, watch) == "length"  # the first weight-0 source that is not a warning sign
+    assert default_judge({"vader": 1.0, "self_similarity": 0.0}, watch) == "vader"
+    rows = win_rows({"length": 0.6, "self_similarity": 0.828, "vader": 0.7}, "length", watch)
+    labels = [r[0] for r in rows]
+    assert labels == [
+        "win rate by length (judge)",
+        "self_similarity higher than at the start (watch: rises as completions collapse onto one phrasing)",
+        "win rate by vader",
+    ]
+    assert [r[2] for r in rows] == ["0.600", "0.828", "0.700"]
+    labelled = {r[0] for r in metric_rows({}, {}, weights, watch)}
+    assert "reward/self_similarity (weight 0, watch: higher is worse)" in labelled
+    assert "reward/length (weight 0)" in labelled

@@ -60,11 +60,17 @@ from lmppo.rewards import SourceContext, build_reward_sources
 from lmppo.run.storage import write_json
 
 
-def default_judge(weights: dict[str, float]) -> str:
-    """The first source of weight 0 (a judge logged but never trained on), else the first source."""
+def default_judge(weights: dict[str, float], watch: Sequence[str] = ()) -> str:
+    """The first source of weight 0 (a judge logged but never trained on) that is not a `watch` metric (a warning
+    sign, where higher is worse), else the first source."""
     if not weights:
         raise LmppoError("no reward sources to judge with")
-    return next((n for n, w in weights.items() if w == 0), next(iter(weights)))
+    return next((n for n, w in weights.items() if w == 0 and n not in watch), next(iter(weights)))
+
+
+def watched(sources: Sequence[Any]) -> dict[str, str]:
+    """Name -> note of the sources that are warning signs (`RewardSource.watch`)."""
+    return {s.name: s.watch for s in sources if getattr(s, "watch", "")}
 
 
 # ----------------------------------------------------------------------------- loading
@@ -341,7 +347,7 @@ def build_sources(cfg: Any, device: torch.device) -> list:
 def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
     """`judge` checked against the source names, or the default judge (see `default_judge`)."""
     weights = {s.name: float(s.weight) for s in sources}
-    judge = judge or default_judge(weights)
+    judge = judge or default_judge(weights, watched(sources))
     if judge not in weights:
         raise LmppoError(
             f"--judge {judge!r} is not a reward source of this config; sources: " + ", ".join(f"`{n}`" for n in weights)
@@ -456,6 +462,7 @@ def evaluate_models(
         "precision": plan.precision,
         "judge": judge,
         "weights": weights,
+        "watch": watched(sources),
         "trained": trained.means(),
         "start_point": {**start.means(), "kl": 0.0, "kl_k3": 0.0, "kl_exact": 0.0},
         "win_rate": wins[judge],
@@ -486,12 +493,18 @@ def _json_default(v: Any) -> Any:
 
 
 def metric_rows(
-    before: dict[str, Optional[float]], after: dict[str, Optional[float]], weights: dict[str, float]
+    before: dict[str, Optional[float]],
+    after: dict[str, Optional[float]],
+    weights: dict[str, float],
+    watch: Optional[dict[str, str]] = None,
 ) -> list[tuple[str, str, str, str]]:
-    """(label, before, after, change) rows shared by `lmppo eval` and the end-of-run summary."""
+    """(label, before, after, change) rows shared by `lmppo eval` and the end-of-run summary; a `watch` source (a
+    warning sign: higher is worse) is labelled so."""
     rows = [("score (training reward)", before.get("score"), after.get("score"), "+")]
     for name, w in weights.items():
-        tag = " (weight 0)" if w == 0 else (f" (weight {w:g})" if w != 1 else "")
+        tags = ["weight 0"] if w == 0 else ([f"weight {w:g}"] if w != 1 else [])
+        tags += ["watch: higher is worse"] if name in (watch or {}) else []
+        tag = f" ({', '.join(tags)})" if tags else ""
         rows.append((f"reward/{name}{tag}", before.get(f"reward/{name}"), after.get(f"reward/{name}"), "+"))
     rows.append(("KL to reference, k1 (nats)", before.get("kl"), after.get("kl"), ""))
     rows.append(("KL to reference, k3 (nats)", before.get("kl_k3"), after.get("kl_k3"), ""))
@@ -509,6 +522,19 @@ def metric_rows(
     return out
 
 
+def win_rows(wins: dict[str, float], judge: str, watch: Optional[dict[str, str]] = None) -> list[tuple[str, ...]]:
+    """The win-rate rows of a before/after table: the judge's first, then the other sources; a `watch` source's
+    share of prompts where the trained model scores higher is a warning, not a win, and is labelled so."""
+    watch = watch or {}
+    rows = [(f"win rate by {judge} (judge)", "", f"{wins[judge]:.3f}", "")]
+    for name, w in wins.items():
+        if name == judge:
+            continue
+        label = f"{name} higher than at the start (watch: {watch[name]})" if name in watch else f"win rate by {name}"
+        rows.append((label, "", f"{w:.3f}", ""))
+    return rows
+
+
 def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
     from rich.table import Table
 
@@ -521,13 +547,11 @@ def print_eval(result: dict[str, Any], console: Any, show: int = 3) -> None:
     )
     for col, just in (("metric", "left"), ("start", "right"), ("trained", "right"), ("change", "right")):
         table.add_column(col, justify=just)
-    for row in metric_rows(result["start_point"], result["trained"], result["weights"]):
+    watch = result.get("watch", {})
+    for row in metric_rows(result["start_point"], result["trained"], result["weights"], watch):
         table.add_row(*row)
-    by = result["win_rate_by_source"]
-    table.add_row(f"win rate by {result['judge']} (judge)", "", f"{result['win_rate']:.3f}", "")
-    for name, w in by.items():
-        if name != result["judge"]:
-            table.add_row(f"win rate by {name}", "", f"{w:.3f}", "")
+    for row in win_rows(result["win_rate_by_source"], result["judge"], watch):
+        table.add_row(*row)
     console.print(table)
     if show > 0 and result["samples"]:
         firsts = result["samples"][::k][:show]  # the first response to each of the first prompts

@@ -34,6 +34,8 @@ from lmppo.evaluation.evaluate import (
     repeat_prompts,
     sample_and_score,
     sample_comparison,
+    watched,
+    win_rows,
 )
 from lmppo.run.storage import write_json
 
@@ -75,7 +77,8 @@ def heldout_summary(
         return out
     r = cfg.rollout
     weights = {s.name: float(s.weight) for s in trainer.reward_sources}
-    judge = default_judge(weights)
+    watch = watched(trainer.reward_sources)
+    judge = default_judge(weights, watch)
     common = dict(
         tokenizer=trainer.tokenizer,
         sources=trainer.reward_sources,
@@ -110,6 +113,7 @@ def heldout_summary(
             "seed": cfg.seed,
             "judge": judge,
             "weights": weights,
+            "watch": watch,
             "before": before.means() if before is not None else None,
             "after": after.means(),
             "win_rate": compare(after, before) if before is not None else None,
@@ -173,15 +177,11 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     )
     for col, just in (("metric", "left"), ("before", "right"), ("after", "right"), ("change", "right")):
         table.add_column(col, justify=just)
-    for row in metric_rows(before, summary["after"], summary["weights"]):
+    watch = summary.get("watch", {})
+    for row in metric_rows(before, summary["after"], summary["weights"], watch):
         table.add_row(*row)
-    if summary.get("win_rate"):
-        wins = summary["win_rate"]
-        judge = summary["judge"]
-        table.add_row(f"win rate by {judge} (judge)", "", f"{wins[judge]:.3f}", "")
-        for name, w in wins.items():
-            if name != judge:
-                table.add_row(f"win rate by {name}", "", f"{w:.3f}", "")
+    for row in win_rows(summary["win_rate"], summary["judge"], watch) if summary.get("win_rate") else []:
+        table.add_row(*row)
     console.print(table)
     if summary.get("samples"):
         console.print(
@@ -215,7 +215,7 @@ def summarize(
         k = summary["samples_per_prompt"]
         trainer.rewrite_model_cards(
             final,
-            metric_rows(summary["before"] or {}, summary["after"], summary["weights"]),
+            metric_rows(summary["before"] or {}, summary["after"], summary["weights"], summary.get("watch")),
             f"{summary['heldout_prompts']} held-out prompts (`data.holdout`), {k} "
             f"sample{'s' * (k > 1)} each at temperature {summary['temperature']:g}, seed "
             f"{summary['seed']}; `before`: the initial policy.",

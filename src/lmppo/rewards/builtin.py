@@ -394,6 +394,9 @@ def minilm_self_similarity(prompts: list[str], completions: list[str]) -> list[f
     return ((c @ c.T * other).sum(1) / other.sum(1)).tolist()
 
 
+minilm_self_similarity.watch = "rises as completions collapse onto one phrasing"  # type: ignore[attr-defined]
+
+
 # ----------------------------------------------------------------------------- checks
 
 

@@ -82,6 +82,9 @@ class RewardSource:
     wants_token_ids: bool = False
     wants_columns: bool = False
     """Called with ``columns=``: per response, its prompt's other columns (a dict)."""
+    watch: str = ""
+    """Non-empty for a warning-sign metric (higher is worse, e.g. completions collapsing): why to watch it. Tables
+    label it so and never call its rise a win; read from a function's ``watch`` attribute."""
 
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         self.cfg = cfg
@@ -172,6 +175,7 @@ class FunctionSource(RewardSource):
         self.fn = fn if fn is not None else import_callable(cfg.path)
         if not callable(self.fn):
             raise RewardError(f"reward function `{cfg.path or self.name}` is a {type(self.fn).__name__}, not callable")
+        self.watch = str(getattr(self.fn, "watch", "") or "")
         params, self.takes_kwargs, positional = _signature(self.fn)
         self.by_keyword = "completions" in params or len(positional) < 2
         if not self.by_keyword:  # its first two positional parameters take prompts and completions
