@@ -18,9 +18,10 @@ from conftest import (
 from lmppo.apps.cli import main as cli_main
 from lmppo.config.schema import Config, RewardSourceConfig
 from lmppo.errors import LmppoError
-from lmppo.evaluation.evaluate import default_judge, repeat_prompts, sample_and_score, win_rate
 from lmppo.evaluation.evaluate import main as eval_main
+from lmppo.evaluation.heldout import repeat_prompts, sample_and_score, win_rate
 from lmppo.evaluation.summary import SAMPLES_PER_PROMPT, print_summary, summarize
+from lmppo.evaluation.tables import default_judge
 from lmppo.models.loading import policy_forward
 from lmppo.rewards import FunctionSource
 from lmppo.training.trainer import PPOTrainer
@@ -295,7 +296,7 @@ def test_eval_errors_are_one_line(tmp_path, full_run, tiny_model_dir, capsys):
 
 
 def test_a_watch_metric_is_never_the_judge_nor_called_a_win():
-    from lmppo.evaluation.evaluate import metric_rows, watched, win_rows
+    from lmppo.evaluation.tables import metric_rows, watched, win_rows
     from lmppo.rewards.builtin import minilm_self_similarity
 
     source = FunctionSource.from_callable(minilm_self_similarity, name="self_similarity", weight=0.0)

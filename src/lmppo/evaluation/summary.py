@@ -25,18 +25,8 @@ import os
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
-from lmppo.evaluation.evaluate import (
-    PolicyEval,
-    compare,
-    default_judge,
-    metric_rows,
-    repeat_columns,
-    repeat_prompts,
-    sample_and_score,
-    sample_comparison,
-    watched,
-    win_rows,
-)
+from lmppo.evaluation.heldout import PolicyEval, compare, repeat_columns, repeat_prompts, sample_and_score
+from lmppo.evaluation.tables import default_judge, metric_rows, sample_comparison, watched, win_rows
 from lmppo.run.storage import write_json
 
 NUM_SAMPLES = 3

@@ -26,7 +26,7 @@ FOLDERS = ("policy", "policy-merged", "value")
 """The folders of `final/` that get a card (those that exist)."""
 
 HeldoutRows = Sequence[tuple[str, str, str, str]]
-"""(metric, before, after, change) rows, as `lmppo.evaluation.evaluate.metric_rows` gives them."""
+"""(metric, before, after, change) rows, as `lmppo.evaluation.tables.metric_rows` gives them."""
 
 
 def base_model_name(base_model: str) -> str:
