@@ -40,14 +40,14 @@ $(TRL_VENV)/bin/python:
 	$(TRL_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "trl==1.12.0"
 
 bench: $(STAMP) $(TRL_VENV)/bin/python
-	$(PY) benchmarks/compare_trl.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
+	$(PY) benchmarks/speed/compare_trl.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
 
 # TRL and lmppo on one identical rollout (lmppo from the source tree, inside TRL's venv)
 bench-equivalence: $(STAMP) $(TRL_VENV)/bin/python
-	PYTHONPATH=src $(TRL_VENV)/bin/python benchmarks/trl_equivalence.py $(ARGS)
+	PYTHONPATH=src $(TRL_VENV)/bin/python benchmarks/tools/trl_equivalence.py $(ARGS)
 
 # llama.cpp (llama-cpp-python, the `bench-llama` extra) in a third venv: a sampling anchor for
-# benchmarks/sampling_anchors.py, run there as a worker process; never a dependency of lmppo. pip builds it from source
+# benchmarks/speed/sampling_anchors.py, run there as a worker process; never a dependency of lmppo. pip builds it from source
 # (C/C++ compiler and cmake; minutes on a few cores, CMAKE_BUILD_PARALLEL_LEVEL sets the build jobs).
 LLAMA_VENV ?= .venv-llama
 LLAMA_STAMP := $(LLAMA_VENV)/.llama-installed
@@ -60,7 +60,7 @@ bench-llama-venv: $(LLAMA_STAMP)
 
 # lmppo's sampler, HF generate and llama.cpp's batched decoding on the same prompts, against the roofline
 bench-anchors: $(STAMP) $(LLAMA_STAMP)
-	PYTHONPATH=src $(PY) benchmarks/sampling_anchors.py --llama-python $(LLAMA_VENV)/bin/python $(ARGS)
+	PYTHONPATH=src $(PY) benchmarks/speed/sampling_anchors.py --llama-python $(LLAMA_VENV)/bin/python $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TRL_VENV) $(LLAMA_VENV) runs

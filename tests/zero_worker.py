@@ -1,4 +1,4 @@
-"""`lmppo train` in one process of a torchrun job (tests/test_deepspeed_resume.py, benchmarks/fault_injection.py).
+"""`lmppo train` in one process of a torchrun job (tests/test_deepspeed_resume.py, benchmarks/tools/fault_injection.py).
 
     torchrun --standalone --nproc_per_node N tests/zero_worker.py train CONFIG.yaml
     torchrun --standalone --nproc_per_node N tests/zero_worker.py train --resume RUN

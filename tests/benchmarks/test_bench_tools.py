@@ -1,5 +1,5 @@
-"""The benchmark drivers' file handling (benchmarks/compare_trl.py, benchmarks/phase_ab.py): what they delete,
-unpack and refuse. Nothing here times anything; timing is the benchmarks' job."""
+"""The benchmark drivers' file handling (benchmarks/speed/compare_trl.py, benchmarks/speed/phase_ab.py): what they
+delete, unpack and refuse. Nothing here times anything; timing is the benchmarks' job."""
 
 import json
 import os
@@ -12,7 +12,8 @@ import pytest
 from conftest import REPO  # noqa: E402
 
 ROOT = Path(REPO)
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "shared"))
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
 import compare_trl  # noqa: E402
 import phase_ab  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The learned-reward benchmark's frontier arithmetic (benchmarks/learned_reward.py), on hand-worked points: a
+"""The learned-reward benchmark's frontier arithmetic (benchmarks/learning/learned_reward.py), on hand-worked points: a
 curve read linearly in sqrt(KL), replicate families averaged per prompt, TRL's best trajectory kept, and the
 paired table's mean and noise. Nothing here trains or times anything."""
 
@@ -9,7 +9,8 @@ import pytest
 
 from conftest import REPO  # noqa: E402
 
-sys.path.insert(0, str(Path(REPO) / "benchmarks"))
+sys.path.insert(0, str(Path(REPO) / "benchmarks" / "shared"))
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
 import learned_reward as lr  # noqa: E402
 
 

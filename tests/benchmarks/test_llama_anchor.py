@@ -1,12 +1,13 @@
-"""The llama.cpp sampling anchor's batch layouts and weight bytes (benchmarks/llama_anchor.py, standard library only:
-no llama_cpp needed here; timing is the benchmark's job, not a test's)."""
+"""The llama.cpp sampling anchor's batch layouts and weight bytes (benchmarks/speed/llama_anchor.py, standard library
+only: no llama_cpp needed here; timing is the benchmark's job, not a test's)."""
 
 import os
 import sys
 
 from conftest import REPO  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+sys.path.insert(0, os.path.join(REPO, "benchmarks", "shared"))
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
 from llama_anchor import prefill_layout, step_layout, step_weight_bytes
 
 

@@ -33,7 +33,7 @@ from conftest import TESTS  # noqa: E402
 from lmppo.run.checkpoint import latest_checkpoint, list_checkpoints
 from train_worker import comparable, read_jsonl
 
-sys.path.insert(0, os.path.join(TESTS, "..", "benchmarks"))
+sys.path.insert(0, os.path.join(TESTS, "..", "benchmarks", "tools"))
 from fault_injection import process_tree  # noqa: E402  (torchrun starts its workers in sessions of their own)
 
 HERE = TESTS

@@ -70,7 +70,7 @@ class _Module(torch.nn.Module):
     [
         (torch.bfloat16, 16, 16, True),  # short bf16 training pass: eager
         (torch.bfloat16, 256, 256, True),  # the largest score matrix that still goes eager
-        (torch.bfloat16, 257, 257, False),  # longer: the fused kernel wins (benchmarks/attention_cpu.py)
+        (torch.bfloat16, 257, 257, False),  # longer: the fused kernel wins (benchmarks/speed/attention_cpu.py)
         (torch.bfloat16, 1, 40, True),  # one decoding step in bf16: eager too (the fused kernel's set-up dominates)
         (torch.float32, 1, 40, False),  # one decoding step in fp32: SDPA
         (torch.float32, 16, 16, False),  # fp32: SDPA (no gain from eager there)

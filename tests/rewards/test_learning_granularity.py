@@ -12,7 +12,7 @@ Same seed, same policy initialisation, same PPO settings (gamma 1, lambda 0.95, 
 24 tokens, most of which it did not choose. With per-token rewards each token's return starts at its own reward.
 Score: the fraction of target tokens in 32 fresh responses sampled from the trained policy.
 
-`benchmarks/granularity.py` runs the same comparison over more seeds and prints a table.
+`benchmarks/learning/granularity.py` runs the same comparison over more seeds and prints a table.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """Reward granularity: per-token rewards vs the same signal summed into one score, over several seeds.
 
-The task and the runs are those of `tests/test_learning_granularity.py` (a tiny random Llama writes 24 tokens;
+The task and the runs are those of `tests/rewards/test_learning_granularity.py` (a tiny random Llama writes 24 tokens;
 each token earns +1 if it is in a target quarter of the vocabulary, -1 otherwise; `tokens` gets that list,
 `scalar` gets its sum on the last token). For each seed both forms train with the same budget; the score is the
 fraction of target tokens in fresh samples after training (0.25 is chance).
 
-    python benchmarks/granularity.py [--seeds 0,1,2,3,4,5] [--iterations 12 [16 ...]]
+    python benchmarks/learning/granularity.py [--seeds 0,1,2,3,4,5] [--iterations 12 [16 ...]]
 
 Prints, per budget, the mean +- sd over seeds of the final target fraction for each form, the mean per-seed
 difference, and on how many seeds per-token won. Runs on CPU in about 5 s per run.
@@ -21,8 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "src")]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+ROOT = bench_path.ROOT
+bench_path.put_first(bench_path.TESTS, bench_path.SRC)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

@@ -1,6 +1,6 @@
 """The default job's rollout phase with and without the sampling copy (LoRA folded, bf16 weights), in one process.
 
-    python benchmarks/rollout_speed.py [--rounds 6] [--threads 1] [--precision auto]
+    python benchmarks/speed/rollout_speed.py [--rounds 6] [--threads 1] [--precision auto]
 
 Builds the trainer of `lmppo train` with no arguments (the built-in default recipe: SmolLM2-135M, LoRA r 16
 all-linear, batch 32, 24 new tokens, shared value head, `precision: auto`) and runs its rollout phase
@@ -13,14 +13,19 @@ the whole phase and of the sampling inside it, and the per-round ratio with its 
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
 from lmppo.config.schema import load_config, recipe_path
 from lmppo.training.trainer import PPOTrainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
+from common import percentile  # noqa: E402
 
 
 def main() -> None:

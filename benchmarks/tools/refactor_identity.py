@@ -1,7 +1,7 @@
 """Behaviour identity across a refactor: seeded tiny-model runs in-process, their metrics.jsonl and final weights.
 
-    PYTHONPATH=src python benchmarks/refactor_identity.py --out /tmp/before      # on the old code
-    PYTHONPATH=src python benchmarks/refactor_identity.py --out /tmp/after --compare /tmp/before
+    PYTHONPATH=src python benchmarks/tools/refactor_identity.py --out /tmp/before      # on the old code
+    PYTHONPATH=src python benchmarks/tools/refactor_identity.py --out /tmp/after --compare /tmp/before
 
 Each configuration trains a tiny Llama (built in-process, as in tests/conftest.py) for a few iterations: the shared
 value head and a separate critic, with the native and the HF sampler, a KL term in the loss, a syncing reference,
@@ -16,11 +16,14 @@ import hashlib
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+bench_path.put_first(bench_path.TESTS)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)

@@ -2,7 +2,7 @@
 batched decoding in tokens/s on the same model, prompts and batch, against what the machine's measured matmul and
 memory rates allow.
 
-    python benchmarks/sampling_anchors.py [--model smollm2] [--batch 32] [--new 24] [--rounds 8] [--threads 1]
+    python benchmarks/speed/sampling_anchors.py [--model smollm2] [--batch 32] [--new 24] [--rounds 8] [--threads 1]
         [--bf16] [--lora] [--llama gguf,f32,bf16] [--llama-python .venv-llama/bin/python]
 
 Every round runs each sampler once, in turn (alternating rounds: a busy machine slows some calls, never speeds one
@@ -12,7 +12,7 @@ p50/p10 (a WARNING above 1.15), and each round's speed against lmppo's sampler (
 llama.cpp (`--llama`, only for the packaged `smollm2`) runs in a worker process in the virtual environment that has
 `llama-cpp-python` (`make bench-llama-venv`; never a dependency of lmppo), on the packaged GGUF file (`gguf`: its
 own weight types, Q4_1 with a Q8_0 embedding) or on that file converted by llama.cpp's quantizer to `f32`, `bf16`
-or `f16` (the weights lmppo computes with); see benchmarks/llama_anchor.py for how it decodes. Without
+or `f16` (the weights lmppo computes with); see benchmarks/speed/llama_anchor.py for how it decodes. Without
 `llama_cpp` the anchor is skipped with one line.
 
 Roofline of one decoding step (batch B, context length L, Llama shape from the model's config):
@@ -43,16 +43,18 @@ import torch
 from lmppo.models.loading import resolve_model_path
 from lmppo.sampling.hf import sample_responses
 from lmppo.sampling.native import SamplingWeights, sample_native
-from sampler_speed import add_policy_args, bench_policy  # noqa: E402  (benchmarks/ is on the path when a script runs)
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
 import flops  # noqa: E402
 import llama_anchor  # noqa: E402  (stdlib only at import time)
 from common import DEFAULT_CACHE_ROOT, percentile  # noqa: E402
 from compare_trl import NOISY_ITERATIONS  # noqa: E402
+from sampler_speed import add_policy_args, bench_policy  # noqa: E402
 
-LLAMA_VENV_PYTHON = HERE.parent / ".venv-llama" / "bin" / "python"
+HERE = Path(__file__).resolve().parent
+
+LLAMA_VENV_PYTHON = bench_path.ROOT / ".venv-llama" / "bin" / "python"
 KV_BYTES = {1: 2, 30: 2, 0: 4}  # llama.cpp's cache type_k (GGML_TYPE_F16 / BF16 / F32) -> bytes per element
 
 

@@ -26,9 +26,9 @@ can import it without torch; the heavy imports happen inside the functions.
 
 CLI (run with an interpreter that has torch + transformers + tokenizers, e.g. the TRL venv)::
 
-    python benchmarks/common.py build [--cache DIR] [--force]
-    python benchmarks/common.py build-real --model-dir HF_FOLDER [--cache DIR] [--force]
-    python benchmarks/common.py eval --policy DIR --cache DIR [--seed 0] [--out result.json]
+    python benchmarks/shared/common.py build [--cache DIR] [--force]
+    python benchmarks/shared/common.py build-real --model-dir HF_FOLDER [--cache DIR] [--force]
+    python benchmarks/shared/common.py eval --policy DIR --cache DIR [--seed 0] [--out result.json]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # benchmarks/
 DEFAULT_CACHE_ROOT = HERE / ".cache"
 CACHE_FORMAT = 1
 

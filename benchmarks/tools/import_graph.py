@@ -1,7 +1,7 @@
 """lmppo's internal import graph read from the source with `ast`: module -> lmppo modules it imports, function-local
 imports included (marked `*`), and the strongly connected components (import cycles).
 
-    python benchmarks/import_graph.py [src/lmppo]
+    python benchmarks/tools/import_graph.py [src/lmppo]
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def cycles(graph: dict[str, dict[str, bool]]) -> list[list[str]]:
 
 
 def main() -> None:
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "src", "lmppo")
+    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..", "src", "lmppo")
     root = os.path.abspath(root)
     graph = imports(root)
     short = lambda m: m.removeprefix("lmppo.") or "lmppo"  # noqa: E731

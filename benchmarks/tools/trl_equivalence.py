@@ -19,7 +19,8 @@ reward model and value model loaded with ``Auto*`` classes, a ``datasets.Dataset
 Needs an interpreter with TRL 1.12 and lmppo importable (``PYTHONPATH=src``); builds the speed benchmark's tiny
 models and prompts first if they are not cached yet::
 
-    PYTHONPATH=src .venv-trl/bin/python benchmarks/trl_equivalence.py [--seed 0] [--iterations 1] [--plain-first-epoch]
+    PYTHONPATH=src .venv-trl/bin/python benchmarks/tools/trl_equivalence.py [--seed 0] [--iterations 1]
+        [--plain-first-epoch]
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
 import common  # noqa: E402
 import compare_trl  # noqa: E402
 

@@ -5,7 +5,8 @@ job forced to bf16. Each round runs both commands, one after the other, in alter
 process with a fresh output folder; the figure per side is the best round (the machine is shared and noisy), with
 the spread over rounds.
 
-    python benchmarks/precision_auto.py [--cpu native|avx2] [--rounds 3] [--episodes 64] [--python .venv/bin/python]
+    python benchmarks/speed/precision_auto.py [--cpu native|avx2] [--rounds 3] [--episodes 64]
+        [--python .venv/bin/python]
 
 `--cpu avx2` runs every process as a CPU without native bf16 would: torch's kernels held at AVX2
 (ATEN_CPU_CAPABILITY=avx2) and oneDNN held at AVX2 (ONEDNN_MAX_CPU_ISA=AVX2). On an AVX-512 BF16 machine this

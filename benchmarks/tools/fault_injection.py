@@ -1,7 +1,7 @@
 """Fault injection: random SIGKILLs and random full-disk moments during real `lmppo train` runs.
 
-    python benchmarks/fault_injection.py [--kills 20] [--disk 20] [--iterations 10] [--seed 0] [--work DIR]
-    python benchmarks/fault_injection.py --deepspeed zero2 --nproc 2 --kills 5 --disk 0 [--iterations 6]
+    python benchmarks/tools/fault_injection.py [--kills 20] [--disk 20] [--iterations 10] [--seed 0] [--work DIR]
+    python benchmarks/tools/fault_injection.py --deepspeed zero2 --nproc 2 --kills 5 --disk 0 [--iterations 6]
 
 Each run is the real command (`lmppo.apps.cli.main(["train", ...])`) in a separate process, forked from this warm
 process (so a run does not pay for importing torch again), on a tiny Llama saved as a model folder, with a
@@ -46,11 +46,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "src"))
-sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+ROOT = str(bench_path.ROOT)
+bench_path.put_first(bench_path.TESTS, bench_path.SRC)
 
 from lmppo.run import storage  # noqa: E402  (after the path set-up)
 

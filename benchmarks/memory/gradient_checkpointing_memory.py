@@ -7,7 +7,7 @@ and a backward pass of a log-likelihood loss. Printed: the resident set size aft
 baseline) and the peak (`ru_maxrss`) above it, for each variant, and their ratio. CPU only; activation memory on a
 GPU follows the same count (one set of layer activations per layer without checkpointing, about one layer's with).
 
-    PYTHONPATH=src python benchmarks/gradient_checkpointing_memory.py [--batch 8] [--length 512] [--lora]
+    PYTHONPATH=src python benchmarks/memory/gradient_checkpointing_memory.py [--batch 8] [--length 512] [--lora]
 """
 
 from __future__ import annotations

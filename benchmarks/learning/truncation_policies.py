@@ -17,7 +17,7 @@ sampled from the trained policy and measured:
   proper      fraction that ended with <eos> and are well-formed (" adj( and subject verb adj)*."): a policy
               that repeats positive adjectives until it is cut scores well and writes nothing proper
 
-    python benchmarks/truncation_policies.py [--seeds 0,1,2] [--iterations 30] [--kl-coef 0.05] [--penalty -1]
+    python benchmarks/learning/truncation_policies.py [--seeds 0,1,2] [--iterations 30] [--kl-coef 0.05] [--penalty -1]
 
 Prints mean +- sd over seeds. About 10 s per run on one CPU core (plus 12 s per seed for the supervised start).
 """
@@ -35,8 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+ROOT = bench_path.ROOT
+bench_path.put_first(bench_path.SRC)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 SUBJECTS = ["the movie", "this film", "the story", "my friend", "the actor", "the music", "the ending", "our team"]

@@ -2,7 +2,7 @@
 one
 process, alternating.
 
-    python benchmarks/frozen_casts.py [--rounds 6] [--threads 1] [--precision auto] [--where copy|all]
+    python benchmarks/speed/frozen_casts.py [--rounds 6] [--threads 1] [--precision auto] [--where copy|all]
         [--reward-model PATH]
 
 Builds the trainer of `lmppo train` with no arguments (the built-in default recipe: SmolLM2-135M, LoRA r 16
@@ -19,14 +19,19 @@ the per-round ratio with its spread. Under `precision: fp32` nothing is cast, an
 import argparse
 import os
 import statistics
+import sys
 import tempfile
+from pathlib import Path
 
 import torch
 
-from common import percentile, time_sampling, timed_iteration  # noqa: E402  (benchmarks/ is on the path when a script runs)
 from lmppo.config.schema import RewardSourceConfig, load_config, recipe_path
 from lmppo.models.frozen_casts import reuse_frozen_casts
 from lmppo.training.trainer import PPOTrainer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
+from common import percentile, time_sampling, timed_iteration  # noqa: E402
 
 VARIANTS = ("cast each pass", "cast once")
 

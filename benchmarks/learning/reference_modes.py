@@ -15,22 +15,24 @@ Reported per run: the mean score and the mean KL to the run's *own* reference ov
 the KL to the *initial* policy at the end (exact per-token KL, averaged over fresh samples), which is what the
 reference is meant to bound. Usage::
 
-    PYTHONPATH=src python benchmarks/reference_modes.py [--iterations 30] [--modes frozen,sync,ema,lora]
+    PYTHONPATH=src python benchmarks/learning/reference_modes.py [--iterations 30] [--modes frozen,sync,ema,lora]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+bench_path.put_first(bench_path.TESTS)
 
 MODES = {
     "frozen": dict(mode="frozen", lora=False),

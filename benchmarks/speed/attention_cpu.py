@@ -3,7 +3,8 @@
 Prints, per sequence length and dtype, the CPU time of each and the ratio SDPA / eager (> 1: eager is faster).
 This is the measurement behind `lmppo.models.attention.EAGER_MAX_SCORES`.
 
-    python benchmarks/attention_cpu.py [--lengths 64,128,256,512] [--batch 8 --heads 8 --head-dim 64] [--threads 1]
+    python benchmarks/speed/attention_cpu.py [--lengths 64,128,256,512] [--batch 8 --heads 8 --head-dim 64]
+        [--threads 1]
 """
 
 from __future__ import annotations
