@@ -22,9 +22,10 @@ Sub-commands (run from the repository root with lmppo's venv; `trl` runs in the 
     python benchmarks/learning/learned_reward.py warp --target 20 --seed 2 --budgets 2 5 10   # `lmppo warp`
     python benchmarks/learning/learned_reward.py report [--lmppo PREFIX ...] # the table (and a plot) of the runs
 
-Every run writes `result.json` in its folder under benchmarks/.cache/learned_reward/runs/; its result.json and
-eval.json (the held-out samples and their scores) are also copied to benchmarks/results/learned_reward/NAME/, which
-is committed, so `report` can read runs whose cache is gone (a run in the cache wins over its record).
+Every run writes `result.json` and `eval.json` (the held-out samples and their scores) in its folder under
+benchmarks/.cache/learned_reward/runs/; a compact record of both (eval.json's summary and the per-prompt mean scores,
+not the samples) is also written as one line of benchmarks/results/learned_reward.jsonl, which is committed, so
+`report` can read runs whose cache is gone (a run in the cache wins over its record).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ HERE = bench_path.BENCHMARKS
 ROOT = bench_path.ROOT
 CACHE = HERE / ".cache" / "learned_reward"
 RUNS = CACHE / "runs"
-RECORDS = HERE / "results" / "learned_reward"  # each judged run's result.json and eval.json, kept in the repository
+RECORDS = HERE / "results" / "learned_reward.jsonl"  # one compact line per judged run, kept in the repository
 RM_SPLIT_SEED = 13
 RM_TRAIN = 160
 HOLDOUT = 32
@@ -330,12 +331,32 @@ def judge(
     return result
 
 
+def compact(name: str, run: Path) -> dict:
+    """A judged run's record: its result.json, its eval.json without the samples, and the per-prompt mean scores."""
+    ev = json.loads((run / "eval.json").read_text())
+    by_prompt, start_by_prompt = _by_prompt(run)
+    return {
+        "name": name,
+        "result": json.loads((run / "result.json").read_text()),
+        "eval": {k: v for k, v in ev.items() if k != "samples"},
+        "by_prompt": by_prompt,
+        "start_by_prompt": start_by_prompt,
+    }
+
+
+def read_records() -> dict[str, dict]:
+    """The committed records by run name (NAME as in `collect`)."""
+    if not RECORDS.exists():
+        return {}
+    return {r["name"]: r for r in map(json.loads, RECORDS.read_text().splitlines()) if r}
+
+
 def record(out: Path) -> None:
-    """Copy a judged run's result.json and eval.json to the committed records (RECORDS/NAME, NAME as in `collect`)."""
-    dest = RECORDS / out.relative_to(RUNS)
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("result.json", "eval.json"):
-        shutil.copyfile(out / name, dest / name)
+    """Write a judged run's compact record into RECORDS (replacing an older one of the same name)."""
+    name = str(out.relative_to(RUNS))
+    records = read_records() | {name: compact(name, out)}
+    RECORDS.parent.mkdir(parents=True, exist_ok=True)
+    RECORDS.write_text("".join(json.dumps(records[n]) + "\n" for n in sorted(records, key=_record_order)))
 
 
 def hacking_checks(prompts: list[str], completions: list[str]) -> dict:
@@ -549,22 +570,30 @@ def _bootstrap_se(values: list[float], rounds: int = 2000, seed: int = 0) -> flo
 def collect() -> list[dict]:
     """Every judged run: those in the cache, then the committed records of runs the cache no longer holds."""
     points, seen = [], set()
-    for root in (RUNS, RECORDS):
-        for path in (
-            sorted(root.glob("*/result.json"))
-            + sorted(root.glob("*/eval-iter-*/result.json"))
-            + sorted(root.glob("*/interp-*/result.json"))
-        ):
-            name = str(path.parent.relative_to(root))
-            if name not in seen:
-                seen.add(name)
-                points.append(_point(name, path))
+    for path in (
+        sorted(RUNS.glob("*/result.json"))
+        + sorted(RUNS.glob("*/eval-iter-*/result.json"))
+        + sorted(RUNS.glob("*/interp-*/result.json"))
+    ):
+        name = str(path.parent.relative_to(RUNS))
+        seen.add(name)
+        points.append(_point(name, json.loads(path.read_text()), *_by_prompt(path.parent)))
+    records = read_records()
+    for name in sorted(records, key=_record_order):
+        if name not in seen:
+            r = records[name]
+            points.append(_point(name, r["result"], r["by_prompt"], r["start_by_prompt"]))
     return points
 
 
-def _point(name: str, path: Path) -> dict:
-    r = json.loads(path.read_text())
-    by_prompt, start_by_prompt = _by_prompt(path.parent)
+def _record_order(name: str) -> tuple:
+    """`collect`'s order: whole runs, then TRL's checkpoints (eval-iter-*), then interpolations, each by path."""
+    parts = name.split("/")
+    kind = 0 if len(parts) == 1 else 1 if parts[1].startswith("eval-iter-") else 2
+    return (kind, parts)
+
+
+def _point(name: str, r: dict, by_prompt: dict[str, float], start_by_prompt: dict[str, float]) -> dict:
     return {
         "name": name,
         "side": r["side"],
@@ -834,6 +863,7 @@ def report(args) -> None:
     families = tuple(args.lmppo)
     print("\n".join(frontier_table(points, families=families)))
     print("\n".join(recorded_floor_table(points, families)))
+    CACHE.mkdir(parents=True, exist_ok=True)
     (CACHE / "report.json").write_text(
         json.dumps(
             [

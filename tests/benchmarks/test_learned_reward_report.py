@@ -2,6 +2,8 @@
 curve read linearly in sqrt(KL), replicate families averaged per prompt, TRL's best trajectory kept, and the
 paired table's mean and noise. Nothing here trains or times anything."""
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -78,3 +80,33 @@ def test_the_t_test_over_seeds_on_hand_worked_differences():
     assert lr._t_test([1.0]) == "-"  # one seed: no test
     # 41 seeds, differences alternating 0 and 2 (mean 21/41 * 2 = 1.0244): above 30 df the 30-df value is used
     assert lr._t_test([2.0 * (i % 2 == 0) for i in range(41)]).endswith("(2.04, 40 df): yes")
+
+
+def _judged_run(folder, trained, start, kl):
+    """A run folder as `judge` leaves it: result.json and eval.json with two held-out prompts, two samples each."""
+    folder.mkdir(parents=True)
+    result = {"side": "lmppo", "settings": {}, "heldout": {"trained": {"kl": kl, "reward/rm": sum(trained) / 4}}}
+    (folder / "result.json").write_text(json.dumps(result))
+    samples = [
+        {"prompt": p, "trained_scores": {"rm": t}, "start_scores": {"rm": s}, "trained": "...", "start": "..."}
+        for p, t, s in zip("xxyy", trained, start)
+    ]
+    (folder / "eval.json").write_text(json.dumps({"win_rate": 0.5, "samples": samples}))
+
+
+def test_a_run_whose_cache_is_gone_is_read_back_from_its_compact_record(tmp_path, monkeypatch):
+    monkeypatch.setattr(lr, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(lr, "RECORDS", tmp_path / "results" / "learned_reward.jsonl")
+    _judged_run(tmp_path / "runs" / "trl-s0" / "eval-iter-002", [1.0, 3.0, 0.0, 0.5], [0.0, 1.0, 0.5, 0.5], 2.0)
+    _judged_run(tmp_path / "runs" / "lmppo-a-s0", [2.0, 2.0, 1.0, 0.0], [0.0, 0.0, 0.0, 1.0], 4.0)
+    for run in ("trl-s0/eval-iter-002", "lmppo-a-s0"):
+        lr.record(tmp_path / "runs" / run)
+    from_cache = lr.collect()
+    assert [p["name"] for p in from_cache] == ["lmppo-a-s0", "trl-s0/eval-iter-002"]  # whole runs first
+    assert from_cache[1]["by_prompt"] == {"x": 2.0, "y": 0.25}  # the mean of each prompt's two samples
+    assert from_cache[1]["start_by_prompt"] == {"x": 0.5, "y": 0.5}
+    lines = lr.RECORDS.read_text().splitlines()
+    assert [json.loads(line)["name"] for line in lines] == ["lmppo-a-s0", "trl-s0/eval-iter-002"]
+    assert all("samples" not in json.loads(line)["eval"] for line in lines)  # the bulky raw samples stay out
+    shutil.rmtree(tmp_path / "runs")
+    assert lr.collect() == from_cache  # the same points, from the records alone
