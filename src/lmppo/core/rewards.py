@@ -57,7 +57,8 @@ def unfinished_scores(
 
     Keeping a cut response's scalar score and adding gamma * V(s_T) as well counts its ending twice: V(s_T)
     estimates the score still to come, and with gamma = 1 the value function then inflates without bound (about
-    +0.35 per iteration in benchmarks/truncation_policies.py: V(s_0) 7.6 after 30 iterations, for returns near 2).
+    +0.35 per iteration in benchmarks/learning/truncation_policies.py: V(s_0) 7.6 after 30 iterations, for returns
+    near 2).
     """
     own = _add_at_last(placed, mask, truncated, -final_scores) / max(scale, 1e-8)
     return torch.where(truncated[:, None], own, token_scores)

@@ -3,7 +3,7 @@
 On CPU, torch's fused scaled-dot-product (flash) kernel is slow in bf16 at the short sequences RLHF trains on:
 for one layer's forward + backward (batch 8, 8 heads, head dim 64) it took 4.7x the time of the plain
 matmul-softmax-matmul ("eager") attention at 64 tokens, 3.5x at 128 and 1.3x at 256, and only won from 512
-tokens on (`python benchmarks/attention_cpu.py` prints the table; docs/performance.md has the run). In fp32 the
+tokens on (`python benchmarks/speed/attention_cpu.py` prints the table; docs/performance.md has the run). In fp32 the
 two are within 20% up to 256 tokens.
 
 Inside Llama-like models under bf16 autocast the query, key and value reach the attention in fp32 (the rotary

@@ -4,7 +4,7 @@ Under autocast a linear layer casts its fp32 weight to bf16 on every call. torch
 the autocast region only for weights that require grad, so a frozen weight (a LoRA policy's LM head, tied to the
 embeddings) is cast again at every decoding step: on the default job (SmolLM2-135M, LoRA, bf16 on CPU) the LM
 head's cast was 20% of the sampler's time. In a pass over a whole batch the cast is small next to the matmuls
-(keeping every frozen weight's cast sped the update phase up by 1%: `benchmarks/frozen_casts.py --where all`), so
+(keeping every frozen weight's cast sped the update phase up by 1%: `benchmarks/speed/frozen_casts.py --where all`), so
 lmppo keeps casts only where it decodes: the sampling copy (`lmppo.sampling.native.SamplingWeights`).
 
 `FrozenCastLinear` is an `nn.Linear` that keeps one cast of its frozen fp32 weight and reuses it while the weight

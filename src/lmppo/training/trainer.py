@@ -219,7 +219,7 @@ class PPOTrainer:
             ids=prompt_ids, mask=prompt_mask, token_lists=[self.prompt_set.ids[i] for i in index], seeds=seeds
         )
         # sampling runs in the same precision as the logprob passes below (bf16 autocast: 2.7x faster
-        # generation on SmolLM2 here, benchmarks/sampler_speed.py)
+        # generation on SmolLM2 here, benchmarks/speed/sampler_speed.py)
         with self._autocast(), self.strategy.generation(self.actor):
             response_ids, response_mask, terminated, truncated = self.sampling_engine().sample(self.policy, batch)
         P = prompt_ids.shape[1]
