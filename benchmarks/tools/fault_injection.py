@@ -166,9 +166,9 @@ class ForkedRun:
             _reaped[self.pid] = status
         return not done
 
-    def kill(self) -> None:
+    def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.pid not in _reaped:  # still running (or a zombie): ours to kill
-            os.kill(self.pid, signal.SIGKILL)
+            os.kill(self.pid, sig)
 
     def wait(self) -> int:
         return wait(self.pid)
@@ -198,10 +198,10 @@ class TorchrunRun:
     def running(self) -> bool:
         return self.proc.poll() is None
 
-    def kill(self) -> None:
-        for pid in process_tree(self.proc.pid):
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        for pid in process_tree(self.proc.pid) if sig == signal.SIGKILL else [self.proc.pid]:
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
@@ -343,11 +343,28 @@ def random_moment(run, out: str, iterations: int, timing: dict, rng: random.Rand
     time.sleep(rng.uniform(0.0, timing["iteration"]))
 
 
-def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng: random.Random) -> dict:
+def kill_trials(
+    ctx: dict, work: str, n: int, window: dict, reference: dict, rng: random.Random, sig: int = signal.SIGKILL
+) -> dict:
+    """`n` runs stopped by signal `sig` (SIGKILL or SIGTERM) at random moments and resumed until one finishes."""
     it = ctx["iterations"]
-    stats = {"trials": n, "kills": 0, "kills_in_checkpoint_write": 0, "identical": 0, "rows_ok": 0, "failures": []}
+    name = signal.Signals(sig).name
+    stats = {
+        "signal": name,
+        "trials": n,
+        "kills": 0,
+        "kills_in_checkpoint_write": 0,
+        "identical": 0,
+        "rows_ok": 0,
+        "clean_exit": 0,
+        "temporaries_after_signal": 0,
+        "no_temporaries_at_end": 0,
+        "messages": {},
+        "failures": [],
+    }
     for trial in range(n):
-        out = os.path.join(work, f"kill-{trial}")
+        out = os.path.join(work, f"{name.lower()}-{trial}")
+        shutil.rmtree(out, ignore_errors=True)
         cfg = ctx["config_for"](out)
         log = out + ".log"
         argv = ["train", cfg]
@@ -357,26 +374,39 @@ def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
             run = Run(argv, log)
             if kill_next:
                 random_moment(run, out, it, window, rng)
-                run.kill()
+                run.kill(sig)
             code = run.wait()
             if os.environ.get("FAULTS_DEBUG"):
                 print(f"trial {trial}: {argv[1:]} exit {code}", file=sys.stderr)
-            if code == -signal.SIGKILL:
+            stopped = code in (-sig, 128 + sig) or (sig == signal.SIGINT and code == 130)
+            if stopped:
                 stats["kills"] += 1
-                if (
-                    any(name.endswith(".tmp") for name in os.listdir(os.path.join(out, "checkpoints")))
-                    if os.path.isdir(os.path.join(out, "checkpoints"))
-                    else False
-                ):
+                ckpts = os.path.join(out, "checkpoints")
+                if os.path.isdir(ckpts) and any(n.endswith(".tmp") for n in os.listdir(ckpts)):
                     stats["kills_in_checkpoint_write"] += 1
+                if sig != signal.SIGKILL:  # the process itself must clean up and say how to go on
+                    lines = stderr_lines(log)
+                    left = storage.temporaries(out) if os.path.isdir(out) else []
+                    stats["temporaries_after_signal"] += bool(left)
+                    advice = ("--resume" in lines[0] or "--overwrite true" in lines[0]) if lines else False
+                    clean = code == 128 + sig and len(lines) == 1 and advice
+                    if code == -sig:  # before the command installed its handler (start-up)
+                        clean = not lines
+                        key = "(killed during start-up, before the handler: no message)"
+                    else:
+                        key = re.sub(r"`lmppo train [^`]*`", "`lmppo train ...`", lines[-1] if lines else "(nothing)")
+                    stats["messages"][key] = stats["messages"].get(key, 0) + 1
+                    stats["clean_exit"] += clean
+                    if not clean:
+                        stats["failures"].append(f"trial {trial}: {name} exit {code}: {lines[-3:]}")
             elif code != 0:
                 lines, error = stderr_lines(log), error_line(log)
                 if "no complete checkpoint" in error:
-                    argv = ["train", cfg, "--overwrite", "true"]  # killed before its first checkpoint
+                    argv = ["train", cfg, "--overwrite", "true"]  # stopped before its first checkpoint
                     kill_next = rng.random() < 0.5
                     continue
                 if error.endswith(f"cannot resume from {out}: no such folder"):
-                    argv = ["train", cfg]  # killed before it made its output folder
+                    argv = ["train", cfg]  # stopped before it made its output folder
                     kill_next = rng.random() < 0.5
                     continue
                 stats["failures"].append(f"trial {trial}: exit {code}: {lines[-3:]}")
@@ -391,12 +421,33 @@ def kill_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
                 stats["failures"].append(f"trial {trial}: did not finish")
             continue
         got = outcome(out, it)
+        left = storage.temporaries(out)
+        stats["no_temporaries_at_end"] += not left
+        if left:
+            stats["failures"].append(f"trial {trial}: temporaries left at the end: {left}")
         stats["identical"] += got["weights"] == reference["weights"] and got["rows"] == reference["rows"]
         stats["rows_ok"] += (not got["torn"]) and [r["iteration"] for r in got["rows"]] == list(range(1, it + 1))
         if got["weights"] != reference["weights"] or got["rows"] != reference["rows"]:
             stats["failures"].append(f"trial {trial}: ended differently from the uninterrupted run")
         shutil.rmtree(out, ignore_errors=True)
     return stats
+
+
+def print_kills(stats: dict) -> None:
+    n = stats["trials"]
+    print(
+        f"{stats['signal']}: {n} runs, {stats['kills']} signals ({stats['kills_in_checkpoint_write']} left a "
+        f"checkpoint write in progress); bit-identical to the uninterrupted run: {stats['identical']}/{n}; "
+        f"metrics without a lost, duplicated or torn row: {stats['rows_ok']}/{n}; no temporary left at the end: "
+        f"{stats['no_temporaries_at_end']}/{n}"
+    )
+    if stats["signal"] != "SIGKILL":
+        print(
+            f"  exit 143 with one line saying how to resume: {stats['clean_exit']}/{stats['kills']}; temporaries "
+            f"left right after the signalled process exited: {stats['temporaries_after_signal']}/{stats['kills']}"
+        )
+        for key, count in sorted(stats["messages"].items(), key=lambda kv: -kv[1]):
+            print(f"  {count:3d} x {key}")
 
 
 def mount_tmpfs(path: str, size: str) -> str:
@@ -491,6 +542,7 @@ def disk_trials(ctx: dict, work: str, n: int, window: dict, reference: dict, rng
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--terms", type=int, default=0, help="trials stopped by SIGTERM (beside the SIGKILL ones)")
     parser.add_argument("--disk", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -551,12 +603,12 @@ def main() -> int:
         "remaining iteration (its checkpoint write included)"
     )
     rng = random.Random(args.seed)
-    kills = kill_trials(ctx, work, args.kills, window, reference, rng)
-    print(
-        f"SIGKILL: {kills['trials']} runs, {kills['kills']} kills ({kills['kills_in_checkpoint_write']} during a "
-        f"checkpoint write); bit-identical to the uninterrupted run: {kills['identical']}/{kills['trials']}; "
-        f"metrics without a lost, duplicated or torn row: {kills['rows_ok']}/{kills['trials']}"
-    )
+    kills = kill_trials(ctx, work, args.kills, window, reference, rng) if args.kills else None
+    if kills:
+        print_kills(kills)
+    terms = kill_trials(ctx, work, args.terms, window, reference, rng, signal.SIGTERM) if args.terms else None
+    if terms:
+        print_kills(terms)
     disk = (
         disk_trials(ctx, work, args.disk, window, reference, rng)
         if args.disk
@@ -573,7 +625,7 @@ def main() -> int:
         )
         for key, count in sorted(disk["messages"].items(), key=lambda kv: -kv[1]):
             print(f"  {count:3d} x {key} ...")
-    failures = kills["failures"] + disk["failures"]
+    failures = (kills or {}).get("failures", []) + (terms or {}).get("failures", []) + disk["failures"]
     for line in failures:
         print("FAILED", line)
     return 1 if failures else 0

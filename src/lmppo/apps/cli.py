@@ -29,6 +29,7 @@ from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.evaluate import main as eval_main
 from lmppo.evaluation.plot import plot_runs
 from lmppo.evaluation.summary import print_run_summary
+from lmppo.run import signals
 from lmppo.training.trainer import PPOTrainer
 
 EXIT_USER_ERROR = 2
@@ -251,6 +252,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
+    if command in ("train", "warp"):
+        signals.terminate_like_interrupt()  # SIGTERM (schedulers): cleaned up and explained like Ctrl-C, exit 143
     try:
         return COMMANDS[command](rest, console)
     except LmppoError as err:
@@ -258,21 +261,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`lmppo.run.signals.Terminated`)
         if command == "warp":
             print(
-                "interrupted; run the same `lmppo warp` command again: finished members are kept, the interrupted "
-                "one resumes from its latest complete checkpoint",
+                f"{signals.how_stopped(stop)}; run the same `lmppo warp` command again: finished members are kept, "
+                "the interrupted one resumes from its latest complete checkpoint",
                 file=sys.stderr,
             )
-            return 130
+            return signals.exit_code(stop)
         out = _output_dir_of(rest) if command == "train" else None
-        print(
-            "interrupted; the latest complete checkpoint (if any) is intact: resume with "
-            f"`lmppo train --resume {out or 'OUTPUT_DIR'}`",
-            file=sys.stderr,
-        )
-        return 130
+        print(f"{signals.how_stopped(stop)}; {signals.next_step(out, rest)}", file=sys.stderr)
+        return signals.exit_code(stop)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ folder is refused with one line naming the holder. The lock is held until the pr
 called for every `acquire` (a trainer releases its hold when it is garbage-collected); within one process it is
 re-entrant (a trainer, then a resumed trainer, on one folder). On file systems
 without `flock` (some network mounts) the lock file still records the holder, and a live holder on this host is
-detected by its pid.
+detected by its pid. The process that takes the lock removes the temporaries an earlier, killed process left in
+the folder (`lmppo.run.storage.remove_temporaries`): a `.final.tmp-*` model copy, a `.iter-N.tmp` checkpoint, ...
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from typing import Optional
 
 from lmppo.errors import RunLockedError, StorageError
-from lmppo.run.storage import reason
+from lmppo.run.storage import reason, remove_temporaries
 
 LOCK_NAME = ".lmppo.lock"
 _held: dict[str, list[int]] = {}  # real path of the folder -> [pid that took it, fd, holders in this process]
@@ -116,6 +117,7 @@ def acquire(output_dir: str) -> str:
     except OSError:
         pass  # the flock is what excludes; the record only names the holder
     _held[key] = [os.getpid(), fd, 1]
+    remove_temporaries(key)  # left by a killed earlier process: no writer of them is alive now
     return path
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import uuid
 from contextlib import contextmanager
@@ -142,14 +143,29 @@ def temp_name(path: str, kind: str = "tmp") -> str:
     return os.path.join(parent, f".{name}.{kind}-{uuid.uuid4().hex[:8]}")
 
 
+_TEMPORARY = re.compile(r"^\..+\.(tmp|old|del)-[0-9a-f]{8}$|^\.iter-\d+\.tmp$|^.+\.tmp-\d+\.png$")
+"""Names lmppo gives its temporaries: `temp_name`'s `.NAME.tmp-XXXXXXXX` (`.old-`, `.del-`), the checkpoint
+writer's `.iter-N.tmp` and the plot's `NAME.tmp-PID.png`. A user's own `notes.tmp` does not match."""
+
+
 def temporaries(folder: str) -> list[str]:
-    """Every temporary of this layer below `folder` (`temp_name`'s `.tmp-`, `.old-`, `.del-` names, and the
-    checkpoint writer's `.tmp` folders): none is left after a write that finished or failed, only after a kill."""
+    """Every temporary lmppo made below `folder` (`_TEMPORARY`), outermost only: none is left after a write that
+    finished or failed, only after a kill (SIGKILL, power loss) or a signal during the clean-up itself."""
     left = []
     for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            if ".tmp" in name or ".old-" in name or ".del-" in name:
+        for name in sorted(dirs + files):
+            if _TEMPORARY.match(name):
                 left.append(os.path.join(root, name))
+        dirs[:] = [d for d in dirs if not _TEMPORARY.match(d)]  # (not inside one: it goes as a whole)
+    return left
+
+
+def remove_temporaries(folder: str) -> list[str]:
+    """Remove every temporary of an earlier process below run folder `folder` (`temporaries`); returns them.
+    Called by the process that takes the run lock (`lmppo.run.lock.acquire`), so no writer of them is alive."""
+    left = temporaries(folder)
+    for path in left:
+        _remove(path)
     return left
 
 
