@@ -27,9 +27,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path
+import bench_path  # noqa: E402  (every benchmark folder on the path)
+
+ROOT = str(bench_path.ROOT)
 PROMPTS = [
     "The movie was",
     "This film is",
@@ -59,7 +62,7 @@ def tiny6_folder() -> str:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    bench_path.put_first(bench_path.TESTS)
     from helpers_tokenizers import make_bpe_tokenizer
 
     path = os.path.join(tempfile.gettempdir(), "lmppo-bench-tiny6")
