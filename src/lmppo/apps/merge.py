@@ -1,23 +1,7 @@
 """`lmppo merge RUN RUN [...] --output DIR [--toward-start LAMBDA | --kl-budget NATS]`: average the policies of runs
 that started from the same model (WARP's merging step, Ramé et al. 2024), optionally moved back toward that start.
 
-Runs from one start with different seeds each drift in directions of their own besides the one the reward asks
-for. Averaging their weight changes keeps what they share and shrinks the rest, so the merged policy spends fewer
-nats of KL on the reward it keeps (measured in docs/choosing.md). `--toward-start LAMBDA` scales the averaged
-change by LAMBDA (WARP's interpolation toward the initialisation): 1 keeps it, 0 gives the start back.
-
-LoRA runs: the mean of the weight changes B_i A_i is itself a LoRA adapter, exactly: the A_i stacked (rank
-r * K) and the B_i side by side, times LAMBDA / K, with lora_alpha scaled by K so that alpha / r stays.
-Full-weight runs: W = W_start + LAMBDA * (mean of the W_i - W_start); the start (`--start`) is needed only when
-LAMBDA is not 1. The other files (tokenizer, chat template) come from the first input.
-
-`--kl-budget NATS` chooses LAMBDA for the user: the held-out KL of the merged policy to the start (per response,
-the exact KL over the vocabulary, on the run's held-out prompts and sampling settings, as `lmppo eval` measures it)
-is measured at LAMBDA = 1, then at LAMBDA = sqrt(budget / KL) (the KL grows about as LAMBDA squared), then by a power
-law through the two LAMBDAs that bracket the budget (`next_lambda`), until it is within `--tolerance` of the budget.
-Every LAMBDA is tried in memory on
-one loaded model, on the same prompts and random streams, and the search is written to merge.json.
-"""
+Design notes: docs/design.md, `lmppo.apps.merge`."""
 
 from __future__ import annotations
 

@@ -2,17 +2,7 @@
 seeds apart, and merge them at the held-out KL budget (WARP, Ramé et al. 2024: `lmppo train` K times, then `lmppo
 merge --kl-budget`).
 
-Each member is an ordinary run in `OUTPUT_DIR/member-I` (I = 0 .. K-1) with `seed + I`; all keep out the same
-held-out prompts (`data.holdout_seed` pinned to the config's), on which the merge's KL is measured. The merged
-policy goes to `OUTPUT_DIR/merged-klNATS` (with its merge.json: the lambdas tried). On a hackable reward the merge
-spends fewer nats on the same reward than one run does (docs/choosing.md, "Merging runs"); train the members at a
-`kl.target` above the budget (2-4x), since a merge keeps 0.4-0.8 of its members' KL.
-
-Run the same command again to continue: finished members are kept, a member with a checkpoint resumes from it (a
-member stopped before its first checkpoint starts again), and a new `--kl-budget` merges the same members at that
-budget into a folder of its own. `OUTPUT_DIR/warp.json` records the members' config; a different config into the
-same folder is refused.
-"""
+Design notes: docs/design.md, `lmppo.apps.warp`."""
 
 from __future__ import annotations
 

@@ -1,23 +1,6 @@
 """How training is spread over processes: one strategy object with the hooks the loop needs.
 
-`Strategy` is a single process or DDP (accelerate's wrappers all-reduce the gradients); `ZeroStrategy` is
-DeepSpeed ZeRO-2 / ZeRO-3 (`lmppo.distributed.zero`, which documents what differs and why). The trainer and the
-assembly step call the hooks and never ask which strategy runs:
-
-- models: `build_critic`, `reference_model` (the reference's own weights when the strategy must build them),
-  `models_built` (whatever loads afterwards loads whole), `prepare` (wrap actor, critic and optimizer);
-- the loop: `generation(actor)` (the policy's weights for sampling), `sync_gradients(last, ...)` (gradient
-  all-reduce only after the last micro-batch of a minibatch), `backward_kwargs`, `reuses_rollout_forward`;
-- numbers over all processes: `process_mean` / `process_sum` / `process_max`, `gather_mean` (over every sample),
-  `whiten` (advantages whitened with the statistics of every process);
-- saving: `saving(actor)` (the full weights while the model is written), `full_weights(actor)` (every process can
-  sample on its own: the end-of-run summary);
-- checkpoints (`lmppo.run.checkpoint` calls these): `checkpoint_layout()` (what a resume must match), and where the
-  engine keeps the model and optimizer state in per-process shards (`sharded_checkpoint`), `write_shards` /
-  `read_shards` (every process its own).
-
-A new strategy (FSDP, say) is a subclass here and one line in `make_strategy`.
-"""
+Design notes: docs/design.md, `lmppo.distributed.strategy`."""
 
 from __future__ import annotations
 

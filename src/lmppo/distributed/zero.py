@@ -1,42 +1,6 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 through accelerate: what lmppo's trainer needs beyond DDP.
 
-A run uses DeepSpeed when `config.deepspeed` names a configuration (`zero2`, `zero3` or a DeepSpeed JSON file) or
-when the launcher turned it on (`accelerate launch --config_file examples/deepspeed/zero3.yaml` sets
-`ACCELERATE_USE_DEEPSPEED`). `ZeroSupport` holds everything that differs; `lmppo.distributed.strategy.ZeroStrategy`
-calls it.
-
-What is handled, and how:
-- **Batch sizes are lmppo's.** DeepSpeed's `train_micro_batch_size_per_gpu`, `gradient_accumulation_steps` and
-  `gradient_clipping` are set from `ppo.micro_batch_size`, the micro-batches per process and minibatch, and
-  `ppo.max_grad_norm`, whatever the launcher's file says. The engine steps once per minibatch: accelerate's
-  `sync_gradients` is off for all but the last micro-batch, and the engine does not divide the loss by the
-  accumulation steps (lmppo's loss is already the token mean over the minibatch), so the update is the one
-  DDP makes.
-- **One engine for actor and critic.** accelerate prepares one model per DeepSpeed engine; with a separate
-  critic, the actor and the critic go into one module (`ActorWithCritic`) trained by one engine and one optimizer.
-- **The reference under ZeRO-3.** A `copy.deepcopy` of a partitioned model copies empty shards. The reference is
-  copied from the policy's unpartitioned weights when it has them (a policy object passed in), or loaded again
-  from `model.policy` (the policy itself was loaded partitioned by `zero.Init`), then partitioned as an
-  inference-only engine (no optimizer), as TRL's `prepare_deepspeed` does. Under ZeRO-2 the reference stays an
-  ordinary frozen copy in each process. `sync` / `ema` updates act on each process's own shard (shards of the
-  policy and the reference line up: same shapes, same processes).
-- **Reward models are never partitioned.** Once the trainable models and the reference exist, transformers'
-  ZeRO-3 hook is switched off, so reward models (and anything loaded later) load whole in each process.
-- **Generation gathers the weights once.** Under ZeRO-3 every forward pass of a partitioned model gathers each
-  layer from all processes, so processes must run the same number of passes; sampling stops at a different step
-  in each process. Sampling therefore runs with the full weights gathered and DeepSpeed's hooks removed
-  (DeepSpeed's `unwrap_model_for_generation`, as TRL does); the logprob passes that follow run partitioned
-  (every process runs the same number of them).
-- **Saving** gathers the full weights (ZeRO-3) in every process for the duration of the save.
-- **Checkpoints** (`lmppo.run.checkpoint`): the engine writes the model and optimizer state through DeepSpeed's own
-  `save_checkpoint` into the `deepspeed/` folder of lmppo's checkpoint (every process its own shard files), and
-  reads it back with `load_checkpoint` on resume; lmppo's own part (counters, RNG streams of every process, prompt
-  stream, KL controller, score normaliser, a moving reference: per process under ZeRO-3) sits beside it, and the
-  checkpoint is published only when every process has written its part. A resume needs the same ZeRO stage and
-  number of processes (the shards are per process): anything else is refused before a model loads.
-- **Not done:** non-finite updates are not skipped (the engine has stepped when lmppo sees the gradient norm); the
-  run stops after `ppo.max_nonfinite_updates` of them in a row as usual.
-"""
+Design notes: docs/design.md, `lmppo.distributed.zero`."""
 
 from __future__ import annotations
 

@@ -1,29 +1,6 @@
 """Evaluation of a policy on held-out prompts: `lmppo eval`, and the building block of the end-of-run summary.
 
-    lmppo eval MODEL [--reference MODEL] [--config CONFIG.yaml] [--judge NAME] [--num-prompts N]
-                     [--samples-per-prompt K] [--seed S] [--show N] [--output FILE.json] [--section.field VALUE ...]
-
-MODEL is a run's output_dir (its `final/policy` is evaluated with the run's own config.yaml), `OUTPUT_DIR/final/policy`,
-any Hugging Face model folder, or a LoRA adapter folder. It is compared with its starting point: for an adapter the
-base model with the adapter switched off, otherwise `--reference` or the run's `model.policy`.
-
-What is measured, on the run's held-out prompts (`data.holdout`; without them, on up to `--num-prompts` training
-prompts, with a warning), with pure sampling at the training temperature and a fixed seed (`--seed`, default the
-run's seed). The trained model and its starting point sample with the same per-response random streams, so the
-comparison is paired:
-- the mean of every reward source (`reward/<name>`, unweighted) and the training score (the weighted sum of the
-  sources, before normalisation and the truncation policy);
-- the win rate of the trained model over its starting point by one source (`--judge`; default the first source of
-  weight 0, the held-out judge, else the first source): per prompt 1 if its response scores higher, 0.5 on a tie;
-- the KL of the trained policy to the starting point, per response (summed over its tokens), on responses sampled
-  from the trained policy, taken as in training (same temperature and precision): k1 and k3 of the sampled tokens,
-  and the exact KL of each next-token distribution over the vocabulary (`kl_exact`, what the other two estimate);
-- the response length in tokens (stop token included) and the fraction that ended with the stop token.
-
-Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.native.sample_native` (or `rollout`'s HF
-backend), log-probabilities come from `models.policy_forward`, the KL from `core.kl`, scores from
-`rewards.score_rollout`, prompts and the held-out split from `data` and `data.split_holdout`.
-"""
+Design notes: docs/design.md, `lmppo.evaluation.evaluate`."""
 
 from __future__ import annotations
 

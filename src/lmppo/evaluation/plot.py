@@ -1,18 +1,6 @@
 """Training curves from one or more runs' ``metrics.jsonl``, drawn into one PNG (``lmppo plot``).
 
-Each run directory holds ``metrics.jsonl``: one JSON object per PPO iteration. One subplot per metric (those
-of ``DEFAULT_KEYS`` that at least one run logged, in that order, with every reward source's ``reward/<name>``
-after ``objective/scores``), x = ``episode``, runs overlaid and named by their directory. RL curves are noisy
-(one batch per point): with enough points each run is drawn as a faint raw line under an exponential moving
-average (``SMOOTHING``), so trends are readable without hiding the noise (quantities set by lmppo itself, such as
-the KL coefficient, are drawn as they are). When a run holds ``summary.json`` (the end-of-run summary), its
-held-out measurements before and after training are drawn as two crosses, at episode 0 and at the run's last
-episode, on the panels they belong to; the held-out evaluations during training (``log.eval_every``: the
-``eval/*`` metrics) are drawn on the same panels as a dashed line with dots. A ``reward/<name>`` panel that would
-repeat ``objective/scores`` exactly
-(a single reward source) is left out. Lines that are not valid JSON objects (a run killed mid-write) are
-skipped and counted.
-"""
+Design notes: docs/design.md, `lmppo.evaluation.plot`."""
 
 from __future__ import annotations
 

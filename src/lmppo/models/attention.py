@@ -1,24 +1,6 @@
 """Attention kernel choice for CPU passes under bf16 autocast.
 
-On CPU, torch's fused scaled-dot-product (flash) kernel is slow in bf16 at the short sequences RLHF trains on:
-for one layer's forward + backward (batch 8, 8 heads, head dim 64) it took 4.7x the time of the plain
-matmul-softmax-matmul ("eager") attention at 64 tokens, 3.5x at 128 and 1.3x at 256, and only won from 512
-tokens on (`python benchmarks/speed/attention_cpu.py` prints the table; docs/performance.md has the run). In fp32 the
-two are within 20% up to 256 tokens.
-
-Inside Llama-like models under bf16 autocast the query, key and value reach the attention in fp32 (the rotary
-embedding is applied in fp32), so SDPA runs its fp32 kernel, while the eager path's two matmuls run in bf16 under
-autocast: on the tiny benchmark policy (batch 8, ~55 tokens) a training forward + backward took 205 ms instead of
-267 ms.
-
-lmppo therefore registers one attention implementation with transformers, `lmppo_cpu`, that takes the eager path
-on CPU for bf16/fp16 queries or under bf16/fp16 autocast, when the score matrix is at most 256 x 256 per head,
-and the model's usual SDPA kernel everywhere else (GPUs, plain fp32, long sequences). Single-token decoding steps
-in bf16 go the eager way too: sampling 8 x 32 tokens with the tiny policy took 270 ms instead of 310 ms (the fused
-kernel's set-up dominates a one-query attention); in fp32 the two were within noise. Both paths compute the same
-softmax attention; only rounding differs. The attention mask is built in the additive (float) form, which
-both paths accept.
-"""
+Design notes: docs/design.md, `lmppo.models.attention`."""
 
 from __future__ import annotations
 

@@ -1,18 +1,6 @@
 """Frozen weights cast to the autocast dtype once, not at every call.
 
-Under autocast a linear layer casts its fp32 weight to bf16 on every call. torch keeps such a cast for the rest of
-the autocast region only for weights that require grad, so a frozen weight (a LoRA policy's LM head, tied to the
-embeddings) is cast again at every decoding step: on the default job (SmolLM2-135M, LoRA, bf16 on CPU) the LM
-head's cast was 20% of the sampler's time. In a pass over a whole batch the cast is small next to the matmuls
-(keeping every frozen weight's cast sped the update phase up by 1%: `benchmarks/speed/frozen_casts.py --where all`), so
-lmppo keeps casts only where it decodes: the sampling copy (`lmppo.sampling.native.SamplingWeights`).
-
-`FrozenCastLinear` is an `nn.Linear` that keeps one cast of its frozen fp32 weight and reuses it while the weight
-is unchanged (same storage, same version counter: any in-place write, such as a checkpoint load, makes a new
-cast). The computation is the one autocast makes: the same bf16 weight, the input and bias cast by autocast as
-before, so outputs and gradients are bit-identical. A weight that requires grad, a weight that is not fp32, or a
-call outside autocast takes nn.Linear's own path. The price is memory: one bf16 copy of each such weight.
-"""
+Design notes: docs/design.md, `lmppo.models.frozen_casts`."""
 
 from __future__ import annotations
 

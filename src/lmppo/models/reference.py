@@ -1,26 +1,6 @@
 """Reference policies for the KL penalty.
 
-- `frozen` (default): the initial policy, never trained (the usual RLHF choice, TRL issue #1112).
-- `sync`: the reference is overwritten with the policy's weights every `every` iterations.
-- `ema`: ref <- (1 - alpha) * ref + alpha * policy every `every` iterations (as TR-DPO does).
-
-Where the reference weights live:
-- Full fine-tuning: a frozen copy of the whole model (a second set of weights).
-- LoRA (any PEFT model): the reference shares the base weights with the policy; no second copy exists.
-  `frozen` is the base model with the adapters switched off (`disable_adapter`). `sync` and `ema` keep a
-  *reference adapter*: a detached copy of the trained parameters (the LoRA factors), swapped into the policy
-  for the reference forward pass and swapped back afterwards, so the reference is base + reference adapter.
-
-Departures from the textbook:
-- With LoRA, `ema` averages the adapter *factors*: the reference's weight delta is B_ref @ A_ref with
-  B_ref = EMA(B), A_ref = EMA(A), not the EMA of the deltas B @ A (a product of averages, not an average of
-  products; a rank-r adapter cannot hold the latter). Both start at the initial adapter and both equal the
-  policy's adapter when alpha = 1.
-- With LoRA and `frozen`, when switching the adapters off does not reproduce the initial policy (an adapter
-  that was already trained, e.g. after SFT, or an initialisation such as PiSSA that rewrites the base
-  weights), the initial adapter is kept as the reference adapter instead, so the reference is always the
-  initial policy. This is detected at start-up with one small forward pass.
-"""
+Design notes: docs/design.md, `lmppo.models.reference`."""
 
 from __future__ import annotations
 

@@ -1,30 +1,6 @@
 """Built-in reward functions, each returning one float per completion.
 
-Use one as a reward source of kind `function`, e.g. ``path: lmppo.rewards.builtin:vader_sentiment``.
-
-- ``exact_match(completions, solution, **kwargs)``: a verifiable reward, TRL's keyword convention: 1.0 when the
-  completion's final answer equals the prompt's ``solution`` column, else 0.0. The final answer is what follows
-  the last ``####`` (GSM8K), else the content of the last ``\\boxed{...}`` (MATH), else the last number in the
-  text, else the whole text; numbers compare as numbers (``12``, ``12.0``, ``1,200`` = ``1200``), other text
-  after trimming, case and surrounding punctuation.
-
-- ``vader_sentiment``: VADER's compound score of the completion, in [-1, 1]. Fast, lexicon-based, easy to
-  game (it rewards words like "great", "love", exclamation marks and capitals), which makes it a good first
-  training signal and a good demonstration of reward hacking.
-- ``minilm_sentiment``: an independent sentiment judge, P(positive) - 0.5 in [-0.5, 0.5], from a logistic
-  regression on all-MiniLM-L6-v2 sentence embeddings trained on 200 labelled movie-review sentences. It shares
-  no lexicon with VADER, so evaluate a VADER-trained policy with it: VADER going up while this judge stays flat
-  is reward hacking.
-- ``minilm_relevance`` and ``minilm_self_similarity``: reward-hacking checks to log with weight 0. The first is
-  how much closer a completion is to its own prompt than to the other prompts of the batch (it falls toward 0 as
-  completions drift off-topic), the second how similar a completion is to the completions of other prompts (it
-  rises as completions collapse onto one phrasing).
-- ``minilm_summary``: for ``builtin:news``: cosine similarity between the MiniLM embeddings of the article
-  (the prompt) and the completion, minus a penalty for very short completions.
-
-Heavy packages (torch, transformers, vaderSentiment) are imported on first call, never at import time.
-The MiniLM encoder and the judge head are loaded/trained once per process; the head is also cached on disk.
-"""
+Design notes: docs/design.md, `lmppo.rewards.builtin`."""
 
 from __future__ import annotations
 

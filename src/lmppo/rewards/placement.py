@@ -1,21 +1,6 @@
 """Put what a reward source returned for each response onto that response's tokens.
 
-A reward source returns one output per response, in one of three forms (each response is checked on its own,
-so one batch may mix them):
-
-* a number: placed on the last real response token, index ``response_mask[i].sum() - 1`` (the stop token
-  when the response has one), as in Ziegler et al. 2019 and every RLHF PPO since;
-* a list of numbers, one per real response token (stop token included): placed as given;
-* a list of spans ``(start_char, end_char, value)``, half-open ``[start, end)`` ranges of characters of the
-  completion text the source was given; each value goes to the tokens that cover those characters: all of it
-  on the span's last token (``last``) or split evenly over the span's tokens (``spread``). An empty list means
-  "no spans" (all zeros).
-
-Spans need to know which characters each generated token produced: ``token_char_offsets`` finds that by
-decoding prefixes of the response, which is exact for any tokenizer (byte-level tokens that split a UTF-8
-character, SentencePiece's leading-space rules, clean-up of spaces) at the cost of O(n^2) decoding; it only
-runs for responses whose output has spans.
-"""
+Design notes: docs/design.md, `lmppo.rewards.placement`."""
 
 from __future__ import annotations
 

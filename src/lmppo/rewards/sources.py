@@ -1,29 +1,6 @@
 """Reward sources (a registry with one constructor signature) and scoring a rollout with them.
 
-A source is called once per rollout batch with the prompt texts (as the policy saw them) and the completion
-texts (decoded without the stop token or padding) and returns one output per response: a number, a list of
-per-token numbers or a list of character spans (see ``lmppo.rewards.placement``). ``score_rollout`` checks every
-output, places it on the response's tokens and sums the sources with their weights.
-
-A per-token list needs one number per response token, and text alone does not say where the policy's tokens
-are (re-encoding a completion need not give back the sampled tokens, and the stop token is not in the text).
-So a source whose ``wants_completion_ids`` is True is also given ``completion_ids``: each response's token ids,
-stop token included, one per entry of a per-token list. A Python function gets them when it has a parameter
-named ``completion_ids`` or a ``**kwargs`` (the name TRL's GRPOTrainer uses for the same thing).
-
-The prompt data's other columns (a reference answer, metadata: ``PromptSet.columns``) travel with each prompt; a
-source whose ``wants_columns`` is True gets them as ``columns=`` (one dict per response). How a Python function is
-called is decided from its signature (``FunctionSource``): by keyword, TRL's convention, when it has a parameter
-named ``completions`` or cannot take two positional arguments; otherwise by position, ``fn(prompts, completions)``.
-
-Kinds: ``function`` (a Python callable, here), ``model`` (``lmppo.rewards.model``), ``http``
-(``lmppo.rewards.http``). A new kind is a subclass registered with ``@register_reward_source("kind")`` whose
-constructor is ``(cfg: RewardSourceConfig, ctx: SourceContext)``.
-
-Departure from TRL / trlx: they take one scalar per response; here every output form may come from every
-source, and a source that fails or returns garbage either stops the run with a message naming the source, the
-sample and the value, or (``on_bad_output: drop``) gives that sample no reward and no gradient and is counted.
-"""
+Design notes: docs/design.md, `lmppo.rewards.sources`."""
 
 from __future__ import annotations
 
