@@ -8,7 +8,8 @@ token t was chosen; ``rewards[:, t]`` is the reward received for emitting token 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -58,11 +59,11 @@ class Rollout:
         """The rollout restricted to rows `index` (tensors indexed, text lists picked)."""
         idx = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         t_idx = torch.as_tensor(idx, dtype=torch.long)
-        out = {}
+        picked = copy.copy(self)
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is None:
-                out[f.name] = None
-            else:
-                out[f.name] = v[t_idx.to(v.device)] if isinstance(v, torch.Tensor) else [v[i] for i in idx]
-        return replace(self, **out)
+            if isinstance(v, torch.Tensor):
+                setattr(picked, f.name, v[t_idx.to(v.device)])
+            elif v is not None:
+                setattr(picked, f.name, [v[i] for i in idx])
+        return picked
