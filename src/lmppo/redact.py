@@ -1,6 +1,6 @@
 """Masking credentials in text (URL user info, secret query parameters, env-style assignments, bearer values,
 well-known token shapes) before it reaches a message, a file or a tracker. A leaf module: `lmppo.errors` masks
-config values in its messages with it, `lmppo.run.checkpoint` masks the config files it writes."""
+config values in its messages with it, `lmppo.run.config_file` masks the config files it writes."""
 
 from __future__ import annotations
 

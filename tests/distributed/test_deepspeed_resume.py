@@ -30,7 +30,8 @@ import yaml
 from test_zero import needs_deepspeed
 
 from conftest import TESTS  # noqa: E402
-from lmppo.run.checkpoint import latest_checkpoint, list_checkpoints
+from lmppo.run.folder import list_checkpoints
+from lmppo.run.manifest import latest_checkpoint
 from train_worker import comparable, read_jsonl
 
 sys.path.insert(0, os.path.join(TESTS, "..", "benchmarks", "tools"))
@@ -381,7 +382,7 @@ def test_sharded_manifest_must_list_every_process_part(tmp_path):
     import json
 
     from lmppo.errors import CheckpointError
-    from lmppo.run.checkpoint import verify_checkpoint, write_manifest
+    from lmppo.run.manifest import verify_checkpoint, write_manifest
 
     folder = tmp_path / "iter-00000001"
     (folder / "deepspeed").mkdir(parents=True)

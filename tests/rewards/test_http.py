@@ -19,7 +19,7 @@ from lmppo.config.schema import Config, RewardConfig, RewardSourceConfig, load_c
 from lmppo.errors import ConfigError, RewardError
 from lmppo.rewards import build_reward_sources
 from lmppo.rewards.http import HttpSource, retry_after_seconds
-from lmppo.run.checkpoint import redacted_config_dict
+from lmppo.run.config_file import redacted_config_dict
 
 SECRET = "s3cr3t-Tok3n-value-42"
 

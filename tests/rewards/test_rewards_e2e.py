@@ -583,7 +583,8 @@ def dropped_rows_get_no_gradient(trainer, rollout, rewards, dropped) -> bool:
 
 
 def test_reward_error_never_loses_the_last_checkpoint(tmp_path, tokenizer):
-    from lmppo.run.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
+    from lmppo.run.folder import list_checkpoints
+    from lmppo.run.manifest import latest_checkpoint, verify_checkpoint
 
     calls = []
 

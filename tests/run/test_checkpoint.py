@@ -15,14 +15,10 @@ import yaml
 
 from lmppo.config.schema import Config, RewardSourceConfig
 from lmppo.errors import CheckpointError, ConfigError, StorageError, TrainingError
-from lmppo.run.checkpoint import (
-    MANIFEST,
-    latest_checkpoint,
-    list_checkpoints,
-    redact_text,
-    redacted_config_dict,
-    verify_checkpoint,
-)
+from lmppo.redact import redact_text
+from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.folder import MANIFEST, list_checkpoints
+from lmppo.run.manifest import latest_checkpoint, verify_checkpoint
 from lmppo.training.trainer import PPOTrainer
 from train_worker import api_objects, make_config, read_jsonl
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from conftest import TESTS  # noqa: E402
-from lmppo.run.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, verify_checkpoint
+from lmppo.run.folder import list_checkpoints
+from lmppo.run.manifest import latest_checkpoint, verify_checkpoint
 from lmppo.training.trainer import PPOTrainer
 from train_worker import api_objects, comparable, make_config, read_jsonl
 
@@ -106,7 +107,7 @@ def assert_latest_loads(out: str, iteration: int, tokenizer) -> None:
         ),
         **api_objects(tokenizer),
     )
-    load_checkpoint(probe, path)
+    probe.load_checkpoint(path)
     assert probe.iteration == iteration and probe.episode == iteration * 8
 
 

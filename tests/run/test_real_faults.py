@@ -18,7 +18,6 @@ import uuid
 import pytest
 import yaml
 
-import lmppo.run.checkpoint as checkpoint_module
 import lmppo.run.lock as lock
 import lmppo.run.storage as storage
 import lmppo.training.trainer as trainer_module
@@ -113,7 +112,7 @@ def pad_to_page(path: str, page: int = 4096) -> None:
 def fill_after_checkpoint(monkeypatch, disk: str, at_iteration: int, leave, pad: str = "") -> dict:
     """After the checkpoint of iteration `at_iteration` is written, the disk fills up (to `leave(folder)` free);
     `pad`: a log file of the run to end at a page boundary first."""
-    real = checkpoint_module.save_checkpoint
+    real = trainer_module.checkpoint_trainer
     state: dict = {}
 
     def save_then_fill(trainer):
@@ -124,7 +123,7 @@ def fill_after_checkpoint(monkeypatch, disk: str, at_iteration: int, leave, pad:
             state["filler"] = fill(disk, leave(folder))
         return folder
 
-    monkeypatch.setattr(trainer_module, "save_checkpoint", save_then_fill)  # the name the trainer calls
+    monkeypatch.setattr(trainer_module, "checkpoint_trainer", save_then_fill)  # the name the trainer calls
     return state
 
 
@@ -458,7 +457,7 @@ PRUNE_AND_STALL = textwrap.dedent("""
     import os, sys, time
     sys.path.insert(0, {src!r})
     import lmppo.run.storage as storage
-    from lmppo.run.checkpoint import prune_checkpoints
+    from lmppo.run.manifest import prune_checkpoints
     real_unlink = os.unlink
     count = [0]
 
@@ -475,7 +474,7 @@ PRUNE_AND_STALL = textwrap.dedent("""
 
 
 def fake_checkpoint(run: str, iteration: int) -> str:
-    from lmppo.run.checkpoint import write_manifest
+    from lmppo.run.manifest import write_manifest
 
     folder = os.path.join(run, "checkpoints", f"iter-{iteration:08d}")
     os.makedirs(folder)
@@ -487,7 +486,8 @@ def fake_checkpoint(run: str, iteration: int) -> str:
 
 
 def test_a_kill_while_pruning_never_leaves_a_half_removed_checkpoint_under_its_name(tmp_path):
-    from lmppo.run.checkpoint import list_checkpoints, prune_checkpoints, verify_checkpoint
+    from lmppo.run.folder import list_checkpoints
+    from lmppo.run.manifest import prune_checkpoints, verify_checkpoint
 
     run = str(tmp_path / "run")
     for i in (1, 2, 3):

@@ -12,7 +12,7 @@ import yaml
 
 from lmppo.apps.cli import main
 from lmppo.errors import CheckpointError, ConfigError
-from lmppo.run.checkpoint import list_checkpoints
+from lmppo.run.folder import list_checkpoints
 from lmppo.training.trainer import PPOTrainer
 from train_worker import api_objects, comparable, length_reward, make_config, read_jsonl
 

@@ -17,7 +17,8 @@ from lmppo.config.schema import Config, load_config, parse_overrides, recipe_pat
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.summary import print_run_summary
 from lmppo.run import lock
-from lmppo.run.checkpoint import latest_checkpoint, redacted_config_dict
+from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.manifest import latest_checkpoint
 from lmppo.run.storage import write_json
 from lmppo.training.trainer import PPOTrainer
 

@@ -1,5 +1,5 @@
 """The optimizer and the learning-rate schedule of a run (`ppo.learning_rate`, `ppo.lr_schedule`,
-`ppo.warmup_iterations`); `lmppo.run.checkpoint` uses the same schedule when a resumed run changes it."""
+`ppo.warmup_iterations`); `lmppo.training.resume` uses the same schedule when a resumed run changes it."""
 
 from __future__ import annotations
 

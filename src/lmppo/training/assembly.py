@@ -47,7 +47,7 @@ from lmppo.models.optim import lr_factor, make_adamw
 from lmppo.models.precision import PrecisionChoice, choose_precision
 from lmppo.models.reference import ReferencePolicy
 from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
-from lmppo.run.checkpoint import prepare_output_dir
+from lmppo.run.folder import prepare_output_dir
 from lmppo.sampling.engines import SamplingEngine, check_sampling_engine
 from lmppo.sampling.hf import warn_distorting_once
 
@@ -115,7 +115,7 @@ def build_components(
     if console is not None and accelerator.is_main_process:
         console.print(f"precision {precision.precision}: {precision.reason}", highlight=False, soft_wrap=True)
     # create output_dir and write its config.yaml (secrets masked); refuse a folder holding another run unless
-    # `overwrite: true` (see `lmppo.run.checkpoint.prepare_output_dir`)
+    # `overwrite: true` (see `lmppo.run.folder.prepare_output_dir`)
     prepare_output_dir(cfg, accelerator.is_main_process, resuming, comments=[f"precision: {precision.reason}"])
 
     # --- models

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -46,7 +45,8 @@ from lmppo.evaluation.heldout import sample_and_score
 from lmppo.models.loading import PolicyOutput, is_peft_model
 from lmppo.models.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
 from lmppo.rewards import decode_completion, score_rollout
-from lmppo.run.checkpoint import export_model, load_checkpoint, redacted_config_dict, resume_trainer, save_checkpoint
+from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.export import export_model, warn_unmerged, writes_merged
 from lmppo.run.model_card import card_folders, card_text
 from lmppo.run.storage import write_text
 from lmppo.sampling.engines import PromptBatch, SamplingEngine, build_sampling_engine
@@ -56,6 +56,7 @@ from lmppo.training.assembly import Components, build_components, prompts_per_it
 from lmppo.training.callbacks import callback_list
 from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, make_trackers, warn_negative_kl
 from lmppo.training.progress import ProgressDisplay
+from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
 
 
 @dataclass
@@ -155,6 +156,7 @@ class PPOTrainer:
         self.episode = 0  # episodes trained on
         self.nonfinite_in_a_row = 0
         self.train_seconds = 0.0
+        self.frozen_fingerprint: Optional[str] = None  # of the weights training does not change (resume checks it)
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
         self.progress = ProgressDisplay()
@@ -721,13 +723,8 @@ class PPOTrainer:
     def save_model(self, directory: str) -> None:
         """The trained policy (and value model) in Hugging Face format with safetensors, written atomically, each
         folder with its model card; a LoRA policy also merged into full weights (`model.lora.save_merged`)."""
-        mc = self.config.model
-        if mc.lora.save_merged and mc.load_in_4bit and is_peft_model(self.policy) and self.accelerator.is_main_process:
-            warnings.warn(
-                "model.lora.save_merged: no final/policy-merged for a 4-bit base (model.load_in_4bit); "
-                "merge the adapter in final/policy onto the base loaded in bf16",
-                stacklevel=2,
-            )
+        if self.accelerator.is_main_process:
+            warn_unmerged(self.config.model, self.policy)
         with self.strategy.saving(self.actor):  # ZeRO-3: every process gathers the full weights for the save
             if self.accelerator.is_main_process:
                 unwrap = self.accelerator.unwrap_model
@@ -739,16 +736,11 @@ class PPOTrainer:
                     value_model=unwrap(self.critic).model if self.critic is not None else None,
                     keep="the checkpoint of the last iteration is complete: free space and run "
                     f"`lmppo train --resume {self.config.output_dir}` to write it again",
-                    merged=self._writes_merged(),
+                    merged=writes_merged(self.config.model, self.policy),
                     cards=self.model_card,
                     adapter_base=hub_repo_id(self.base_model) if self.base_model else None,
                 )
                 self.callbacks.call("on_save", self, directory)
-
-    def _writes_merged(self) -> bool:
-        """Whether final/ gets policy-merged: `model.lora.save_merged` on a LoRA policy, not on a 4-bit base."""
-        mc = self.config.model
-        return bool(mc.lora.save_merged and is_peft_model(self.policy) and not mc.load_in_4bit)
 
     def model_card(
         self, folder: str, heldout: Optional[Sequence[tuple[str, str, str, str]]] = None, heldout_title: str = ""
@@ -760,7 +752,7 @@ class PPOTrainer:
             redacted_config_dict(self.config),
             self.base_model,
             adapter=is_peft_model(self.policy),
-            merged=self._writes_merged() if folder != "value" else False,
+            merged=writes_merged(self.config.model, self.policy) if folder != "value" else False,
             iterations=self.iteration,
             heldout=heldout,
             heldout_title=heldout_title,
@@ -780,7 +772,7 @@ class PPOTrainer:
             )
 
     def save_checkpoint(self) -> Optional[str]:
-        path = save_checkpoint(self)  # (sharded under DeepSpeed: `lmppo.distributed.strategy`)
+        path = checkpoint_trainer(self)  # (sharded under DeepSpeed: `lmppo.distributed.strategy`)
         if self.accelerator.is_main_process:
             self.callbacks.call("on_save", self, path)
         return path
@@ -830,7 +822,7 @@ class PPOTrainer:
             m,
         )
 
-    # ---- checkpoint state (see lmppo.run.checkpoint for the layout and what exact resume restores)
+    # ---- resume (docs/checkpoints.md: the format and what exact resume restores)
     @classmethod
     def resume(
         cls,
@@ -855,21 +847,7 @@ class PPOTrainer:
         """Restore this trainer from a checkpoint folder, or from the latest complete checkpoint of a run folder
         (default: this run's output_dir); returns the folder used. metrics.jsonl / samples.jsonl of the
         output_dir are cut back to the checkpoint's iteration."""
-        return load_checkpoint(self, path)
-
-    def state_for_checkpoint(self) -> dict[str, Any]:
-        """The trainer's state besides tensors, as JSON-able values (tensors:
-        `lmppo.run.checkpoint.save_checkpoint`)."""
-        return {
-            "iteration": self.iteration,
-            "episode": self.episode,
-            "train_seconds": self.train_seconds,
-            "nonfinite_in_a_row": self.nonfinite_in_a_row,
-            "stream": self.stream.state_dict(),
-            "kl_controller": self.kl_controller.state_dict(),
-            "score_moments": self.score_moments.state_dict(),
-            "scheduler": {k: v for k, v in self.scheduler.state_dict().items() if k != "lr_lambdas"},
-        }
+        return load_trainer_checkpoint(self, path)
 
 
 def _trim(batch: Rollout) -> tuple[Rollout, int]:

@@ -1,0 +1,69 @@
+"""A run's `config.yaml`: the config with secrets masked, under a header that marks it as lmppo's own."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Sequence
+
+import lmppo.config.schema as config_module
+import lmppo.run.storage as storage
+from lmppo.config.schema import Config
+from lmppo.redact import _SECRET_KEY, MASK, is_env_template, redact_text
+
+CONFIG_HEADER = "# lmppo run config (secrets masked); resume with: lmppo train --resume OUTPUT_DIR\n"
+
+
+def _config_field_names() -> frozenset[str]:
+    names: set[str] = set()
+    for obj in vars(config_module).values():
+        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__:
+            names.update(f.name for f in dataclasses.fields(obj))
+    return frozenset(names)
+
+
+def _redact(value: Any, known: frozenset[str]) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, (list, tuple)):
+        return [_redact(v, known) for v in value]
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            secret_key = isinstance(k, str) and k not in known and _SECRET_KEY.search(k)
+            env_only = isinstance(v, str) and is_env_template(v)  # `Bearer ${TOKEN}`: no secret in the text
+            out[k] = MASK if secret_key and v not in (None, "", False) and not env_only else _redact(v, known)
+        return out
+    return value
+
+
+def redacted_config_dict(cfg: Config | dict) -> dict:
+    """The config as a plain dict, safe to write to files and trackers: credentials in URLs and strings masked
+    (see `redact_text`), and values under secret-looking keys of free-form mappings (e.g. a `token` in
+    rollout.generation_kwargs) replaced by `***`. Config fields themselves (`stop_token`, ...) are kept."""
+    data = cfg if isinstance(cfg, dict) else cfg.to_dict()
+    return _redact(copy.deepcopy(data), _config_field_names())
+
+
+def masked_fields(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    """(dotted name, value) of the string leaves of a config dict that hold a mask."""
+    out: list[tuple[str, str]] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            out += masked_fields(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            out += masked_fields(v, f"{prefix}[{i}]")
+    elif isinstance(data, str) and MASK in data:
+        out.append((prefix, data))
+    return out
+
+
+def write_run_config(cfg: Config, path: str, comments: Sequence[str] = ()) -> None:
+    """`config.yaml` of a run (secrets masked), written atomically; `comments`: lines after the header (how a
+    value was chosen, e.g. `precision: auto`)."""
+    import yaml
+
+    text = CONFIG_HEADER + "".join(f"# {' '.join(line.split())}\n" for line in comments)
+    text += yaml.safe_dump(redacted_config_dict(cfg), sort_keys=False, allow_unicode=True)
+    storage.write_text(path, text, "the run's config (config.yaml)")

@@ -1,0 +1,74 @@
+"""The trained model for inference (`output_dir/final/`): policy, merged policy and value model in Hugging Face
+format, each folder with its model card (`lmppo.run.model_card`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from typing import Any, Callable, Optional
+
+from safetensors.torch import save_file
+
+from lmppo.config.schema import ModelConfig
+from lmppo.models.loading import is_peft_model, save_merged
+from lmppo.run.storage import atomic_dir
+
+
+def writes_merged(model: ModelConfig, policy: Any) -> bool:
+    """Whether final/ gets policy-merged: `model.lora.save_merged` on a LoRA policy, not on a 4-bit base."""
+    return bool(model.lora.save_merged and is_peft_model(policy) and not model.load_in_4bit)
+
+
+def warn_unmerged(model: ModelConfig, policy: Any) -> None:
+    """The warning that `model.lora.save_merged` gives no merged policy for a 4-bit base."""
+    if model.lora.save_merged and model.load_in_4bit and is_peft_model(policy):
+        warnings.warn(
+            "model.lora.save_merged: no final/policy-merged for a 4-bit base (model.load_in_4bit); "
+            "merge the adapter in final/policy onto the base loaded in bf16",
+            stacklevel=3,
+        )
+
+
+def export_model(
+    directory: str,
+    policy: Any,
+    tokenizer: Any,
+    value_model: Any = None,
+    value_head: Any = None,
+    keep: str = "",
+    merged: bool = False,
+    cards: Optional[Callable[[str], str]] = None,
+    adapter_base: Optional[str] = None,
+) -> None:
+    """`directory/policy` (the policy in Hugging Face format, safetensors, with its tokenizer; a LoRA policy: its
+    adapter), `directory/policy-merged` when `merged` (a LoRA policy's adapters merged into full weights, with the
+    tokenizer) and `directory/value` (the critic's model, or the shared value head's tensors), written atomically
+    (`atomic_dir`); a failed write is one StorageError, with `keep` saying what is still intact. `cards`: folder
+    name -> its README.md text (`lmppo.run.model_card`). `adapter_base`: the base model the adapter config names (a Hub
+    id rather than the local cache folder it was loaded from)."""
+    with atomic_dir(directory, "the trained model", keep) as tmp:
+        policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
+        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
+        adapter_config = os.path.join(tmp, "policy", "adapter_config.json")
+        if adapter_base and os.path.isfile(adapter_config):
+            with open(adapter_config, encoding="utf-8") as fh:
+                data = json.load(fh)
+            data["base_model_name_or_path"] = adapter_base
+            with open(adapter_config, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, indent=2)
+        if merged:
+            save_merged(policy, os.path.join(tmp, "policy-merged"))
+            tokenizer.save_pretrained(os.path.join(tmp, "policy-merged"))
+        if value_model is not None:
+            value_model.save_pretrained(os.path.join(tmp, "value"), safe_serialization=True)
+        else:
+            os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
+            save_file(
+                {k: v.contiguous() for k, v in value_head.state_dict().items()},
+                os.path.join(tmp, "value", "value_head.safetensors"),
+            )
+        for folder in ("policy", "policy-merged", "value") if cards is not None else ():
+            if os.path.isdir(os.path.join(tmp, folder)):  # (replaces the card peft writes for an adapter)
+                with open(os.path.join(tmp, folder, "README.md"), "w", encoding="utf-8") as fh:
+                    fh.write(cards(folder))
