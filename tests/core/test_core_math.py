@@ -110,18 +110,18 @@ def test_adaptive_kl_controller_sequence():
     # kl 12 -> error clipped to +0.2 -> beta *= 1 + 0.2*8/10000 = 1.00016
     # kl 3  -> error -0.5 clipped to -0.2 -> beta *= 0.99984
     # kl 7.5 -> error 0.25 clipped 0.2;  kl 6.6 -> error 0.1 -> *1.00008
-    c = AdaptiveKLController(0.1, target=6.0, horizon=10000)
+    c = AdaptiveKLController(0.1, target=6.0, horizon=10000, batch_size=8)
     expected = 0.1
     for kl, mult in [(12, 1.00016), (3, 0.99984), (7.5, 1.00016), (6.6, 1.00008)]:
-        c.update(kl, 8)
+        c.update(kl)
         expected *= mult
-        assert c.value == pytest.approx(expected, rel=1e-12)
+        assert c.coef == pytest.approx(expected, rel=1e-12)
     f = FixedKLController(0.05)
-    f.update(100.0, 8)
-    assert f.value == 0.05
-    c2 = AdaptiveKLController(1.0, 6.0, 10000)
+    f.update(100.0)
+    assert f.coef == 0.05
+    c2 = AdaptiveKLController(1.0, 6.0, 10000, 8)
     c2.load_state_dict(c.state_dict())
-    assert c2.value == c.value
+    assert c2.coef == c.coef
 
 
 # ---------------------------------------------------------------- losses

@@ -38,8 +38,8 @@ def test_pi_controller_hand_worked_sequence():
         (2.5, 0.05 * 0.75 * (7.5 * 1.75) ** 0.5 * math.exp(-0.5), math.log(7.5 * 1.75) - 1),
     ]
     for kl, beta, integral in steps:
-        c.update(kl, 32)
-        assert c.value == pytest.approx(beta, rel=1e-12)
+        c.update(kl)
+        assert c.coef == pytest.approx(beta, rel=1e-12)
         assert c.integral == pytest.approx(integral, rel=1e-12)
     assert [round(b, 6) for _, b, _ in steps] == [
         0.141421,
@@ -57,21 +57,21 @@ def test_pi_controller_drops_the_windup_of_the_climb_on_arrival():
     # beta_0 0.05, target 4, kp 1, ki 0.5, kd 1: a climb that stalls twice winds the integral down
     c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=1.0)
     c.update(1.0)  # first reading, e = ln 0.25 (-1.386) clipped to -1, not yet a rise or a stall: I = 0
-    assert c.value == pytest.approx(0.05 * math.exp(-1)) and c.integral == 0.0
+    assert c.coef == pytest.approx(0.05 * math.exp(-1)) and c.integral == 0.0
     c.update(0.8)  # stalled: e = ln 0.2 -> -1, integrates: I = -1; beta = 0.05 e^-1 e^-0.5
-    assert c.value == pytest.approx(0.05 * math.exp(-1.5)) and c.integral == pytest.approx(-1.0)
+    assert c.coef == pytest.approx(0.05 * math.exp(-1.5)) and c.integral == pytest.approx(-1.0)
     c.update(1.6)  # rising, read as 2.4: e = ln 0.6, no integration; beta = 0.05 * 0.6 * e^-0.5
-    assert c.value == pytest.approx(0.05 * 0.6 * math.exp(-0.5)) and c.integral == pytest.approx(-1.0)
+    assert c.coef == pytest.approx(0.05 * 0.6 * math.exp(-0.5)) and c.integral == pytest.approx(-1.0)
     c.update(1.2)  # stalled: e = ln 0.3 (-1.204) -> -1: I = -2
-    assert c.value == pytest.approx(0.05 * math.exp(-2)) and c.integral == pytest.approx(-2.0)
+    assert c.coef == pytest.approx(0.05 * math.exp(-2)) and c.integral == pytest.approx(-2.0)
     c.update(2.2)  # rising by 1, read as 3.2: e = ln 0.8, below target: I stays -2
-    assert c.value == pytest.approx(0.05 * 0.8 * math.exp(-1)) and c.integral == pytest.approx(-2.0)
+    assert c.coef == pytest.approx(0.05 * 0.8 * math.exp(-1)) and c.integral == pytest.approx(-2.0)
     c.update(3.0)  # rising by 0.8, read as 3.8: still short of the target
-    assert c.value == pytest.approx(0.05 * 0.95 * math.exp(-1)) and c.integral == pytest.approx(-2.0)
+    assert c.coef == pytest.approx(0.05 * 0.95 * math.exp(-1)) and c.integral == pytest.approx(-2.0)
     # rising by 0.6, read as 4.2: arrives. I = 0 + ln 1.05; beta = 0.05 * 1.05 ** 1.5 (not 1.05 ** 1.5 / e)
     c.update(3.6)
     assert c.arrived and c.integral == pytest.approx(math.log(1.05))
-    assert c.value == pytest.approx(0.05 * 1.05**1.5)
+    assert c.coef == pytest.approx(0.05 * 1.05**1.5)
     # after the arrival the integral runs as before: a stall below the target winds it down again, and a second
     # arrival does not reset it
     c.update(2.0)  # stalled: e = ln 0.5, I = ln 1.05 + ln 0.5 = ln 0.525
@@ -79,7 +79,7 @@ def test_pi_controller_drops_the_windup_of_the_climb_on_arrival():
     assert c.integral == pytest.approx(math.log(0.2625))
     c.update(4.4)  # rising by 2.4, read as 6.8: e = ln 1.7, integrates: I = ln(0.2625 * 1.7)
     assert c.integral == pytest.approx(math.log(0.2625 * 1.7))
-    assert c.value == pytest.approx(0.05 * 1.7 * (0.2625 * 1.7) ** 0.5)
+    assert c.coef == pytest.approx(0.05 * 1.7 * (0.2625 * 1.7) ** 0.5)
     # the arrival survives a checkpoint, and a checkpoint from before the reset existed never resets
     restored = PIKLController(0.05, 4.0)
     restored.load_state_dict(c.state_dict())
@@ -94,27 +94,27 @@ def test_pi_controller_look_ahead_gain():
     # the same readings with kd 0: the KL is read as it is
     c = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=0.0)
     c.update(2.0)  # e = ln 0.5, first reading, below target: no integration
-    assert c.value == pytest.approx(0.05 * 0.5) and c.integral == 0.0
+    assert c.coef == pytest.approx(0.05 * 0.5) and c.integral == 0.0
     c.update(3.0)  # rising, below target, e = ln 0.75: no integration
-    assert c.value == pytest.approx(0.05 * 0.75) and c.integral == 0.0
+    assert c.coef == pytest.approx(0.05 * 0.75) and c.integral == 0.0
     fast = PIKLController(0.05, 4.0, kp=1.0, ki=0.5, kd=2.0)
     fast.update(2.0)
     fast.update(3.0)  # rose by 1, read as 3 + 2 * 1 = 5: e = ln 1.25, integrates
-    assert fast.value == pytest.approx(0.05 * 1.25**1.5) and fast.integral == pytest.approx(math.log(1.25))
+    assert fast.coef == pytest.approx(0.05 * 1.25**1.5) and fast.integral == pytest.approx(math.log(1.25))
 
 
 def test_pi_controller_holds_its_bounds_without_winding_up():
     c = PIKLController(0.05, 4.0, coef_max=0.1)
     c.update(40.0)  # e = 1: ln beta = ln 0.05 + 1 -> above the bound: beta clamped
-    assert c.value == pytest.approx(0.1) and c.integral == 0.0
+    assert c.coef == pytest.approx(0.1) and c.integral == 0.0
     c.update(40.0)  # integrating would push further past the bound: no windup
-    assert c.value == pytest.approx(0.1) and c.integral == 0.0
+    assert c.coef == pytest.approx(0.1) and c.integral == 0.0
     c.update(4.0)  # on target: e = 0 -> beta back to beta_0 at once (no stored windup to unwind)
-    assert c.value == pytest.approx(0.05)
+    assert c.coef == pytest.approx(0.05)
     low = PIKLController(0.05, 4.0, coef_min=0.04)
     low.update(0.0)
     low.update(0.0)
-    assert low.value == pytest.approx(0.04) and low.integral == 0.0
+    assert low.coef == pytest.approx(0.04) and low.integral == 0.0
 
 
 def test_pi_controller_state_round_trip_and_gains():
@@ -125,20 +125,20 @@ def test_pi_controller_state_round_trip_and_gains():
     b.load_state_dict(a.state_dict())
     a.update(5.0)
     b.update(5.0)
-    assert a.value == b.value and a.integral == b.integral
+    assert a.coef == b.coef and a.integral == b.integral
     # kp 0 and ki 0: beta never moves
     still = PIKLController(0.05, 4.0, kp=0.0, ki=0.0)
     for kl in (0.0, 100.0, 3.0):
         still.update(kl)
-    assert still.value == pytest.approx(0.05)
+    assert still.coef == pytest.approx(0.05)
     # a KL stuck at twice the target: x**(kp+ki) at once, then x**ki per iteration
     twice = PIKLController(0.05, 4.0, kp=1.0, ki=0.5)
     twice.update(8.0)
-    assert twice.value == pytest.approx(0.05 * 2**1.5)
+    assert twice.coef == pytest.approx(0.05 * 2**1.5)
     twice.update(8.0)
-    assert twice.value == pytest.approx(0.05 * 2**2)
+    assert twice.coef == pytest.approx(0.05 * 2**2)
     twice.update(8.0)
-    assert twice.value == pytest.approx(0.05 * 2**2.5)
+    assert twice.coef == pytest.approx(0.05 * 2**2.5)
     with pytest.raises(ValueError):
         PIKLController(0.0, 4.0)
 
@@ -147,14 +147,14 @@ def test_make_kl_controller_reads_every_setting():
     k = types.SimpleNamespace(
         controller="pi", coef=0.2, target=3.0, kp=2.0, ki=0.25, kd=0.7, coef_min=0.01, coef_max=5.0, horizon=77
     )
-    c = make_kl_controller(k)
+    c = make_kl_controller(k, 8)
     assert isinstance(c, PIKLController)
-    assert (c.value, c.target, c.kp, c.ki, c.kd, c.coef_min, c.coef_max) == (0.2, 3.0, 2.0, 0.25, 0.7, 0.01, 5.0)
+    assert (c.coef, c.target, c.kp, c.ki, c.kd, c.coef_min, c.coef_max) == (0.2, 3.0, 2.0, 0.25, 0.7, 0.01, 5.0)
     k.controller = "adaptive"
-    z = make_kl_controller(k)
-    assert isinstance(z, AdaptiveKLController) and (z.value, z.target, z.horizon) == (0.2, 3.0, 77)
+    z = make_kl_controller(k, 8)
+    assert isinstance(z, AdaptiveKLController) and (z.coef, z.target, z.horizon, z.batch_size) == (0.2, 3.0, 77, 8)
     k.controller = "fixed"
-    assert isinstance(make_kl_controller(k), FixedKLController)
+    assert isinstance(make_kl_controller(k, 8), FixedKLController)
 
 
 @pytest.mark.parametrize(
@@ -236,9 +236,9 @@ def test_kl_react_sets_when_beta_answers_a_batch(tmp_path, tokenizer, react):
     for m in run:
         if react == "now":
             shadow.update(m["objective/kl"])
-        assert m["objective/kl_coef"] == pytest.approx(shadow.value, rel=1e-12)
+        assert m["objective/kl_coef"] == pytest.approx(shadow.coef, rel=1e-12)
         # the batch's penalty used that beta: non-score reward = -beta * KL per response
-        assert m["objective/non_score_reward"] == pytest.approx(-shadow.value * m["objective/kl"], rel=1e-5, abs=1e-12)
+        assert m["objective/non_score_reward"] == pytest.approx(-shadow.coef * m["objective/kl"], rel=1e-5, abs=1e-12)
         if react == "next":
             shadow.update(m["objective/kl"])
     assert run[0]["objective/kl"] == 0.0 and run[1]["objective/kl"] > 0.0  # readings that move beta

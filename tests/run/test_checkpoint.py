@@ -68,7 +68,7 @@ def test_layout_manifest_and_keep_last(tmp_path, tokenizer):
     ):
         assert key in state, key
     assert state["iteration"] == 3 and state["episode"] == 24 and state["stream"] == trainer.stream.state_dict()
-    assert state["kl_controller"]["value"] == trainer.kl_controller.value  # the adaptive coefficient, exactly
+    assert state["kl_controller"]["value"] == trainer.kl_controller.coef  # the adaptive coefficient, exactly
     from safetensors.torch import load_file
 
     stored = load_file(os.path.join(path, "trained.safetensors"))

@@ -44,7 +44,7 @@ def assert_same_state(a: PPOTrainer, b: PPOTrainer) -> None:
     for i in sa["state"]:
         for key in sa["state"][i]:
             assert torch.equal(sa["state"][i][key], sb["state"][i][key]), (i, key)
-    assert a.kl_controller.value == b.kl_controller.value
+    assert a.kl_controller.coef == b.kl_controller.coef
     assert a.score_moments.state_dict() == b.score_moments.state_dict()
     assert a.stream.state_dict() == b.stream.state_dict()
     assert a.scheduler.get_last_lr() == b.scheduler.get_last_lr()

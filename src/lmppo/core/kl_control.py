@@ -3,43 +3,58 @@
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol
+
+
+class KLController(Protocol):
+    """How beta moves: `update` reads the mean KL per response of a batch (nats, summed over its tokens, over all
+    processes), `coef` is the beta the trainer applies. state_dict / load_state_dict: JSON-able, for checkpoints
+    (the coefficient under the key `value`)."""
+
+    coef: float
+
+    def update(self, kl: float) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 class FixedKLController:
     """A constant KL coefficient."""
 
     def __init__(self, coef: float):
-        self.value = coef
+        self.coef = coef
 
-    def update(self, current_kl: float, n_steps: int) -> None:
+    def update(self, kl: float) -> None:
         pass
 
     def state_dict(self) -> dict:
-        return {"value": self.value}
+        return {"value": self.coef}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
+        self.coef = state["value"]
 
 
 class AdaptiveKLController:
     """Adaptive KL coefficient of Ziegler et al. 2019 (lm-human-preferences, `AdaptiveKLController`).
 
-    After each batch of `n_steps` episodes with mean per-response KL `current_kl`:
-      error = clip(current_kl / target - 1, -0.2, 0.2);  beta <- beta * (1 + error * n_steps / horizon)
+    After each batch of `batch_size` episodes with mean per-response KL `kl`:
+      error = clip(kl / target - 1, -0.2, 0.2);  beta <- beta * (1 + error * batch_size / horizon)
     """
 
-    def __init__(self, init_coef: float, target: float, horizon: int):
-        self.value, self.target, self.horizon = init_coef, target, horizon
+    def __init__(self, init_coef: float, target: float, horizon: int, batch_size: int):
+        self.coef, self.target, self.horizon, self.batch_size = init_coef, target, horizon, batch_size
 
-    def update(self, current_kl: float, n_steps: int) -> None:
-        proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+    def update(self, kl: float) -> None:
+        proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
+        self.coef *= 1.0 + proportional_error * self.batch_size / self.horizon
 
     def state_dict(self) -> dict:
-        return {"value": self.value}
+        return {"value": self.coef}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
+        self.coef = state["value"]
 
 
 class PIKLController:
@@ -98,7 +113,7 @@ class PIKLController:
         self.integral = 0.0
         self.arrived = False  # has the KL (read ahead) reached the target yet
         self.last_kl: float | None = None
-        self.value = min(max(init_coef, coef_min), coef_max)
+        self.coef = min(max(init_coef, coef_min), coef_max)
 
     def error(self, current_kl: float) -> float:
         """clip(log(kl / target), -1, 1); a KL at or below 0 (or NaN) counts as far below target: -1."""
@@ -106,11 +121,10 @@ class PIKLController:
             return -1.0
         return min(max(math.log(current_kl / self.target), -1.0), 1.0)
 
-    def update(self, current_kl: float, n_steps: int = 0) -> None:
-        """`n_steps` (episodes) is accepted for the controllers' common interface and not used."""
-        last, self.last_kl = self.last_kl, current_kl
-        rising = last is not None and current_kl > last  # False for NaN readings
-        ahead = current_kl + self.kd * (current_kl - last) if rising else current_kl
+    def update(self, kl: float) -> None:
+        last, self.last_kl = self.last_kl, kl
+        rising = last is not None and kl > last  # False for NaN readings
+        ahead = kl + self.kd * (kl - last) if rising else kl
         e = self.error(ahead)
         if not self.arrived and ahead >= self.target:  # first arrival: drop the windup of the climb
             self.arrived, self.integral = True, 0.0
@@ -122,26 +136,26 @@ class PIKLController:
             integral = self.integral
             log_beta = math.log(self.init_coef) + self.kp * e + self.ki * integral
         self.integral = integral
-        self.value = math.exp(min(max(log_beta, lo), hi))
+        self.coef = math.exp(min(max(log_beta, lo), hi))
 
     def state_dict(self) -> dict:
-        return {"value": self.value, "integral": self.integral, "last_kl": self.last_kl, "arrived": self.arrived}
+        return {"value": self.coef, "integral": self.integral, "last_kl": self.last_kl, "arrived": self.arrived}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = state["value"]
+        self.coef = state["value"]
         self.integral = state.get("integral", 0.0)
         self.last_kl = state.get("last_kl")
         self.arrived = state.get("arrived", True)  # saved before the arrival reset existed: never reset
 
 
-def make_kl_controller(settings) -> "FixedKLController | AdaptiveKLController | PIKLController":
+def make_kl_controller(settings: Any, batch_size: int) -> KLController:
     """The controller named by `settings.controller`; `settings` has KLConfig's fields (duck-typed, so the
-    math layer needs no config import)."""
-    return KL_CONTROLLERS[settings.controller](settings)
+    math layer needs no config import), `batch_size`: episodes per update (`rollout.batch_size`)."""
+    return KL_CONTROLLERS[settings.controller](settings, batch_size)
 
 
 KL_CONTROLLERS = {
-    "fixed": lambda k: FixedKLController(k.coef),
-    "adaptive": lambda k: AdaptiveKLController(k.coef, k.target, k.horizon),
-    "pi": lambda k: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd),
+    "fixed": lambda k, batch_size: FixedKLController(k.coef),
+    "adaptive": lambda k, batch_size: AdaptiveKLController(k.coef, k.target, k.horizon, batch_size),
+    "pi": lambda k, batch_size: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd),
 }

@@ -21,7 +21,7 @@ from torch import nn
 
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.config.schema import Config, RewardSourceConfig, _default_sources
-from lmppo.core.kl_control import make_kl_controller
+from lmppo.core.kl_control import KLController, make_kl_controller
 from lmppo.data.prompts import PromptSet, PromptStream, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.distributed.strategy import Strategy, make_strategy
 from lmppo.distributed.zero import accelerator_kwargs
@@ -72,7 +72,7 @@ class Components:
     holdout_set: PromptSet  # held-out prompts (data.holdout)
     stream: PromptStream  # which prompts each iteration takes
     reward_sources: list[RewardSource]
-    kl_controller: Any  # lmppo.core.kl controller
+    kl_controller: KLController
     distorting: list[str] = field(default_factory=list)  # generation settings that bend the distribution (opted in)
     sampling_engines: dict[str, SamplingEngine] = field(default_factory=dict)  # ready engines by backend name
     #                                                    (others are built from the registry on first use)
@@ -220,7 +220,7 @@ def build_components(
         holdout_set=holdout_set,
         stream=stream,
         reward_sources=reward_sources,
-        kl_controller=make_kl_controller(cfg.kl),
+        kl_controller=make_kl_controller(cfg.kl, cfg.rollout.batch_size),
         distorting=distorting,
         base_model=cfg.model.policy
         if given_policy is None

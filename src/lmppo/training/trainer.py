@@ -29,8 +29,8 @@ from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, exact_kl, next_state_kl
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
-from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
-from lmppo.core.masking import masked_mean, masked_sum
+from lmppo.core.masking import masked_sum
+from lmppo.core.objective import LOSS_KL_ESTIMATOR, ppo_objective
 from lmppo.core.rewards import (
     RunningMoments,
     bootstrap_truncated,
@@ -378,16 +378,19 @@ class PPOTrainer:
         k = self.config.kl
         return k.react == "now" or (k.react == "auto" and k.controller == "pi")
 
+    def mean_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> float:
+        """The batch's mean KL per response over all processes (`objective/kl`): what the KL controller reads."""
+        return self.strategy.gather_mean(masked_sum(kl, mask, dim=1))
+
     def adapt_kl_coef(self, rollout: Rollout) -> None:
-        """The KL controller reads the batch's mean KL per response (`objective/kl`, over all processes)."""
-        kl_per_response = masked_sum(self.batch_kl(rollout), rollout.response_mask, dim=1)
-        self.kl_controller.update(self.strategy.gather_mean(kl_per_response), self.config.rollout.batch_size)
+        """The KL controller answers this batch's KL (`kl.react: now`)."""
+        self.kl_controller.update(self.mean_kl(self.batch_kl(rollout), rollout.response_mask))
 
     def token_rewards(self, rollout: Rollout, scored: ScoredRollout) -> TokenRewards:
         cfg = self.config
         mask = rollout.response_mask
         kl = self.batch_kl(rollout)
-        beta = self.kl_controller.value if cfg.kl.placement in ("reward", "both") else 0.0
+        beta = self.kl_controller.coef if cfg.kl.placement in ("reward", "both") else 0.0
         # exact: a token's reward carries the KL of the state it leads into; its own state's KL is a loss term
         penalized = next_state_kl(kl, mask) if cfg.kl.estimator == "exact" else kl
         rewards = kl_penalized_rewards(scored.token_scores, penalized, beta, mask)
@@ -489,35 +492,31 @@ class PPOTrainer:
             forward = PolicyOutput(logits=out.logits, values=values)
         # (a reused pass covers the untrimmed response width: cut it to this micro-batch's)
         logits, values = forward.logits[:, :keep], forward.values[:, :keep]  # V(s_0) .. V(s_{keep-1})
-        logprobs = selective_log_softmax(logits, batch.response_ids)
-        pg_loss, pg_stats = clipped_policy_loss(logprobs, batch.logprobs, advantages, cfg.ppo.clip_range)
-        vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
-        per_token = pg_loss + cfg.ppo.vf_coef * vf_loss
-        if cfg.ppo.entropy_coef > 0:
-            entropy = entropy_from_logits(logits)
-            per_token = per_token - cfg.ppo.entropy_coef * entropy
-        else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
-        kl_term = None
-        if cfg.kl.estimator == "exact":  # the KL of the state each token is chosen in (with either placement)
-            kl_term = exact_kl(logits, batch.ref_logits)
-        elif cfg.kl.placement in ("loss", "both"):
-            kl_term = KL_ESTIMATORS["k3"](logprobs, batch.ref_logprobs)
-        if kl_term is not None:
-            per_token = per_token + self.kl_controller.value * kl_term
-            stats.add("loss/kl_avg", masked_mean(kl_term.detach(), mask))
-        for name, value in (
-            ("loss/policy_avg", pg_loss),
-            ("loss/value_avg", vf_loss),
-            ("policy/clipfrac_avg", pg_stats["clipped"]),
-            ("val/clipfrac_avg", vf_stats["clipped"]),
-            ("policy/approxkl_avg", pg_stats["approx_kl"]),
-            ("policy/entropy_avg", entropy),
-            ("val/ratio", pg_stats["ratio"]),
-        ):
-            stats.add(name, masked_mean(value.detach(), mask))
-        return token_mean(per_token, mask, num_tokens)
+        kl_estimator = None  # the KL term of the loss: `exact` with either placement, else with placement loss/both
+        if cfg.kl.estimator == "exact" or cfg.kl.placement in ("loss", "both"):
+            kl_estimator = "exact" if cfg.kl.estimator == "exact" else LOSS_KL_ESTIMATOR
+        loss, objective_stats = ppo_objective(
+            logits,
+            values,
+            batch.response_ids,
+            batch.logprobs,
+            batch.values,
+            advantages,
+            returns,
+            mask,
+            num_tokens,
+            clip_range=cfg.ppo.clip_range,
+            value_clip_range=cfg.ppo.value_clip_range,
+            vf_coef=cfg.ppo.vf_coef,
+            entropy_coef=cfg.ppo.entropy_coef,
+            kl_coef=self.kl_controller.coef,
+            kl_estimator=kl_estimator,
+            ref_logprobs=batch.ref_logprobs,
+            ref_logits=batch.ref_logits,
+        )
+        for name, value in objective_stats.items():
+            stats.add(name, value)
+        return loss
 
     def _sync_gradients(self, last: bool):
         """Gradient all-reduce only on the last micro-batch of a minibatch (the strategy decides how)."""
@@ -556,16 +555,15 @@ class PPOTrainer:
         cfg = self.config
         self.iteration += 1
         self.episode += cfg.rollout.batch_size  # global: every process's responses
+        measured_kl = self.mean_kl(rewards.kl, rollout.response_mask)
         metrics = self.iteration_metrics(rollout, scored, rewards, stats, timer)
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
         if not self.kl_reacts_now:
-            self.kl_controller.update(metrics["objective/kl"], cfg.rollout.batch_size)
+            self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
-        warn_negative_kl(
-            metrics["objective/kl"], cfg.kl.warn_below, rewards.kl, rollout.response_mask, rollout.responses_text
-        )
+        warn_negative_kl(measured_kl, cfg.kl.warn_below, rewards.kl, rollout.response_mask, rollout.responses_text)
         self.history.append(metrics)
         if self.logger is not None:  # the main process writes metrics, samples and the console
             self.logger.log(metrics, self.episode)
@@ -640,7 +638,7 @@ class PPOTrainer:
         mask = rollout.response_mask
         valid = scored.valid.float()
         kl_per_response = masked_sum(rewards.kl, mask, dim=1)
-        beta = self.kl_controller.value if self.config.kl.placement in ("reward", "both") else 0.0
+        beta = self.kl_controller.coef if self.config.kl.placement in ("reward", "both") else 0.0
         non_score = -beta * kl_per_response
         scores = scored.token_scores.sum(1)
         m: dict[str, float] = {
