@@ -129,7 +129,7 @@ def set_fields(cfg, **fields):
 
 def small_config(output_dir: str, iterations: int = 2, batch: int = 8, **fields):
     """A small, fast config: 6 new tokens, 2 minibatches of 2 micro-batches, 2 epochs, lr 1e-3, no trackers."""
-    from lmppo.config.schema import Config
+    from lmppo.config import Config
 
     cfg = Config()
     cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)

@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 from conftest import PROMPTS, tiny_llama  # noqa: E402
 from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
-from lmppo.config.schema import Config  # noqa: E402
+from lmppo.config import Config  # noqa: E402
 from lmppo.training.trainer import PPOTrainer  # noqa: E402
 
 

@@ -261,7 +261,7 @@ def prompt_split(seed: int) -> None:
 def _data_config():
     import yaml
 
-    from lmppo.config.schema import DataConfig
+    from lmppo.config import DataConfig
 
     d = DataConfig()
     for k, v in yaml.safe_load((ROOT / "src/lmppo/recipes/sentiment.yaml").read_text())["data"].items():

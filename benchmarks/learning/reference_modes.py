@@ -72,7 +72,7 @@ def kl_to(policy, reference, tokenizer, prompts, temperature: float, max_new_tok
 def run(name: str, args) -> dict:
     from conftest import PROMPTS
     from helpers_tokenizers import make_bpe_tokenizer
-    from lmppo.config.schema import Config
+    from lmppo.config import Config
     from lmppo.training.trainer import PPOTrainer
 
     torch.set_num_threads(args.threads)

@@ -148,7 +148,7 @@ def run_policy(
 ) -> dict[str, float]:
     import torch
 
-    from lmppo.config.schema import Config
+    from lmppo.config import Config
     from lmppo.rewards import FunctionSource
     from lmppo.training.trainer import PPOTrainer
 

@@ -29,7 +29,7 @@ def run_variant(checkpointing: bool, batch: int, length: int, lora: bool) -> dic
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from lmppo.config.schema import Config
+    from lmppo.config import Config
     from lmppo.models.loading import enable_gradient_checkpointing, policy_forward, prepare_policy
 
     torch.manual_seed(0)

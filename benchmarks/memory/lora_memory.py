@@ -90,7 +90,7 @@ def child(variant: str, model: str, iterations: int, threads: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from lmppo.config.schema import Config
+    from lmppo.config import Config
     from lmppo.models.loading import resolve_model_path
     from lmppo.training.trainer import PPOTrainer
 

@@ -310,7 +310,7 @@ class _TRLPhases:
 
 def lmppo_config(cfg: dict, output_dir: Path):
     """lmppo's Config for the run settings ``cfg`` (see ``make_run_cfg``): the same work as ``trl_args`` asks of TRL."""
-    from lmppo.config.schema import Config, RewardSourceConfig
+    from lmppo.config import Config, RewardSourceConfig
 
     cache = Path(cfg["cache"])
     c = Config()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from lmppo.config.schema import RewardSourceConfig, load_config, recipe_path
+from lmppo.config import RewardSourceConfig, load_config, recipe_path
 from lmppo.models.frozen_casts import reuse_frozen_casts
 from lmppo.training.trainer import PPOTrainer
 

@@ -45,7 +45,7 @@ def worker(args) -> None:
     import torch
 
     import lmppo
-    from lmppo.config.schema import load_config
+    from lmppo.config import load_config
     from lmppo.training.trainer import PPOTrainer
 
     torch.set_num_threads(args.threads)
@@ -72,7 +72,7 @@ def default_job_floor(threads: int) -> dict[str, float]:
     one forward) and the adapters' small weight gradients, so 2 forwards' worth."""
     import random
 
-    from lmppo.config.schema import ModelConfig, load_config, recipe_path
+    from lmppo.config import ModelConfig, load_config, recipe_path
     from lmppo.data.prompts import load_prompt_records, tokenize_prompts
     from lmppo.models.loading import load_tokenizer, resolve_model_path
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lmppo.config.schema import load_config, recipe_path
+from lmppo.config import load_config, recipe_path
 from lmppo.training.trainer import PPOTrainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))  # benchmarks/shared: bench_path

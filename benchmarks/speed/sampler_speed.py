@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from lmppo.config.schema import ModelConfig
+from lmppo.config import ModelConfig
 from lmppo.models.loading import load_tokenizer, prepare_policy, resolve_model_path
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, response_seed, sample_native

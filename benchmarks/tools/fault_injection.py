@@ -563,7 +563,7 @@ def main() -> int:
     work = args.work or tempfile.mkdtemp(prefix="lmppo-faults-")
     os.makedirs(work, exist_ok=True)
     ctx = setup(work, args.iterations, args.deepspeed)
-    import lmppo.apps.cli  # noqa: F401  (warm: forked runs start with everything imported)
+    import lmppo.apps.train  # noqa: F401  (warm: forked runs start with everything imported)
     import lmppo.training.trainer  # noqa: F401
 
     warm = os.path.join(work, "warm-up")  # the first run fills caches (precision probe, ...): not timed

@@ -71,7 +71,7 @@ CONFIGS = {
 
 
 def run(name: str, overrides: dict, out_root: str) -> None:
-    from lmppo.config.schema import apply_override
+    from lmppo.config import apply_override
 
     tok = make_bpe_tokenizer()
     cfg = Config()

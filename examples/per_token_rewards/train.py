@@ -43,7 +43,7 @@ except ImportError:  # running from a checkout without `pip install -e .`
 
 import torch
 
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.rewards import FunctionSource
 from lmppo.training.trainer import PPOTrainer
 

@@ -1,16 +1,22 @@
 """lmppo: PPO for causal language models from a reward signal (RLHF)."""
 
-from lmppo.config.schema import Config, load_config
+import importlib
+
 from lmppo.errors import ConfigError, DataError, LmppoError, RewardError
-from lmppo.training.callbacks import Callback
 
 __version__ = "0.1.0"
 __all__ = ["Callback", "Config", "ConfigError", "DataError", "LmppoError", "PPOTrainer", "RewardError", "load_config"]
 
+_LAZY = {
+    "Callback": "lmppo.training.callbacks",
+    "Config": "lmppo.config",
+    "load_config": "lmppo.config",
+    "PPOTrainer": "lmppo.training.trainer",
+}
+"""Imported on first use: `lmppo --version` needs none of them, and the trainer brings torch and transformers."""
+
 
 def __getattr__(name: str):
-    if name == "PPOTrainer":  # imported lazily: torch/transformers load only when training
-        from lmppo.training.trainer import PPOTrainer
-
-        return PPOTrainer
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)

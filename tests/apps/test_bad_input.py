@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from cli_support import REWARDS, assert_one_clean_line, changed, env, run_cli, slow_server, write  # noqa: F401  (fixtures)
 from lmppo.apps.cli import main
-from lmppo.config.schema import DataConfig, all_fields, load_config
+from lmppo.config import DataConfig, all_fields, load_config
 from lmppo.data.prompts import load_prompt_records, tokenize_prompts
 from lmppo.errors import LmppoError
 from lmppo.sampling.hf import check_generation_kwargs

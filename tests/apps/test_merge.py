@@ -164,7 +164,7 @@ SMALL = 0.1  # the sd of a budget test's adapter factors: a weight change small 
 
 
 def _budget_config(tmp_path, policy: str) -> str:
-    from lmppo.config.schema import Config, RewardSourceConfig, save_config
+    from lmppo.config import Config, RewardSourceConfig, save_config
 
     cfg = Config()
     cfg.precision = "fp32"

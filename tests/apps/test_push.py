@@ -144,7 +144,7 @@ def test_push_to_hub_without_a_login_is_refused_before_training(tmp_path, tiny_m
 
 
 def test_push_to_hub_must_be_a_repo_id():
-    from lmppo.config.schema import Config
+    from lmppo.config import Config
     from lmppo.errors import ConfigError
 
     cfg = Config()

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from conftest import PROMPTS, small_config
 from lmppo.apps.cli import main
-from lmppo.config.schema import RewardSourceConfig, load_config, save_config
+from lmppo.config import RewardSourceConfig, load_config, save_config
 
 REWARD = """import os, time
 

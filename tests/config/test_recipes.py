@@ -17,8 +17,7 @@ import pytest
 
 from conftest import REPO  # noqa: E402
 from lmppo.apps.cli import main as cli_main
-from lmppo.apps.cli import recipe_path
-from lmppo.config.schema import load_config
+from lmppo.config import load_config, recipe_path
 
 REPO = REPO
 EXAMPLES = os.path.join(REPO, "examples")

@@ -9,18 +9,17 @@ import typing
 import pytest
 
 from lmppo.apps.cli import main
-from lmppo.config.schema import (
+from lmppo.config import (
     Config,
     KLConfig,
-    LogConfig,
     RewardSourceConfig,
     apply_override,
     from_dict,
     load_config,
     parse_overrides,
 )
-from lmppo.core.kl_control import KL_CONTROLLERS
 from lmppo.errors import ConfigError
+from lmppo.registry import KL_CONTROLLERS
 
 
 def test_assignments_are_converted_and_kept():
@@ -131,9 +130,11 @@ def test_command_line_lists_and_mappings():
         apply_override(cfg, "log.trackers", "tensorbord")
 
 
-def test_choices_are_literals_listed_in_help(capsys):
-    assert typing.get_args(typing.get_type_hints(LogConfig)["trackers"])[0].__origin__ is typing.Literal
-    assert set(typing.get_args(typing.get_type_hints(KLConfig)["controller"])) == set(KL_CONTROLLERS)
+def test_choices_are_literals_or_registry_names_listed_in_help(capsys):
+    assert typing.get_origin(typing.get_type_hints(KLConfig)["placement"]) is typing.Literal
+    with pytest.raises(ConfigError, match=r"`kl.controller` = 'pid': must be one of `pi`, `adaptive`, `fixed`"):
+        KLConfig(controller="pid")  # a registry's names, checked on construction like a Literal
+    assert KL_CONTROLLERS.names() == ("pi", "adaptive", "fixed")
     assert main(["train", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--precision {auto,fp32,bf16}" in out and "--reward.truncation {none,penalty,bootstrap,drop}" in out

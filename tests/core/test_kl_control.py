@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from conftest import PROMPTS, small_config, tiny_llama
-from lmppo.config.schema import Config, ConfigError
+from lmppo.config import Config
 from lmppo.core.kl_control import AdaptiveKLController, FixedKLController, PIKLController, make_kl_controller
+from lmppo.errors import ConfigError
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.trainer import PPOTrainer
 

@@ -7,7 +7,7 @@ import pytest
 datasets = pytest.importorskip("datasets")
 
 from conftest import PROMPTS, small_config, tiny_llama  # noqa: E402
-from lmppo.config.schema import Config, DataConfig  # noqa: E402
+from lmppo.config import Config, DataConfig  # noqa: E402
 from lmppo.data.prompts import load_prompt_records, tokenize_prompts  # noqa: E402
 from lmppo.errors import ConfigError, DataError  # noqa: E402
 

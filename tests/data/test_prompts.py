@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 from helpers_tokenizers import make_bpe_tokenizer
-from lmppo.config.schema import DataConfig
+from lmppo.config import DataConfig
 from lmppo.data.prompts import PromptRecords, PromptStream, load_prompt_records, tokenize_prompts
 from lmppo.errors import DataError
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.distributed.strategy import Strategy, make_strategy
 
 

@@ -20,7 +20,7 @@ import json
 import pytest
 from test_distributed import assert_close, run_workers
 
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError
 
 try:

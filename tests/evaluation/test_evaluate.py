@@ -16,7 +16,7 @@ from conftest import (
     tiny_llama,
 )
 from lmppo.apps.cli import main as cli_main
-from lmppo.config.schema import Config, RewardSourceConfig
+from lmppo.config import Config, RewardSourceConfig
 from lmppo.errors import LmppoError
 from lmppo.evaluation.evaluate import main as eval_main
 from lmppo.evaluation.heldout import repeat_prompts, sample_and_score, win_rate

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import PROMPTS, small_config, tiny_llama
-from lmppo.config.schema import ModelConfig
+from lmppo.config import ModelConfig
 from lmppo.models.frozen_casts import FrozenCastLinear, reuse_frozen_casts
 from lmppo.models.loading import hf_model, prepare_policy
 from lmppo.sampling.native import SamplingWeights

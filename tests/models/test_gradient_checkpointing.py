@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, frac_target_reward, tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.models.loading import (
     checkpointed_layers,

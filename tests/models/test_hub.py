@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from conftest import REPO  # noqa: E402
-from lmppo.config.schema import Config, hub_repo_id, is_hub_repo_id
+from lmppo.config import Config, hub_repo_id, is_hub_repo_id
 from lmppo.errors import ConfigError
 from lmppo.models.loading import fetch_hub_models, resolve_model_path
 

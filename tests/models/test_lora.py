@@ -9,7 +9,7 @@ import os
 import torch
 
 from conftest import PROMPTS, frac_target_reward, tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.models.loading import hf_model, policy_forward
 from lmppo.sampling.hf import left_pad

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.models.loading import hf_model
 from lmppo.training.trainer import PPOTrainer

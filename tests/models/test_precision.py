@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, small_config, tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.models import precision as precision_module
 from lmppo.models.precision import CpuBf16Support, choose_precision, native_cpu_bf16
@@ -121,8 +121,7 @@ def test_reading_this_machine_gives_a_decision_or_a_probe():
 
 
 def test_default_config_and_recipe_ask_for_auto():
-    from lmppo.apps.cli import recipe_path
-    from lmppo.config.schema import load_config
+    from lmppo.config import load_config, recipe_path
 
     assert Config().precision == "auto"
     assert load_config(recipe_path("sentiment")).precision == "auto"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, frac_target_reward, tiny_llama
-from lmppo.config.schema import Config, ModelConfig
+from lmppo.config import Config, ModelConfig
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.loading import policy_forward, prepare_policy
@@ -270,6 +270,6 @@ def test_trainer_adaptive_kl_coefficient_follows_the_formula(tokenizer, tmp_path
 
 
 def _lora(enabled: bool):
-    from lmppo.config.schema import LoraConfig
+    from lmppo.config import LoraConfig
 
     return LoraConfig(enabled=enabled, r=4)

@@ -15,7 +15,7 @@ import yaml
 
 from cli_support import assert_one_clean_line, changed, env, run_cli, write  # noqa: F401  (env: a fixture)
 from lmppo.apps.cli import main
-from lmppo.config.schema import Config, RewardConfig, RewardSourceConfig, load_config, save_config
+from lmppo.config import Config, RewardConfig, RewardSourceConfig, load_config, save_config
 from lmppo.errors import ConfigError, RewardError
 from lmppo.rewards import build_reward_sources
 from lmppo.rewards.http import HttpSource, retry_after_seconds

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from lmppo.config.schema import Config, DataConfig, RewardSourceConfig
+from lmppo.config import Config, DataConfig, RewardSourceConfig
 from lmppo.data.prompts import load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import DataError, RewardError
 from lmppo.evaluation.evaluate import eval_prompt_set

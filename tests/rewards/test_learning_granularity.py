@@ -24,7 +24,7 @@ import torch
 
 from conftest import PROMPTS, tiny_llama
 from helpers_tokenizers import make_bpe_tokenizer
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.rewards import FunctionSource
 from lmppo.training.trainer import PPOTrainer
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, set_fields, tiny_llama
-from lmppo.config.schema import Config, RewardSourceConfig
+from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.batch import Rollout
 from lmppo.errors import RewardError
 from lmppo.rewards import FunctionSource, token_char_offsets

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from lmppo.config.schema import Config, RewardSourceConfig
+from lmppo.config import Config, RewardSourceConfig
 from lmppo.errors import CheckpointError, ConfigError, StorageError, TrainingError
 from lmppo.redact import redact_text
 from lmppo.run.config_file import redacted_config_dict

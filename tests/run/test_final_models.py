@@ -12,7 +12,7 @@ import torch
 
 import lmppo
 from conftest import PROMPTS, frac_target_reward, tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.evaluation.summary import summarize
 from lmppo.models.loading import merged_state_dict
 from lmppo.sampling.hf import left_pad

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.sampling.engines import (
     SAMPLING_ENGINES,

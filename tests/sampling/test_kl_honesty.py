@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerationMixin
 
 from conftest import PROMPTS, tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.sampling.hf import (
     DISTORTING_SETTINGS,
@@ -132,7 +132,7 @@ def test_samplers_draw_from_softmax_logits_over_temperature(tokenizer, backend):
 @pytest.mark.parametrize("lora", [False, True])
 def test_logits_processors_hold_only_the_temperature_warper(tokenizer, monkeypatch, lora):
     """What transformers actually builds inside generate, with a polluted model generation_config."""
-    from lmppo.config.schema import ModelConfig
+    from lmppo.config import ModelConfig
     from lmppo.models.loading import prepare_policy
 
     built = []

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from conftest import PROMPTS, small_config, tiny_llama
-from lmppo.config.schema import ModelConfig
+from lmppo.config import ModelConfig
 from lmppo.models.loading import hf_model, prepare_policy
 from lmppo.sampling.engines import HFEngine, NativeEngine, PromptBatch
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses

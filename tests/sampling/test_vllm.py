@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, small_config, tiny_llama
-from lmppo.config.schema import Config, ModelConfig, RolloutConfig, field_docs
+from lmppo.config import Config, ModelConfig, RolloutConfig, field_docs
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import prepare_policy
 from lmppo.sampling import vllm as vllm_backend

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from conftest import tiny_llama
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.training.callbacks import Callback, CallbackList
 from lmppo.training.trainer import PPOTrainer

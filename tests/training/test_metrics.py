@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from conftest import PROMPTS, REPO, TESTS, tiny_llama  # noqa: E402
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import LmppoError
 from lmppo.training.metrics import TRACKERS, make_trackers
 from lmppo.training.trainer import PPOTrainer
@@ -172,7 +172,7 @@ def _documented(name: str, doc: str) -> bool:
 )
 def test_every_logged_metric_is_in_the_metric_guide(tmp_path, tokenizer, options):
     """docs/metrics.md explains every name the trainer logs (so the guide cannot fall behind the code)."""
-    from lmppo.config.schema import apply_override
+    from lmppo.config import apply_override
 
     cfg = Config()
     cfg.precision = "fp32"  # the same numbers on every CPU (`auto` picks bf16 where it is native)

@@ -121,7 +121,7 @@ def test_reused_forward_is_used_once_then_dropped(tmp_path, tokenizer):
 def test_reuse_with_lora_and_a_reference_adapter(tmp_path, tokenizer, reference_mode):
     """With LoRA the reference is an adapter swapped into the policy in place (`sync`) or the policy with its
     adapters off (`frozen`); neither may touch what the kept graph saved, and the update stays the plain one."""
-    from lmppo.config.schema import LoraConfig
+    from lmppo.config import LoraConfig
 
     finals = {}
     for reuse in (False, True):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, small_config, tiny_gpt2, tiny_llama
-from lmppo.config.schema import Config, RewardSourceConfig
+from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.training.trainer import PPOTrainer, _trim
 

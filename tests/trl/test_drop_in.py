@@ -462,7 +462,7 @@ def test_the_migration_guide_yaml_is_a_valid_lmppo_config(tmp_path, tiny_model_d
 
     import yaml
 
-    from lmppo.config.schema import Config, from_dict
+    from lmppo.config import Config, from_dict
 
     block = re.search(r"```yaml\n(.*?)```", GUIDE.read_text(encoding="utf-8"), re.DOTALL).group(1)
     data = yaml.safe_load(block)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from lmppo.config.schema import load_config
+from lmppo.config import load_config
 from lmppo.core.kl_budget import BudgetStep, search_lambda
 from lmppo.errors import LmppoError, StorageError
 from lmppo.evaluation.evaluate import (

@@ -13,7 +13,7 @@ import argparse
 import os
 from typing import Any, Optional, Sequence
 
-from lmppo.config.schema import is_hub_repo_id
+from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError, LmppoError, bounded_repr
 
 FOLDERS = ("policy-merged", "policy", "value")
@@ -108,17 +108,14 @@ def push(
     return path, info
 
 
-def check_hub_login(repo_id: str) -> None:
-    """ConfigError for `push_to_hub` when no Hub token is known (checked before a run trains, not after)."""
+def check_hub_login(repo_id: str, option: str = "push_to_hub") -> None:
+    """ConfigError for `option` when no Hub token is known (checked before a run trains, or `lmppo push` sends a
+    request, not after)."""
     from huggingface_hub import get_token
 
     if not get_token():
-        raise ConfigError(
-            "push_to_hub",
-            repo_id,
-            "uploading needs a Hub login: run `hf auth login` or set HF_TOKEN "
-            "(or leave push_to_hub empty and push later with `lmppo push`)",
-        )
+        later = " (or leave push_to_hub empty and push later with `lmppo push`)" if option == "push_to_hub" else ""
+        raise ConfigError(option, repo_id, f"uploading needs a Hub login: run `hf auth login` or set HF_TOKEN{later}")
 
 
 def push_after_training(output_dir: str, repo_id: str, console: Any = None) -> None:
@@ -164,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str], console: Any = None) -> int:
     """`lmppo push`; returns the exit code. Mistakes and Hub failures raise LmppoError (one line from the CLI)."""
     args = _parser().parse_args(list(argv))
+    check_hub_login(args.repo_id, "--repo-id")  # before any request: without a token the Hub would answer 401
     path, info = push(
         args.run,
         args.repo_id,

@@ -13,7 +13,7 @@ import os
 from typing import Any, Optional, Sequence
 
 from lmppo.apps.merge import check_budget_options, merge_to_budget
-from lmppo.config.schema import Config, load_config, parse_overrides, recipe_path
+from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.summary import print_run_summary
 from lmppo.run import lock

@@ -12,18 +12,14 @@ from typing import Callable, Optional
 
 import torch
 
+from lmppo.registry import ADVANTAGE_ESTIMATORS
+
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
 
 
 def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
-    def wrap(fn: AdvantageEstimator) -> AdvantageEstimator:
-        if name in ADVANTAGE_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        ADVANTAGE_ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
+    """Add an estimator to `lmppo.registry.ADVANTAGE_ESTIMATORS` (a name taken twice is refused)."""
+    return ADVANTAGE_ESTIMATORS.register(name)
 
 
 @register_advantage_estimator("gae")

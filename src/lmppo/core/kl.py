@@ -15,18 +15,14 @@ from typing import Callable
 
 import torch
 
+from lmppo.registry import KL_ESTIMATORS
+
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-KL_ESTIMATORS: dict[str, KLEstimator] = {}
 
 
 def register_kl_estimator(name: str) -> Callable[[KLEstimator], KLEstimator]:
-    def wrap(fn: KLEstimator) -> KLEstimator:
-        if name in KL_ESTIMATORS:
-            raise ValueError(f"KL estimator {name!r} is already registered")
-        KL_ESTIMATORS[name] = fn
-        return fn
-
-    return wrap
+    """Add an estimator to `lmppo.registry.KL_ESTIMATORS` (a name taken twice is refused)."""
+    return KL_ESTIMATORS.register(name)
 
 
 @register_kl_estimator("k1")

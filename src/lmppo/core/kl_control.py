@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from lmppo.registry import KL_CONTROLLERS
+
 
 class KLController(Protocol):
     """How beta moves: `update` reads the mean KL per response of a batch (nats, summed over its tokens, over all
@@ -26,6 +28,10 @@ class FixedKLController:
     def __init__(self, coef: float):
         self.coef = coef
 
+    @classmethod
+    def from_settings(cls, k: Any, batch_size: int) -> "FixedKLController":
+        return cls(k.coef)
+
     def update(self, kl: float) -> None:
         pass
 
@@ -45,6 +51,10 @@ class AdaptiveKLController:
 
     def __init__(self, init_coef: float, target: float, horizon: int, batch_size: int):
         self.coef, self.target, self.horizon, self.batch_size = init_coef, target, horizon, batch_size
+
+    @classmethod
+    def from_settings(cls, k: Any, batch_size: int) -> "AdaptiveKLController":
+        return cls(k.coef, k.target, k.horizon, batch_size)
 
     def update(self, kl: float) -> None:
         proportional_error = min(max(kl / self.target - 1.0, -0.2), 0.2)
@@ -115,6 +125,10 @@ class PIKLController:
         self.last_kl: float | None = None
         self.coef = min(max(init_coef, coef_min), coef_max)
 
+    @classmethod
+    def from_settings(cls, k: Any, batch_size: int) -> "PIKLController":
+        return cls(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd)
+
     def error(self, current_kl: float) -> float:
         """clip(log(kl / target), -1, 1); a KL at or below 0 (or NaN) counts as far below target: -1."""
         if not current_kl > 0:
@@ -149,13 +163,7 @@ class PIKLController:
 
 
 def make_kl_controller(settings: Any, batch_size: int) -> KLController:
-    """The controller named by `settings.controller`; `settings` has KLConfig's fields (duck-typed, so the
-    math layer needs no config import), `batch_size`: episodes per update (`rollout.batch_size`)."""
-    return KL_CONTROLLERS[settings.controller](settings, batch_size)
-
-
-KL_CONTROLLERS = {
-    "fixed": lambda k, batch_size: FixedKLController(k.coef),
-    "adaptive": lambda k, batch_size: AdaptiveKLController(k.coef, k.target, k.horizon, batch_size),
-    "pi": lambda k, batch_size: PIKLController(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd),
-}
+    """The controller named by `settings.controller` (`lmppo.registry.KL_CONTROLLERS`), built by its `from_settings`;
+    `settings` has KLConfig's fields (duck-typed, so the math layer needs no config import), `batch_size`: episodes
+    per update (`rollout.batch_size`)."""
+    return KL_CONTROLLERS.get(settings.controller).from_settings(settings, batch_size)

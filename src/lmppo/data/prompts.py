@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import torch
 
 import lmppo.models.assets
-from lmppo.config.schema import DataConfig
+from lmppo.config import DataConfig
 from lmppo.data.hf_datasets import dataset_format, dataset_records, is_hf_dataset, load_dataset_path
 from lmppo.errors import ConfigError, DataError
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from lmppo.config.schema import Config, ModelConfig
+from lmppo.config import Config, ModelConfig
 from lmppo.core.masking import whiten_with
 from lmppo.distributed.zero import ZeroSupport, accelerator_kwargs, prepare
 from lmppo.models.loading import build_critic

@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional, Sequence
 import torch
 from torch import nn
 
-from lmppo.config.schema import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
+from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.errors import LmppoError
 from lmppo.evaluation.heldout import (

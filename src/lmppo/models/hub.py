@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from lmppo.config.schema import is_hub_repo_id
+from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError
 
 PICKLE_PATTERNS = ["*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl"]

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from lmppo.config.schema import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
+from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.assets import resolve_model
 from lmppo.models.files import check_model_folder, check_tokenizer_folder, loading

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from lmppo.config.schema import PPOConfig
+from lmppo.config import PPOConfig
 
 
 def make_adamw(params: list, lr: float, eps: float, weight_decay: float) -> torch.optim.Optimizer:

@@ -33,7 +33,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from lmppo.config.schema import RewardSourceConfig, http_headers
+from lmppo.config import RewardSourceConfig, http_headers
 from lmppo.errors import RewardError
 from lmppo.redact import MASK, redact_text
 from lmppo.rewards.sources import RewardSource, SourceContext, mask_url, register_reward_source

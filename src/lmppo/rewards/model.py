@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from lmppo.config.schema import RewardSourceConfig
+from lmppo.config import RewardSourceConfig
 from lmppo.errors import RewardError
 from lmppo.models.attention import use_cpu_attention
 from lmppo.models.files import ModelFolderError, check_json_file, check_model_folder, check_tokenizer_folder

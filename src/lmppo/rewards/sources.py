@@ -17,8 +17,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from lmppo.config.schema import RewardConfig, RewardSourceConfig
+from lmppo.config import RewardConfig, RewardSourceConfig
 from lmppo.errors import RewardError
+from lmppo.registry import REWARD_SOURCES
 from lmppo.rewards.placement import BadOutput, parse_output, place_one, token_char_offsets
 
 logger = logging.getLogger(__name__)
@@ -76,18 +77,13 @@ class RewardSource:
         return f"{type(self).__name__}(name={self.name!r}, weight={self.weight})"
 
 
-REWARD_SOURCES: dict[str, type[RewardSource]] = {}
-"""Reward source kinds by name."""
-
-
 def register_reward_source(kind: str) -> Callable[[type[RewardSource]], type[RewardSource]]:
-    """Class decorator adding a source kind to ``REWARD_SOURCES``; a name registered twice is refused."""
+    """Class decorator adding a source kind to ``lmppo.registry.REWARD_SOURCES``; a name registered twice is
+    refused."""
 
     def deco(cls: type[RewardSource]) -> type[RewardSource]:
-        if kind in REWARD_SOURCES:
-            raise ValueError(f"reward source kind `{kind}` is already registered ({REWARD_SOURCES[kind].__name__})")
+        REWARD_SOURCES.register(kind)(cls)
         cls.kind = kind
-        REWARD_SOURCES[kind] = cls
         return cls
 
     return deco

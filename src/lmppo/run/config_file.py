@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import lmppo.config.schema as config_module
 import lmppo.run.storage as storage
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.redact import _SECRET_KEY, MASK, is_env_template, redact_text
 
 CONFIG_HEADER = "# lmppo run config (secrets masked); resume with: lmppo train --resume OUTPUT_DIR\n"

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from safetensors.torch import save_file
 
-from lmppo.config.schema import ModelConfig
+from lmppo.config import ModelConfig
 from lmppo.models.loading import is_peft_model, save_merged
 from lmppo.run.storage import atomic_dir
 

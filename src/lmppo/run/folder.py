@@ -11,7 +11,7 @@ from typing import Callable, Optional, Sequence
 import lmppo.run.lock as lock
 import lmppo.run.ownership as ownership
 import lmppo.run.storage as storage
-from lmppo.config.schema import Config
+from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.run.config_file import write_run_config
 

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 import yaml
 
-from lmppo.config.schema import BUILTIN_MODELS, Config, hub_repo_id
+from lmppo.config import BUILTIN_MODELS, Config, hub_repo_id
 
 
 def lmppo_version() -> str:

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 import lmppo.sampling.vllm as vllm_backend
-from lmppo.config.schema import Config
-from lmppo.errors import ConfigError
+from lmppo.config import Config
+from lmppo.registry import SAMPLING_ENGINES
 from lmppo.sampling.hf import pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, sample_native
 
@@ -61,29 +61,20 @@ class SamplingEngine:
         raise NotImplementedError
 
 
-SAMPLING_ENGINES: dict[str, type[SamplingEngine]] = {}
-"""Sampling engines by `rollout.backend` name."""
-
-
 def register_sampling_engine(name: str) -> Callable[[type[SamplingEngine]], type[SamplingEngine]]:
-    """Class decorator adding an engine to `SAMPLING_ENGINES`; a name registered twice is refused."""
+    """Class decorator adding an engine to `lmppo.registry.SAMPLING_ENGINES`; a name registered twice is refused."""
 
     def deco(cls: type[SamplingEngine]) -> type[SamplingEngine]:
-        if name in SAMPLING_ENGINES:
-            raise ValueError(f"sampling engine `{name}` is already registered ({SAMPLING_ENGINES[name].__name__})")
+        SAMPLING_ENGINES.register(name)(cls)
         cls.name = name
-        SAMPLING_ENGINES[name] = cls
         return cls
 
     return deco
 
 
 def engine_class(name: str) -> type[SamplingEngine]:
-    if name not in SAMPLING_ENGINES:
-        raise ConfigError(
-            "rollout.backend", name, "is not a sampling engine; available: " + ", ".join(sorted(SAMPLING_ENGINES))
-        )
-    return SAMPLING_ENGINES[name]
+    """The engine named by `rollout.backend`; ConfigError listing the registered names otherwise."""
+    return SAMPLING_ENGINES.get(name)
 
 
 @register_sampling_engine("native")

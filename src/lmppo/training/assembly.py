@@ -19,8 +19,8 @@ from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch import nn
 
+from lmppo.config import Config, RewardSourceConfig, default_sources
 from lmppo.config.sampling_settings import check_generation_kwargs
-from lmppo.config.schema import Config, RewardSourceConfig, _default_sources
 from lmppo.core.kl_control import KLController, make_kl_controller
 from lmppo.data.prompts import PromptSet, PromptStream, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.distributed.strategy import Strategy, make_strategy
@@ -33,7 +33,6 @@ from lmppo.models.loading import (
     Actor,
     Critic,
     ValueHead,
-    check_memory_options,
     enable_gradient_checkpointing,
     fetch_hub_models,
     hf_model,
@@ -48,8 +47,9 @@ from lmppo.models.precision import PrecisionChoice, choose_precision
 from lmppo.models.reference import ReferencePolicy
 from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
 from lmppo.run.folder import prepare_output_dir
-from lmppo.sampling.engines import SamplingEngine, check_sampling_engine
+from lmppo.sampling.engines import SamplingEngine
 from lmppo.sampling.hf import warn_distorting_once
+from lmppo.training.preflight import check_machine
 
 
 @dataclass
@@ -99,7 +99,7 @@ def build_components(
         config.reward.sources = []
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
-    check_sampling_engine(cfg)  # e.g. `vllm`: a GPU and the package, checked before any model is loaded
+    check_machine(cfg)  # device, sampling engine, attention kernel, trackers: before the run folder or any model
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
     fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
     given_policy = policy
@@ -119,7 +119,6 @@ def build_components(
     prepare_output_dir(cfg, accelerator.is_main_process, resuming, comments=[f"precision: {precision.reason}"])
 
     # --- models
-    check_memory_options(cfg.model, device.type)  # 4-bit, flash attention: where this machine runs them
     path = (
         resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle)
         if policy is None or tokenizer is None
@@ -338,7 +337,7 @@ def _check_model_objects(
 
 
 def _has_user_sources(config: Config) -> bool:
-    return config.reward.sources != _default_sources()
+    return config.reward.sources != default_sources()
 
 
 def _validate_with_api_objects(config: Config, reward_functions: Any, prompts: Any) -> Config:

@@ -7,6 +7,7 @@ accelerate's tracker API aim, comet_ml, mlflow, clearml, dvclive, swanlab) are o
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import torch
 import lmppo.run.storage as storage
 from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
+from lmppo.registry import TRACKERS
 
 
 class MetricsAccumulator:
@@ -53,20 +55,20 @@ class MetricsAccumulator:
 
 
 # ----------------------------------------------------------------------------- trackers
-TRACKERS: dict[str, Callable[..., "Tracker"]] = {}
-
-
-def register_tracker(name: str):
-    def wrap(cls):
-        if name in TRACKERS:
-            raise ValueError(f"tracker {name!r} is already registered")
-        TRACKERS[name] = cls
-        return cls
-
-    return wrap
+def register_tracker(name: str) -> Callable[[Any], Any]:
+    """Add a tracker class to `lmppo.registry.TRACKERS` (a name taken twice is refused)."""
+    return TRACKERS.register(name)
 
 
 class Tracker:
+    package = ""
+    """The Python package the tracker needs (checked before any model loads: `missing_package`)."""
+
+    @classmethod
+    def missing_package(cls) -> str:
+        """The name of the package this tracker needs and this environment lacks, or ""."""
+        return cls.package if cls.package and importlib.util.find_spec(cls.package) is None else ""
+
     def log(self, metrics: dict[str, float], step: int) -> None: ...
     def log_table(self, rows: list[dict[str, Any]], step: int) -> None: ...
     def close(self) -> None: ...
@@ -74,6 +76,8 @@ class Tracker:
 
 @register_tracker("tensorboard")
 class TensorBoardTracker(Tracker):
+    package = "tensorboard"
+
     def __init__(self, output_dir: str, config: dict, run_name: str):
         from torch.utils.tensorboard import SummaryWriter
 
@@ -105,6 +109,8 @@ class WandbTracker(Tracker):
     (sync later with `wandb sync OUTPUT_DIR/wandb/offline-run-*`), WANDB_PROJECT to choose the project
     (default `lmppo`). The run is named after the output folder."""
 
+    package = "wandb"
+
     def __init__(self, output_dir: str, config: dict, run_name: str):
         import wandb
 
@@ -135,6 +141,8 @@ class TrackioTracker(Tracker):
     """trackio (a local, wandb-like dashboard: `trackio show`). Its database is trackio's own (TRACKIO_DIR,
     default under the Hugging Face cache), not the output folder; TRACKIO_PROJECT chooses the project
     (default `lmppo`). The run is named after the output folder."""
+
+    package = "trackio"
 
     def __init__(self, output_dir: str, config: dict, run_name: str):
         import trackio
@@ -173,6 +181,12 @@ class AccelerateTracker(Tracker):
 
     name = ""
 
+    @classmethod
+    def missing_package(cls) -> str:
+        from accelerate import tracking
+
+        return "" if getattr(tracking, f"is_{cls.name}_available", lambda: True)() else cls.name
+
     def __init__(self, output_dir: str, config: dict, run_name: str):
         from accelerate import tracking
 
@@ -206,8 +220,34 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-for _name in ACCELERATE_TRACKERS:
-    register_tracker(_name)(type(f"Accelerate_{_name}_Tracker", (AccelerateTracker,), {"name": _name}))
+@register_tracker("aim")
+class AimTracker(AccelerateTracker):
+    name = "aim"
+
+
+@register_tracker("comet_ml")
+class CometMLTracker(AccelerateTracker):
+    name = "comet_ml"
+
+
+@register_tracker("mlflow")
+class MLflowTracker(AccelerateTracker):
+    name = "mlflow"
+
+
+@register_tracker("clearml")
+class ClearMLTracker(AccelerateTracker):
+    name = "clearml"
+
+
+@register_tracker("dvclive")
+class DVCLiveTracker(AccelerateTracker):
+    name = "dvclive"
+
+
+@register_tracker("swanlab")
+class SwanLabTracker(AccelerateTracker):
+    name = "swanlab"
 
 
 def make_trackers(names: list[str], output_dir: str, config: dict, run_name: str) -> list[Tracker]:

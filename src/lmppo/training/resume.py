@@ -10,7 +10,7 @@ import os
 import uuid
 from typing import Any, Optional, Protocol
 
-from lmppo.config.schema import Config, apply_override, from_dict, load_config
+from lmppo.config import Config, apply_override, from_dict, load_config
 from lmppo.distributed.zero import requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.optim import lr_factor

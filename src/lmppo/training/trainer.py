@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import lmppo.run.lock as lock
-from lmppo.config.schema import Config, hub_repo_id
+from lmppo.config import Config, hub_repo_id
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, exact_kl, next_state_kl

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from transformers import HfArgumentParser, TrainerState, TrainingArguments
 
-from lmppo.config.schema import Config, DataConfig, field_docs
+from lmppo.config import Config, DataConfig, field_docs
 from lmppo.data.hf_datasets import is_hf_dataset
 from lmppo.data.prompts import load_prompt_records
 from lmppo.errors import ConfigError, LmppoError

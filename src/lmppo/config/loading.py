@@ -1,0 +1,55 @@
+"""A Config from a YAML file plus dotted overrides, written back as YAML; the recipes shipped in the package."""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from typing import Any
+
+from lmppo.config.fields import from_dict
+from lmppo.config.overrides import apply_override
+from lmppo.config.schema import Config
+from lmppo.config.yaml_input import YamlInputError
+from lmppo.config.yaml_input import load as load_yaml
+from lmppo.errors import ConfigError
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Config from an optional YAML file plus dotted overrides; not yet validated."""
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path:
+        if not os.path.isfile(path):
+            raise ConfigError("config file", path, "no such file")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = load_yaml(fh) or {}  # no duplicate keys, bounded alias expansion (lmppo.config.yaml_input)
+        except YamlInputError as err:
+            raise ConfigError("config file", path, str(err)) from None
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            raise ConfigError(
+                "config file", path, f"is not valid YAML{where}: {getattr(err, 'problem', None) or err}"
+            ) from None
+        except UnicodeDecodeError as err:
+            raise ConfigError("config file", path, f"is not UTF-8 text ({err.reason})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config file", path, "must hold a mapping of fields at the top level")
+    cfg = from_dict(Config, data)
+    for dotted, raw in (overrides or {}).items():
+        apply_override(cfg, dotted, raw)
+    return cfg
+
+
+def save_config(cfg: Config, path: str) -> None:
+    import yaml
+
+    with open(path, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(cfg.to_dict(), fh, sort_keys=False)
+
+
+def recipe_path(name: str) -> str:
+    """A recipe shipped inside the package (`lmppo/recipes/NAME.yaml`)."""
+    return str(resources.files("lmppo") / "recipes" / f"{name}.yaml")

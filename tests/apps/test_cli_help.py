@@ -1,0 +1,76 @@
+"""`lmppo --help`, `lmppo --version` and `lmppo train --help`: generated from the schema and the registries, every
+field documented (the fields of each reward source included), no Python reprs, and no torch imported."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from lmppo.apps.cli import COMMANDS, main
+from lmppo.config import all_fields
+from lmppo.registry import REWARD_SOURCES, SAMPLING_ENGINES, TRACKERS
+
+
+def _out(argv, capsys) -> str:
+    capsys.readouterr()
+    assert main(argv) == 0
+    return capsys.readouterr().out
+
+
+def test_main_help_lists_every_command_with_one_line(capsys):
+    out = _out(["--help"], capsys)
+    for name in COMMANDS:
+        (line,) = [ln for ln in out.splitlines() if ln.strip().startswith(name + " ")]
+        assert len(line.split()) > 3, line  # the name, then what it does
+    assert "--version" in out
+
+
+def test_train_help_documents_each_reward_source_field_with_its_kinds(capsys):
+    out = _out(["train", "--help"], capsys)
+    section = out[out.index("--reward.sources") : out.index("--reward.truncation")]
+    for field in ("kind", "path", "name", "weight", "timeout", "retries", "headers", "span_placement", "input"):
+        assert re.search(rf"^\s+{field} \S+   \(default: ", section, re.M), field
+    assert "kind {" + ",".join(REWARD_SOURCES.names()) + "}   (default: function)" in section
+    assert "timeout FLOAT   (default: 30)" in section and "seconds to wait for an answer" in section
+    assert "span_placement {last,spread}   (default: last)" in section
+    by_kind = next(ln for ln in section.splitlines() if "fields by kind:" in ln)
+    assert "http: path, name, weight, timeout, retries, headers, span_placement" in by_kind
+    assert "function: path, name, weight, span_placement;" in by_kind  # no HTTP-only or model-only field
+
+
+def test_train_help_has_every_option_and_no_python_reprs(capsys):
+    out = _out(["train", "--help"], capsys)
+    for name, *_ in all_fields():
+        assert f"--{name} " in out, name
+    assert "RewardSourceConfig(" not in out and "(default: '" not in out and "(default: False)" not in out
+    assert "--output_dir STR   (default: runs/default)" in out and "--overwrite BOOL   (default: false)" in out
+    assert '--deepspeed STR   (default: "")' in out
+
+
+def test_choices_come_from_the_registries(capsys):
+    out = _out(["train", "--help"], capsys)
+    assert "--rollout.backend {" + ",".join(SAMPLING_ENGINES.names()) + "}" in out
+    assert "--log.trackers LIST[{" + ",".join(TRACKERS.names()) + "}]" in out
+    SAMPLING_ENGINES.register("lmppo_test_engine")(object)
+    try:
+        assert "lmppo_test_engine}" in _out(["train", "--help"], capsys)  # a new engine: listed, and allowed
+    finally:
+        del SAMPLING_ENGINES["lmppo_test_engine"]
+
+
+def test_version_and_help_import_no_torch():
+    code = (
+        "import sys\n"
+        "from lmppo.apps.cli import main\n"
+        "assert main(['--version']) == 0 and main(['--help']) == 0 and main(['train', '--help']) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'accelerate', 'rich'))\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "lmppo", "--version"], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and out.stdout.startswith("lmppo ")
+    assert not re.search(r"\|\s+torch$", out.stderr, re.M)
