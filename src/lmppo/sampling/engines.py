@@ -27,6 +27,7 @@ from torch import nn
 import lmppo.sampling.vllm as vllm_backend
 from lmppo.config import Config
 from lmppo.registry import SAMPLING_ENGINES
+from lmppo.sampling.cuda_graphs import DecodeGraphs
 from lmppo.sampling.hf import pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, sample_native
 
@@ -80,7 +81,8 @@ def engine_class(name: str) -> type[SamplingEngine]:
 @register_sampling_engine("native")
 class NativeEngine(SamplingEngine):
     """lmppo's own loop (`lmppo.sampling.native.sample_native`): Gumbel-max over the KV-cached model, one random stream
-    per response, so the same responses come out whatever the batching or number of processes. With LoRA on CPU it
+    per response, so the same responses come out whatever the batching or number of processes. On CUDA the decoding
+    step is replayed from CUDA graphs (`lmppo.sampling.cuda_graphs`), one per batch bucket. With LoRA on CPU it
     runs a sampling copy of the policy (`lmppo.sampling.native.SamplingWeights`: the adapters folded into the weights),
     refreshed at every rollout; under DeepSpeed the policy itself (its weights are gathered for generation)."""
 
@@ -88,13 +90,16 @@ class NativeEngine(SamplingEngine):
         super().__init__(config, stop_ids, pad_id, accelerator)
         self.weights = SamplingWeights()
         self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
+        # CUDA graphs of the decoding step, kept across rollouts; not under DeepSpeed (its gathered weights move)
+        self.graphs = DecodeGraphs() if self.copies else None
 
     def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
         r = self.config.rollout
         model = self.weights.model_for(policy) if self.copies else policy
         return sample_native(
-            model, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id, prompts.seeds
-        )
+            model, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id,
+            prompts.seeds, graphs=self.graphs,
+        )  # fmt: skip
 
 
 @register_sampling_engine("hf")

@@ -1,11 +1,15 @@
 """lmppo's own sampling loop (`rollout.backend: native`): pure sampling with per-response random streams.
 
-Each response draws its randomness from its own generator, seeded from (run seed, iteration, the response's
-position in the global batch). The same response therefore comes out whatever the micro-batching, the number
-of processes, or an interruption and resume: a 2-process run samples what a 1-process run samples.
-Sampling is Gumbel-max, argmax(logits / T + G) with G ~ Gumbel(0, 1), which draws exactly from
-softmax(logits / T): no logits processor, nothing that bends the distribution.
-The loop runs the HF model with its KV cache, computing logits only for the last position.
+Each response draws its randomness from its own counter-based stream (`lmppo.sampling.noise`: SplitMix64 keyed by a
+seed mixed from run seed, iteration and the response's position in the global batch, evaluated on the device). The
+same response therefore comes out whatever the micro-batching, the number of processes, or an interruption and
+resume: a 2-process run samples what a 1-process run samples. Sampling is Gumbel-max, argmax(logits / T + G) with
+G ~ Gumbel(0, 1), which draws exactly from softmax(logits / T): no logits processor, nothing that bends the
+distribution. The loop runs the HF model with its KV cache, computing logits only for the last position: on the CPU
+the dynamic cache (eager, as before), on CUDA a static cache with the step replayed from a CUDA graph
+(`lmppo.sampling.static_decoding`, `lmppo.sampling.cuda_graphs`). The noise stream changed in November 2026 (it was
+one CPU `torch.Generator` per response, copied to the device at every step): the same seeds give other tokens than
+before (docs/performance.md, "Native sampler noise").
 
 `SamplingWeights` gives the loop a sampling copy of a LoRA policy on CPU: the adapters folded into plain linear
 layers (W + scale * B @ A, computed once per rollout instead of two extra matmuls per layer per token), stored in
@@ -27,7 +31,11 @@ from torch import nn
 from lmppo.core.masking import stop_token_mask
 from lmppo.models.frozen_casts import reuse_frozen_casts
 from lmppo.models.loading import hf_model, position_ids_from_mask
+from lmppo.sampling.cuda_graphs import DecodeGraphs, static_sample
+from lmppo.sampling.noise import gumbel_argmax, seed_tensor
+from lmppo.sampling.static_decoding import supports_static_decoding
 
+DECODINGS = ("auto", "dynamic", "static")
 _MIX = (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB)
 
 
@@ -40,18 +48,6 @@ def response_seed(seed: int, iteration: int, position: int) -> int:
     x = (x * _MIX[2]) & 0xFFFFFFFFFFFFFFFF
     x ^= x >> 31
     return x & 0x7FFFFFFFFFFFFFFF
-
-
-def gumbel_noise(
-    generators: Sequence[torch.Generator], vocab: int, device: torch.device, out: Optional[torch.Tensor] = None
-) -> torch.Tensor:
-    """(B, V) standard Gumbel noise, row b drawn from generators[b]; written into `out` ((B, V) float32 on the CPU)
-    when given. In place, the same numbers as -log(-log(clamp(u))) with fresh tensors."""
-    u = torch.empty(len(generators), vocab) if out is None else out
-    for row, g in zip(u, generators):
-        torch.rand(vocab, generator=g, out=row)
-    u.clamp_(min=1e-20, max=1.0 - 1e-7).log_().neg_().log_().neg_()
-    return u.to(device)
 
 
 def _accepts_logits_to_keep(model: nn.Module) -> bool:
@@ -77,16 +73,64 @@ def sample_native(
     stop_ids: torch.Tensor,
     pad_id: int,
     seeds: Sequence[int],
+    decoding: str = "auto",
+    stop_check_every: int = 8,
+    graphs: Optional[DecodeGraphs] = None,
 ):
     """Sample one response per left-padded prompt.
 
     prompt_ids, prompt_mask: (B, P). seeds: B ints (see `response_seed`).
-    Returns response_ids (B, T) padded with `pad_id` after the stop token, response_mask (B, T) bool,
-    terminated (B,) bool, truncated (B,) bool; T <= max_new_tokens (trailing all-padding columns dropped).
+    decoding: "dynamic" (the HF cache grown a token at a time, a host check per step), "static"
+    (`lmppo.sampling.static_decoding`: preallocated cache, stop checked every `stop_check_every` steps, replayed from
+    a CUDA graph when `graphs` is given on CUDA) or "auto" (static on CUDA where the model supports it, else dynamic).
+    Both give the same tokens for the same seeds. Returns response_ids (B, T) padded with `pad_id` after the stop
+    token, response_mask (B, T) bool, terminated (B,) bool, truncated (B,) bool; T <= max_new_tokens (trailing
+    all-padding columns dropped).
     """
+    if decoding not in DECODINGS:
+        raise ValueError(f"decoding={decoding!r}: allowed {', '.join(DECODINGS)}")
+    if stop_check_every < 1:
+        raise ValueError(f"stop_check_every={stop_check_every}: must be >= 1")
     device = prompt_ids.device
     model = hf_model(model)  # LoRA layers sit inside it; PEFT's wrapper would hide `logits_to_keep` and `cache`
-    generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+    seed_rows = seed_tensor(seeds, device)  # one host-to-device copy per rollout; the noise is made on the device
+    stop = stop_ids.to(device)
+    static = decoding == "static" or (decoding == "auto" and device.type == "cuda" and supports_static_decoding(model))
+    if static and not supports_static_decoding(model):
+        raise ValueError(
+            f"decoding='static': {type(model).__name__} is not supported (needs a transformers 5.2x decoder taking "
+            "`cache`, `position_ids` and `logits_to_keep`, with attn_implementation 'sdpa'); use 'dynamic' or 'auto'"
+        )
+    if static:
+        tokens, taken = static_sample(
+            model, prompt_ids, prompt_mask.bool(), seed_rows, temperature, max_new_tokens, stop, pad_id,
+            stop_check_every, graphs,
+        )  # fmt: skip
+        response_ids = tokens[:, :taken]
+    else:
+        response_ids = _sample_dynamic(
+            model, prompt_ids, prompt_mask, temperature, max_new_tokens, stop, pad_id, seed_rows
+        )
+    response_mask, terminated = stop_token_mask(response_ids, stop)
+    if static:  # the dynamic loop ends at the step where the last row stopped; drop the static loop's extra steps
+        keep = int(response_mask.sum(1).max())
+        response_ids, response_mask = response_ids[:, :keep], response_mask[:, :keep]
+    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
+    truncated = ~terminated & (response_mask.sum(1) >= max_new_tokens)
+    return response_ids, response_mask, terminated, truncated
+
+
+def _sample_dynamic(
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    temperature: float,
+    max_new_tokens: int,
+    stop: torch.Tensor,
+    pad_id: int,
+    seeds: torch.Tensor,
+) -> torch.Tensor:
+    """The eager loop over HF's growing cache: (B, T) tokens, padding after each row's stop token."""
     keep_kwargs = {"logits_to_keep": 1} if _accepts_logits_to_keep(model) else {}
     cache_argument = _cache_argument(model)
     attention = prompt_mask.long()
@@ -94,16 +138,13 @@ def sample_native(
     out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions, use_cache=True, **keep_kwargs)
     past, logits = _cache_of(out), out.logits[:, -1]
     next_position = positions[:, -1] + 1  # (B,)
-    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=device)
-    stop = stop_ids.to(device)
+    finished = torch.zeros(prompt_ids.shape[0], dtype=torch.bool, device=prompt_ids.device)
     tokens = []
-    noise = torch.empty(len(generators), logits.shape[-1])  # reused at every step
     for step in range(max_new_tokens):
-        scores = logits.float().div_(temperature) if logits.dtype != torch.float32 else logits / temperature
-        scores += gumbel_noise(generators, logits.shape[-1], device, noise)
-        token = torch.where(finished, torch.full_like(finished, pad_id, dtype=torch.long), scores.argmax(-1))
+        token = gumbel_argmax(logits, temperature, seeds, step)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
         tokens.append(token)
-        finished = finished | torch.isin(token, stop)
+        finished = finished | (token[:, None] == stop[None, :]).any(-1)
         if bool(finished.all()) or step == max_new_tokens - 1:
             break
         attention = torch.cat([attention, (~finished).long()[:, None]], dim=1)
@@ -117,11 +158,7 @@ def sample_native(
         )
         past, logits = _cache_of(out), out.logits[:, -1]
         next_position = next_position + 1
-    response_ids = torch.stack(tokens, dim=1)
-    response_mask, terminated = stop_token_mask(response_ids, stop)
-    response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, pad_id))
-    truncated = ~terminated & (response_mask.sum(1) >= max_new_tokens)
-    return response_ids, response_mask, terminated, truncated
+    return torch.stack(tokens, dim=1)
 
 
 def _lora_parts(module: nn.Module) -> Optional[list[tuple[torch.Tensor, torch.Tensor, float]]]:
