@@ -13,6 +13,7 @@ warm-up and capture run with `cache_enabled=False`: the casts are recorded as pa
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from contextlib import nullcontext
 from typing import Callable, Optional
@@ -51,7 +52,7 @@ class DecodeGraphs:
 
     def __init__(self, max_entries: int = 4):
         self.max_entries = max_entries
-        self.entries: OrderedDict[tuple, tuple[StaticDecoder, "torch.cuda.CUDAGraph"]] = OrderedDict()
+        self.entries: OrderedDict[tuple, tuple[StaticDecoder, Optional["torch.cuda.CUDAGraph"]]] = OrderedDict()
         self.captures = 0  # graphs captured so far (a test and the benchmark read it)
 
     @torch.no_grad()
@@ -85,13 +86,17 @@ class DecodeGraphs:
                     model, batch, prompt_len, max_new_tokens, temperature, stop_ids, pad_id, prompt_ids.device
                 )
                 decoder.prefill(*inputs)  # allocates the cache before capture
-                graph = capture(decoder.step)
-                self.captures += 1
+                try:
+                    graph = capture(decoder.step)
+                    self.captures += 1
+                except RuntimeError as err:  # a model whose step cannot be captured: decode it eagerly
+                    warnings.warn(f"lmppo: the decoding step could not be captured in a CUDA graph ({err}); eager")
+                    graph = None
                 decoder.prefill(*inputs)  # warm-up and capture advanced the buffers: start again
                 self.entries[key] = (decoder, graph)
                 while len(self.entries) > self.max_entries:
                     self.entries.popitem(last=False)
-        tokens, taken = decode(decoder, stop_check_every, graph.replay)
+        tokens, taken = decode(decoder, stop_check_every, graph.replay if graph is not None else None)
         return tokens[:B].clone(), taken
 
 
