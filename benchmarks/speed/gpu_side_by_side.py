@@ -351,6 +351,7 @@ def main(argv=None) -> int:
         results[side]["batch_size"] = settings["batch_size"]
         r = results[side]
         print(f"{side}: {r['eps']:.2f} episodes/s, process {r['process_seconds']:.0f} s", flush=True)
+        (args.work / "results.json").write_text(json.dumps(results, indent=1))  # kept if a later side fails
     first = next(iter(results.values()), {})
     torch_version, cuda = first.get("versions", {}).get("torch"), first.get("torch_cuda")
     print(f"\ndevice: {first.get('gpu') or device}; torch {torch_version} (CUDA {cuda})")

@@ -6,7 +6,8 @@
 #
 # The bare image holds torch, accelerate, pyarrow, pandas, xxhash, safetensors, peft and an older transformers; it
 # lacks TRL, datasets (with dill and multiprocess), pydantic (with pydantic-core, annotated-types,
-# typing-inspection) and transformers >= 5.24 (with the tokenizers and huggingface_hub it needs). Wheels are cp312
+# typing-inspection) and transformers >= 5.24 (with the tokenizers and huggingface_hub it needs; accelerate and peft
+# are carried too, at the versions that go with it). Wheels are cp312
 # manylinux x86_64, pinned to the versions lmppo's own venv runs; pyarrow (about 40 MiB) is left out: the image has it.
 # The SmolLM2 tokenizer files go beside them (the side-by-side needs only the tokenizer: the models are random).
 # Everything together must stay under 64 MiB (what a device call carries); the download step checks it.
@@ -18,6 +19,7 @@ PY="${PYTHON:-python3}"
 LIMIT_MIB=64
 WHEELS=(
   "transformers==5.24.0" "tokenizers==0.23.3" "huggingface_hub==2.4.0" "safetensors==0.8.0" "accelerate==1.15.0"
+  "peft==0.21.2"
   "trl==1.12.*" "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19"
   "pydantic==2.14.4" "pydantic_core==2.50.5" "annotated-types" "typing-inspection==0.4.5"
 )
