@@ -178,3 +178,71 @@ def test_polarity_sentences_are_labelled():
 def test_unknown_prompt_set_lists_the_allowed_names():
     with pytest.raises(LmppoError, match="builtin:reviews.*builtin:news"):
         assets.builtin_prompts("poems")
+
+
+def test_the_conversion_cache_key_is_the_files_content_not_its_path_or_mtime(tmp_path):
+    import os
+    import shutil
+
+    first = tmp_path / "venv-a" / "model.gguf"
+    first.parent.mkdir()
+    first.write_bytes(b"GGUF" + bytes(range(256)) * 8192)  # 2 MiB + 4 bytes: a header and the rest
+    copy = tmp_path / "venv-b" / "model.gguf"
+    copy.parent.mkdir()
+    shutil.copyfile(first, copy)  # another environment's install: a new path and a new mtime
+    os.utime(copy, (1_000_000_000, 1_000_000_000))
+    assert assets.source_signature(copy) == assets.source_signature(first)
+
+    header = bytearray(first.read_bytes())
+    header[100] ^= 1  # one byte of the header changed: another file
+    copy.write_bytes(bytes(header))
+    assert assets.source_signature(copy)["sha256_head"] != assets.source_signature(first)["sha256_head"]
+    assert assets.source_signature(copy)["size"] == assets.source_signature(first)["size"]
+
+    renamed = tmp_path / "venv-b" / "other.gguf"
+    shutil.copyfile(first, renamed)
+    assert assets.source_signature(renamed) != assets.source_signature(first)  # the name is part of the key
+
+
+# Rank 1 of a real two-process gloo group converts while rank 0 waits at a barrier: transformers' save_pretrained
+# writes on rank 0 only, so a conversion inside this process would leave the folder empty (issue 34 item 5).
+_RANK = r"""
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=int(sys.argv[2]), world_size=2)
+from lmppo.models import assets
+if dist.get_rank() == 1:
+    print(assets.resolve_model("smollm2"))
+dist.barrier()
+if dist.get_rank() == 0:
+    print(assets.resolve_model("smollm2"))
+dist.destroy_process_group()
+"""
+
+
+@needs_smollm2
+def test_a_rank_other_than_0_converts_inside_a_process_group(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "LMPPO_CACHE": str(tmp_path / "cache"), "PYTHONPATH": src, "OMP_NUM_THREADS": "1"}
+    store = tmp_path / "store"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(store), str(rank)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    outs = [p.communicate(timeout=900) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    folder = tmp_path / "cache" / "models" / assets.SMOLLM2_DIRNAME
+    assert [out.strip().splitlines()[-1] for out, _ in outs] == [str(folder)] * 2
+    assert {"config.json", "model.safetensors", "tokenizer.json", "lmppo_asset.json"} <= set(os.listdir(folder))
+    assert sum("converting" in err for _, err in outs) == 1  # rank 1 converted, rank 0 found the cache

@@ -152,3 +152,14 @@ def test_a_run_with_auto_computes_in_the_chosen_precision_and_stores_it(
     text = (tmp_path / "run" / "config.yaml").read_text()
     assert f"\nprecision: {expected}\n" in text
     assert "# precision: auto:" in text
+
+
+def test_the_probe_leaves_the_global_rng_as_it_was(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMPPO_CACHE", str(tmp_path))  # an empty cache: the probe runs (a random layer and input)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    precision_module.cached_bf16_slowdown()
+    assert (tmp_path / "bf16-probe.json").is_file()  # it did run
+    assert torch.equal(torch.rand(4), expected)  # and a seeded run draws the same numbers after it
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".bf16-probe.json.lock", "bf16-probe.json"]

