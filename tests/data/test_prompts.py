@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import warnings
 
 import pytest
 
 from helpers_tokenizers import make_bpe_tokenizer
 from lmppo.config import DataConfig
+from lmppo.data.prompt_files import check_prompt_file
 from lmppo.data.prompts import PromptRecords, PromptStream, load_prompt_records, tokenize_prompts
-from lmppo.errors import DataError
+from lmppo.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +108,14 @@ def test_api_list_and_builtin(monkeypatch):
         ("badcontent.jsonl", '{"prompt": [{"role": "user", "content": 5}]}\n', r"chat message 0 has content 5"),
         ("nocol.csv", "id,text\n1,hello\n", r"line 1: no column `prompt`; the header has columns `id`, `text`"),
         ("emptycell.csv", "id,prompt\n1,hello\n2,\n", r"emptycell.csv, line 3: the prompt is an empty string"),
-        ("short.csv", "id,prompt\n1,hello\n2\n", r"short.csv, line 3: the row has no value in column `prompt`"),
+        ("short.csv", "id,prompt\n1,hello\n2\n", r"short.csv, line 3: the row has 1 field, the header has 2"),
+        ("shortlast.csv", "prompt,id\n1,hello\nhi\n", r"shortlast.csv, line 3: the row has 1 field, the header has 2"),
+        ("long.csv", "id,prompt\n1,hello\n\n2,hi,extra\n", r"long.csv, line 4: the row has 3 fields, the header has 2"),
+        (
+            "quoted.csv",
+            'id,prompt\n1,"two\nlines"\n2,ok\n3,a,b,c\n4,fine\n',
+            r"quoted.csv, line 5: the row has 4 fields, the header has 2; every row needs one value per column",
+        ),
         ("p.json", '{"prompt": "x"}\n', r"cannot tell the format from the extension `.json`"),
     ],
 )
@@ -124,6 +133,29 @@ def test_missing_file_and_folder(tmp_path):
         load_prompt_records(cfg(str(tmp_path), format="jsonl"))
     with pytest.raises(DataError, match="folder"):  # not a save_to_disk folder (or `datasets` missing)
         load_prompt_records(cfg(str(tmp_path)))
+
+
+@pytest.mark.parametrize("name", ["p.txt", "p.csv", "p.jsonl", "p.parquet"])
+def test_a_fifo_is_refused_without_being_opened(tmp_path, name):
+    path = tmp_path / name
+    os.mkfifo(path)  # no writer: opening it for reading would block forever
+    with pytest.raises(ConfigError, match=r"`data.prompts` = .*: is a FIFO \(named pipe\), not a regular file"):
+        check_prompt_file(cfg(str(path)))
+    with pytest.raises(ConfigError, match="is a FIFO"):
+        load_prompt_records(cfg(str(path)))
+    link = tmp_path / ("link-" + name)
+    link.symlink_to(path)
+    with pytest.raises(ConfigError, match="is a FIFO"):  # followed through a symbolic link
+        check_prompt_file(cfg(str(link)))
+
+
+def test_a_device_is_refused_and_regular_files_and_builtins_pass(tmp_path):
+    with pytest.raises(ConfigError, match="is a character device"):
+        check_prompt_file(cfg("/dev/zero"))
+    check_prompt_file(cfg(write(tmp_path, "ok.txt", "hello\n")))
+    check_prompt_file(cfg(str(tmp_path)))  # a folder: a dataset
+    check_prompt_file(cfg("builtin:reviews"))
+    check_prompt_file(cfg(str(tmp_path / "missing.txt")))  # left to the readers' own message
 
 
 def test_not_utf8_names_the_byte_offset_and_line(tmp_path):

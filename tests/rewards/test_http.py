@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from email.utils import formatdate
@@ -19,6 +20,8 @@ from lmppo.config import Config, RewardConfig, RewardSourceConfig, load_config, 
 from lmppo.errors import ConfigError, RewardError
 from lmppo.rewards import build_reward_sources
 from lmppo.rewards.http import HttpSource, retry_after_seconds
+from lmppo.rewards.http_url import check_http_url, check_reward_urls
+from lmppo.rewards.sources import SourceContext
 from lmppo.run.config_file import redacted_config_dict
 
 SECRET = "s3cr3t-Tok3n-value-42"
@@ -262,3 +265,44 @@ def test_through_a_proxy_from_the_environment(server, monkeypatch):
     assert src(["p"], ["c"]) == [1.0] and src(["p"], ["c"]) == [2.0]
     path, _, auth, _ = server.requests[-1]
     assert path == "http://reward.invalid/score" and auth == f"Bearer {SECRET}" and server.connections == 1
+
+
+# ----------------------------------------------------------------------------- the URL, checked before training
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ("http://127.0.0.1:99999/score", "has port `99999`; a port is a number from 1 to 65535"),
+        ("http://127.0.0.1:0/score", "has port `0`"),
+        ("http://127.0.0.1:8o8o/score", "has port `8o8o`"),
+        ("https://user:pw@[::1]:70000/score", "has port `70000`"),
+        ("ftp://127.0.0.1/score", "has scheme `ftp`; must be an http:// or https:// URL"),
+        ("http:///score", "names no host"),
+        ("http://user@:80/score", "names no host"),
+        ("http://127.0.0.1/sco re", "holds a space or control character"),
+    ],
+)
+def test_a_bad_url_is_one_config_error_naming_the_field(bad, says):
+    reward = RewardConfig(sources=[RewardSourceConfig(kind="function", path="m:f"), RewardSourceConfig("http", bad)])
+    with pytest.raises(ConfigError, match=r"^config field `reward.sources\[1\].path` = .*: " + re.escape(says)):
+        check_reward_urls(reward)
+    with pytest.raises(RewardError, match=re.escape(says)):  # the source itself, built without the early check
+        HttpSource(RewardSourceConfig("http", bad), SourceContext(device="cpu"))
+
+
+def test_good_urls_pass_and_credentials_stay_masked():
+    for good in ("http://127.0.0.1:8080/score", "https://example.com", "HTTP://[::1]:65535/s?x=1", "http://h:1/"):
+        check_http_url(good, "f")
+    with pytest.raises(ConfigError) as info:
+        check_http_url(f"http://bob:{SECRET}@example.com:99999/s", "f")
+    assert SECRET not in str(info.value)
+
+
+def test_port_out_of_range_is_refused_by_the_cli_before_any_model_loads(env, capsys):
+    tmp_path, base = env
+    cfg = changed(base, reward__sources=[{"kind": "http", "path": "http://127.0.0.1:99999/score"}])
+    code, err = run_cli(["train", write(tmp_path, "c.yaml", data=cfg)], capsys)
+    assert_one_clean_line(code, err, "reward.sources[0].path", "99999", "1 to 65535")
+    assert "Port out of range" not in err and "Traceback" not in err
+    assert not os.path.exists(base["output_dir"])  # refused before the run started

@@ -22,10 +22,6 @@ starts with the BOS token, the BOS is kept.
 
 from __future__ import annotations
 
-import csv
-import difflib
-import io
-import json
 import numbers
 import os
 import warnings
@@ -38,10 +34,8 @@ import torch
 import lmppo.models.assets
 from lmppo.config import DataConfig
 from lmppo.data.hf_datasets import dataset_format, dataset_records, is_hf_dataset, load_dataset_path
+from lmppo.data.prompt_files import check_prompt_file, did_you_mean, field_names, read_prompt_file, short_repr
 from lmppo.errors import ConfigError, DataError
-
-FORMATS = ("jsonl", "csv", "text")
-EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".txt": "text", ".text": "text"}
 
 
 class PromptRecords(list):
@@ -85,7 +79,12 @@ def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = No
         name = spec[len("builtin:") :]
         items = list(lmppo.models.assets.builtin_records(name))
         return _records(items, spec, [f"item {i}" for i in range(len(items))], field_name="prompt")
-    return _load_file(spec, data_cfg)
+    check_prompt_file(data_cfg)  # a FIFO or a device: refused, never opened
+    hf_format = dataset_format(spec, data_cfg.format) if os.path.exists(spec) else None
+    if hf_format is not None:  # a save_to_disk folder, Parquet or Arrow: read through `datasets`
+        return _load_dataset(load_dataset_path(spec, hf_format), data_cfg, f"prompt dataset `{spec}`")
+    items, locations, columns = read_prompt_file(spec, data_cfg)
+    return _records(items, spec, locations, columns)
 
 
 def _load_dataset(ds: Any, data_cfg: DataConfig, source: str) -> PromptRecords:
@@ -93,124 +92,6 @@ def _load_dataset(ds: Any, data_cfg: DataConfig, source: str) -> PromptRecords:
 
     items, locations, column, columns = dataset_records(ds, data_cfg.field, source)
     return _records(items, f"{source}, column `{column}`", locations, columns)
-
-
-def _load_file(path: str, data_cfg: DataConfig) -> PromptRecords:
-
-    hf_format = dataset_format(path, data_cfg.format) if os.path.exists(path) else None
-    if hf_format is not None:  # a save_to_disk folder, Parquet or Arrow: read through `datasets`
-        return _load_dataset(load_dataset_path(path, hf_format), data_cfg, f"prompt dataset `{path}`")
-    if not os.path.exists(path):
-        raise DataError(
-            f"prompt file `{path}` does not exist (data.prompts takes a .jsonl, .csv or .txt file, or "
-            "`builtin:reviews` / `builtin:news`)"
-        )
-    if os.path.isdir(path):
-        raise DataError(
-            f"prompt file `{path}` is a folder; with data.format `{data_cfg.format}` data.prompts takes a "
-            ".jsonl, .csv or .txt file (a save_to_disk folder needs data.format `auto` or `dataset`)"
-        )
-    fmt = data_cfg.format
-    if fmt == "auto":
-        ext = os.path.splitext(path)[1].lower()
-        if ext not in EXTENSIONS:
-            raise DataError(
-                f"prompt file `{path}`: cannot tell the format from the extension `{ext or '(none)'}`; "
-                "use .jsonl, .csv or .txt, or set data.format to `jsonl`, `csv` or `text`"
-            )
-        fmt = EXTENSIONS[ext]
-    if fmt not in FORMATS:
-        raise DataError(f"data.format = {fmt!r}: must be `auto`, `jsonl`, `csv` or `text`")
-    with open(path, "rb") as fh:
-        raw = fh.read()
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        offset = err.start
-        line = raw[:offset].count(b"\n") + 1
-        raise DataError(
-            f"prompt file `{path}` is not UTF-8 text: byte {raw[offset : offset + 1]!r} at byte offset "
-            f"{offset} (line {line}) cannot be decoded; save the file as UTF-8"
-        ) from None
-    if not text.strip():
-        raise DataError(f"prompt file `{path}` is empty")
-    reader = {"jsonl": _read_jsonl, "csv": _read_csv, "text": _read_text}[fmt]
-    items, locations, columns = reader(text, path, data_cfg.field)
-    return _records(items, path, locations, columns)
-
-
-def _read_text(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
-    items, locations = [], []
-    for n, line in enumerate(_lines(text), start=1):
-        if line.strip():
-            items.append(line)
-            locations.append(f"line {n}")
-    return items, locations, [{} for _ in items]
-
-
-def _read_jsonl(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
-    items, locations, columns = [], [], []
-    for n, line in enumerate(_lines(text), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(
-                f"{path}, line {n}: not valid JSON ({err.msg} at column {err.colno}): {_short(line)}"
-            ) from None
-        except RecursionError:
-            raise DataError(f"{path}, line {n}: JSON nested too deeply to read: {_short(line)}") from None
-        if not isinstance(row, dict):
-            raise DataError(
-                f"{path}, line {n}: expected a JSON object with field `{field_name}`, got a "
-                f"{type(row).__name__}: {_short(line)}"
-            )
-        if field_name not in row:
-            raise DataError(
-                f"{path}, line {n}: no field `{field_name}`; the line has fields {_names(row)}"
-                f"{_close(field_name, list(row))}; data.field names the field that holds the prompt"
-            )
-        items.append(row[field_name])
-        locations.append(f"line {n}")
-        columns.append({k: v for k, v in row.items() if k != field_name})
-    return items, locations, columns
-
-
-def _read_csv(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
-    try:
-        return _read_csv_rows(text, path, field_name)
-    except csv.Error as err:
-        raise DataError(f"{path}: not readable as CSV ({err}); check quoting, or use a .jsonl file") from None
-
-
-def _read_csv_rows(text: str, path: str, field_name: str) -> tuple[list, list[str], list[dict]]:
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    columns = reader.fieldnames or []
-    if field_name not in columns:
-        raise DataError(
-            f"{path}, line 1: no column `{field_name}`; the header has columns {_names(columns)}"
-            f"{_close(field_name, columns)}; data.field names the column that holds the prompt"
-        )
-    items, locations, columns = [], [], []
-    line = reader.line_num
-    for row in reader:
-        start, line = line + 1, reader.line_num
-        value = row.get(field_name)
-        if value is None:
-            raise DataError(
-                f"{path}, line {start}: the row has no value in column `{field_name}` "
-                f"({len(row) - (None in row)} columns, the header has {len(columns)})"
-            )
-        items.append(value)
-        locations.append(f"line {start}")
-        columns.append({k: v for k, v in row.items() if k != field_name and k is not None})
-    return items, locations, columns
-
-
-def _lines(text: str) -> list[str]:
-    """Lines split on newlines only (str.splitlines would also split JSON strings holding U+2028)."""
-    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
 def _records(
@@ -227,7 +108,7 @@ def _records(
             if field_name not in x:
                 raise DataError(
                     f"{source}, {locations[i]}: the record has no field `{field_name}` (it has "
-                    f"{_names(x)}{_close(field_name, list(x))}); data.field names the field that holds "
+                    f"{field_names(x)}{did_you_mean(field_name, list(x))}); data.field names the field that holds "
                     "the prompt, the other fields are passed to reward functions by name"
                 )
             items[i], columns[i] = x[field_name], {k: v for k, v in x.items() if k != field_name}
@@ -257,7 +138,7 @@ def _check_record(value: Any, where: str) -> Any:
                 if missing:
                     raise DataError(
                         f"{where}: chat message {j} has no `{'` or `'.join(missing)}` (it has "
-                        f"{_names(m)}); each message needs `role` and `content`"
+                        f"{field_names(m)}); each message needs `role` and `content`"
                     )
                 if not isinstance(m["role"], str) or not m["role"]:
                     raise DataError(
@@ -266,18 +147,18 @@ def _check_record(value: Any, where: str) -> Any:
                     )
                 if not isinstance(m["content"], str):
                     raise DataError(
-                        f"{where}: chat message {j} has content {_short(m['content'])} of type "
+                        f"{where}: chat message {j} has content {short_repr(m['content'])} of type "
                         f"{type(m['content']).__name__}; must be a string"
                     )
             return [dict(m) for m in value]
         for j, x in enumerate(value):
             if isinstance(x, bool) or not isinstance(x, numbers.Integral):
                 raise DataError(
-                    f"{where}: item {j} of the list is {_short(x)} ({type(x).__name__}); a list must "
+                    f"{where}: item {j} of the list is {short_repr(x)} ({type(x).__name__}); a list must "
                     "hold only chat messages or only token ids (integers)"
                 )
         return [int(x) for x in value]
-    raise DataError(f"{where}: the prompt is {_short(value)} ({type(value).__name__}); must be {allowed}")
+    raise DataError(f"{where}: the prompt is {short_repr(value)} ({type(value).__name__}); must be {allowed}")
 
 
 # ----------------------------------------------------------------------------- tokenizing
@@ -331,7 +212,7 @@ def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfi
                 )
         else:
             raise DataError(
-                f"{_where(records, i)}: the prompt is {_short(rec)}; must be a string, a list of chat "
+                f"{_where(records, i)}: the prompt is {short_repr(rec)}; must be a string, a list of chat "
                 "messages or a list of token ids"
             )
         if not ids:
@@ -485,22 +366,6 @@ class PromptStream:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _short(x: Any, n: int = 60) -> str:
-    r = repr(x)
-    return r if len(r) <= n else r[: n - 3] + "..."
-
-
-def _names(row: Any) -> str:
-    keys = list(row)
-    shown = ", ".join(f"`{k}`" for k in keys[:12])
-    return (shown + (", ..." if len(keys) > 12 else "")) or "(none)"
-
-
-def _close(name: str, options: Sequence[str]) -> str:
-    hint = difflib.get_close_matches(name, [str(o) for o in options], n=1)
-    return f" (`{hint[0]}` is close: a typo?)" if hint else ""
 
 
 def split_holdout(prompts, holdout: int, seed: int):

@@ -9,7 +9,9 @@ per file), never the weights.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import struct
 from contextlib import contextmanager
 from typing import Iterator
@@ -164,14 +166,69 @@ def check_tokenizer_folder(folder: str, what: str = "tokenizer") -> None:
 
 @contextmanager
 def loading(what: str, folder: str) -> Iterator[None]:
-    """Any failure of `from_pretrained` inside the block becomes one error naming the folder."""
+    """Any failure of `from_pretrained` inside the block becomes one error naming the folder. transformers logs its
+    load report (the tensors whose shapes differ from config.json) and then raises "look at the above report",
+    which the console never shows: the report is caught here and its first mismatch goes into the message."""
+    report = _ReportCatcher()
     try:
-        yield
+        with report:
+            yield
     except LmppoError:
         raise
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
     except BaseException as err:  # noqa: BLE001 - transformers/safetensors/tokenizers raise anything
         text = " ".join(str(err).split())
-        text = text if len(text) <= 300 else text[:300] + " ..."
-        raise ModelFolderError(f"cannot load the {what} from {folder}: {type(err).__name__}: {text}") from err
+        if "above report" in text:
+            text = report.mismatch_text() or "the weights do not have the shapes the folder's config.json gives"
+        else:
+            text = f"{type(err).__name__}: {text}"
+            text = text if len(text) <= 300 else text[:300] + " ..."
+        raise ModelFolderError(f"cannot load the {what} from {folder}: {text}") from err
+
+
+_MISMATCH = re.compile(
+    r"^\s*(\S+)\s*\|\s*MISMATCH\b.*?ckpt:\s*torch\.Size\(\[([\d, ]*)\]\)\s*vs\s*model:\s*torch\.Size\(\[([\d, ]*)\]\)"
+)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class _ReportCatcher(logging.Handler):
+    """Holds the warnings of transformers' model loading (its load report) for the block, instead of the console."""
+
+    LOGGER = "transformers.modeling_utils"
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(_ANSI.sub("", record.getMessage()))
+
+    def __enter__(self) -> "_ReportCatcher":
+        logger = logging.getLogger(self.LOGGER)
+        self._saved = (logger.level, logger.propagate)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False  # what the console showed before: nothing below the CLI's error level
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        logger.setLevel(self._saved[0])
+        logger.propagate = self._saved[1]
+        if exc[0] is None:  # loaded: pass the warnings on as transformers would have
+            for message in self.messages:
+                logger.warning(message)
+
+    def mismatch_text(self) -> str | None:
+        rows = [m.groups() for text in self.messages for line in text.splitlines() if (m := _MISMATCH.match(line))]
+        if not rows:
+            return None
+        key, ckpt, model = rows[0]
+        more = f" (and {len(rows) - 1} more tensors)" if len(rows) > 1 else ""
+        return (
+            f"the weights do not have the shapes its config.json gives: `{key}` is [{ckpt}] in the weights file, "
+            f"[{model}] by config.json{more}; the config.json is another model's (hidden_size, vocab_size?)"
+        )

@@ -223,6 +223,26 @@ def trunk_and_head(model: nn.Module) -> tuple[nn.Module, Optional[nn.Module]]:
     return trunk, head
 
 
+def check_vocab_fits(tokenizer, model: nn.Module, field: str, what: str = "policy") -> None:
+    """LmppoError before the first sample when the tokenizer has ids the model's input embedding has no row for
+    (tokens added to the tokenizer, `<tool>` as id 400 on a 400-row model): the message names both sizes and the
+    added tokens, where torch would stop at the first such token with `IndexError: index out of range in self`.
+    lmppo does not resize the embedding itself: new rows would be untrained noise in a run that learns from them."""
+    embedding = hf_model(model).get_input_embeddings()
+    rows = getattr(embedding, "num_embeddings", None)
+    n = len(tokenizer)
+    if rows is None or n <= rows:
+        return
+    added = sorted((i, t) for t, i in tokenizer.get_added_vocab().items() if i >= rows)
+    shown = ", ".join(f"`{t}` ({i})" for i, t in added[:8]) + (f" and {len(added) - 8} more" if len(added) > 8 else "")
+    beyond = f"added tokens without a row: {shown}" if added else f"ids {rows}-{n - 1} have no row"
+    raise LmppoError(
+        f"the tokenizer ({field}) has {n} tokens but the {what}'s input embedding has {rows} rows ({beyond}); use "
+        f"the tokenizer the model was trained with, or resize the model to the tokenizer and save it "
+        f"(`model.resize_token_embeddings({n})`, then train or accept untrained rows)"
+    )
+
+
 def hidden_size(model: nn.Module) -> int:
     cfg = hf_model(model).config
     return getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd")

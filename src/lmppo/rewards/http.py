@@ -34,8 +34,9 @@ import urllib.request
 from typing import Any
 
 from lmppo.config import RewardSourceConfig, http_headers
-from lmppo.errors import RewardError
+from lmppo.errors import ConfigError, RewardError
 from lmppo.redact import MASK, redact_text
+from lmppo.rewards.http_url import check_http_url
 from lmppo.rewards.sources import RewardSource, SourceContext, mask_url, register_reward_source
 
 
@@ -60,12 +61,10 @@ class HttpSource(RewardSource):
 
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         super().__init__(cfg, ctx)
-        parts = urllib.parse.urlsplit(cfg.path)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise RewardError(
-                f"reward source `{self.name}`: URL {mask_url(cfg.path)!r} must start with "
-                "http:// or https:// and name a host"
-            )
+        try:  # checked before training too (`check_reward_urls`); here for sources built another way
+            parts = check_http_url(cfg.path, "path")
+        except ConfigError as err:
+            raise RewardError(f"reward source `{self.name}`: URL {mask_url(cfg.path)!r} {err.allowed}") from None
         self.shown_url = mask_url(cfg.path)
         extra, self._secrets = http_headers(cfg, f"reward source `{self.name}`")
         self.headers = {"Content-Type": "application/json", "Accept": "application/json", **extra}
@@ -76,7 +75,7 @@ class HttpSource(RewardSource):
             self.headers["Authorization"] = f"Basic {token}"
             self._secrets += [token, password]
         self._secrets = sorted({s for s in self._secrets if s}, key=len, reverse=True)
-        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.scheme, self.host, self.port = parts.scheme.lower(), parts.hostname, parts.port
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.timeout = float(cfg.timeout)
         self.retries = int(cfg.retries)

@@ -33,6 +33,7 @@ from lmppo.models.loading import (
     Actor,
     Critic,
     ValueHead,
+    check_vocab_fits,
     enable_gradient_checkpointing,
     fetch_hub_models,
     hf_model,
@@ -46,6 +47,7 @@ from lmppo.models.optim import lr_factor, make_adamw
 from lmppo.models.precision import PrecisionChoice, choose_precision
 from lmppo.models.reference import ReferencePolicy
 from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
+from lmppo.rewards.http_url import check_reward_urls
 from lmppo.run.folder import prepare_output_dir
 from lmppo.sampling.engines import SamplingEngine
 from lmppo.sampling.hf import warn_distorting_once
@@ -98,6 +100,8 @@ def build_components(
     if reward_functions is not None and not _has_user_sources(config):
         config.reward.sources = []
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
+    check_reward_urls(cfg.reward)  # an HTTP source's scheme, host and port: one line, before anything loads
+    records = load_prompt_records(cfg.data, prompts)  # a bad prompt file (FIFO, ragged CSV): before any model loads
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
     check_machine(cfg)  # device, sampling engine, attention kernel, trackers: before the run folder or any model
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
@@ -141,6 +145,7 @@ def build_components(
         else prepare_policy(policy, cfg.model)
     )
     _check_context_length(cfg, policy)
+    check_vocab_fits(tokenizer, policy, "model.tokenizer" if cfg.model.tokenizer else "model.policy")
     stop_ids = stop_token_ids(cfg, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
     if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
@@ -170,7 +175,7 @@ def build_components(
     strategy.models_built()  # (DeepSpeed: reward models load whole, never partitioned)
 
     # --- data and rewards
-    all_prompts = tokenize_prompts(load_prompt_records(cfg.data, prompts), tokenizer, cfg.data)
+    all_prompts = tokenize_prompts(records, tokenizer, cfg.data)
     prompt_set, holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
     check_process_split(cfg, accelerator.num_processes)
     stream = PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle)
