@@ -300,7 +300,7 @@ def build_sources(cfg: Any, device: torch.device) -> list:
             device=str(device),
             allow_pickle=cfg.model.allow_pickle,
             trust_remote_code=cfg.model.trust_remote_code,
-            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+            batch_size=cfg.no_grad_batch_size,
             resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
         ),
     )
@@ -368,7 +368,7 @@ def eval_plan(
         stop_ids=stop_token_ids(tokenizer, r.stop_token),
         seed=seed,
         backend="hf" if r.backend == "hf" else "native",
-        batch_size=r.forward_batch_size or r.batch_size,
+        batch_size=cfg.no_grad_batch_size,
         autocast=autocast,
         columns=columns,
     )

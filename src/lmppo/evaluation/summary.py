@@ -77,7 +77,7 @@ def heldout_summary(
         stop_ids=trainer.stop_ids,
         seed=cfg.seed,
         backend="hf" if r.backend == "hf" else "native",
-        batch_size=r.forward_batch_size or r.batch_size,
+        batch_size=cfg.no_grad_batch_size,
         autocast=trainer._autocast,
         columns=repeat_columns(held.columns, samples_per_prompt),
     )

@@ -186,7 +186,7 @@ def build_components(
             device=str(device),
             allow_pickle=cfg.model.allow_pickle,
             trust_remote_code=cfg.model.trust_remote_code,
-            batch_size=cfg.rollout.forward_batch_size or cfg.rollout.batch_size,
+            batch_size=cfg.no_grad_batch_size,
             resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
             autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
         ),

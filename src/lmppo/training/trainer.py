@@ -615,7 +615,7 @@ class PPOTrainer:
                 stop_ids=self.stop_ids,
                 seed=self.config.seed,
                 backend="hf" if r.backend == "hf" else "native",
-                batch_size=r.forward_batch_size or r.batch_size,
+                batch_size=self.config.no_grad_batch_size,
                 reference_logits=reference_logits,
                 autocast=self._autocast,
                 columns=held.columns or None,
