@@ -1,0 +1,375 @@
+"""TRL 1.12's `PPOTrainer` (its constructor, `train`, `save_model`, `generate_completions`, `state.log_history`,
+callbacks) on lmppo's own trainer, `lmppo.training.trainer.PPOTrainer`."""
+
+import copy
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import TrainerState, TrainingArguments
+
+from lmppo.config import DataConfig
+from lmppo.data.hf_datasets import is_hf_dataset
+from lmppo.data.prompts import load_prompt_records
+from lmppo.errors import ConfigError, LmppoError
+from lmppo.models.loading import hf_model
+from lmppo.rewards import ModelSource, SourceContext
+from lmppo.sampling.hf import left_pad
+from lmppo.sampling.native import response_seed, sample_native
+from lmppo.training.trainer import PPOTrainer as LmppoTrainer
+from lmppo.trl.config import PPOConfig
+from lmppo.trl.fields import DOCS, REFUSED_UNLESS_DEFAULT, TRL_LOG_KEYS
+from lmppo.trl.translate import lmppo_config, refuse, stop_token_name
+
+
+class PolicyAndValueWrapper(nn.Module):
+    """What TRL's `trainer.model` is: the policy and the value model side by side (`.policy`, `.value_model`)."""
+
+    def __init__(self, policy: nn.Module, value_model: nn.Module):
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+
+
+@dataclass
+class OnlineTrainerState(TrainerState):
+    """TRL's trainer state: TrainerState plus the episode counter."""
+
+    episode: int = 0
+
+
+class PPOTrainer:
+    """TRL 1.12's `PPOTrainer(args, processing_class, model, ref_model, reward_model, train_dataset, value_model,
+    data_collator=None, eval_dataset=None, optimizers=(None, None), callbacks=None, peft_config=None)`, trained by
+    lmppo (`self.lmppo`, an `lmppo.training.trainer.PPOTrainer`, holds lmppo's own config, metrics and checkpoints)."""
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        processing_class: Any,
+        model: nn.Module,
+        ref_model: nn.Module | None,
+        reward_model: nn.Module,
+        train_dataset: Any,
+        value_model: nn.Module,
+        data_collator: Any = None,
+        eval_dataset: Any = None,
+        optimizers: tuple = (None, None),
+        callbacks: list | None = None,
+        peft_config: Any = None,
+    ) -> None:
+        from accelerate import PartialState
+        from transformers import TrainerControl
+        from transformers.integrations import get_reporting_integration_callbacks
+        from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
+        from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
+
+        if not isinstance(args, TrainingArguments):
+            raise LmppoError(f"args must be an lmppo.trl.PPOConfig, got a {type(args).__name__}")
+        if train_dataset is None:
+            raise ConfigError("train_dataset", None, "is required")
+        if ref_model is not None and ref_model is model:
+            raise ConfigError(
+                "ref_model",
+                "the policy model",
+                "must not be `model` itself: pass a copy, or None (a "
+                "copy of the initial policy; with peft_config, the policy with its adapters off)",
+            )
+        if data_collator is not None:
+            raise ConfigError(
+                "data_collator",
+                type(data_collator).__name__,
+                f"lmppo left-pads the `input_ids` column itself; pass data_collator=None (see {DOCS})",
+            )
+        if optimizers is not None and any(o is not None for o in optimizers):
+            raise ConfigError(
+                "optimizers",
+                optimizers,
+                "lmppo builds its own AdamW and schedule from the PPOConfig; pass (None, None)",
+            )
+        if value_model is None or reward_model is None:
+            raise ConfigError("value_model" if value_model is None else "reward_model", None, "is required, as in TRL")
+        self.args = args
+        self.processing_class = processing_class
+        self.reward_model = reward_model
+        self.value_model = value_model
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.data_collator = None
+        if peft_config is not None:
+            from peft import PeftModel, get_peft_model
+
+            if isinstance(model, PeftModel):
+                raise ConfigError(
+                    "peft_config",
+                    type(peft_config).__name__,
+                    "was given with a model that is already "
+                    "a PeftModel: merge and unload the adapter first, or pass peft_config=None",
+                )
+            model = get_peft_model(model, peft_config)
+        self.policy_model = model
+        self.ref_model = ref_model
+
+        # -- sizes, as TRL computes them (and writes them into args)
+        world = PartialState().num_processes
+        args.world_size = world
+        args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        args.micro_batch_size = args.per_device_train_batch_size * world
+        args.batch_size = args.local_batch_size * world
+        if args.local_batch_size % args.num_mini_batches:
+            raise ConfigError(
+                "num_mini_batches",
+                args.num_mini_batches,
+                f"must divide local_batch_size "
+                f"({args.local_batch_size} = per_device_train_batch_size x gradient_accumulation_steps)",
+            )
+        args.mini_batch_size = args.batch_size // args.num_mini_batches
+        args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
+        if args.total_episodes is None:
+            args.total_episodes = int(args.num_train_epochs * len(train_dataset))
+        args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
+
+        # -- lmppo's config and trainer, with the objects as given
+        records = _input_ids(train_dataset)
+        tokenizer = _internal_tokenizer(processing_class, model)
+        self.config = lmppo_config(
+            args,
+            world_size=world,
+            num_prompts=len(records),
+            max_prompt_length=max(len(r) for r in records),
+            stop_token=stop_token_name(args, processing_class),
+            peft_config=peft_config,
+        )
+        device = "cpu" if args.use_cpu else str(PartialState().device)
+        self.reward_source = ModelSource.from_model(
+            reward_model,
+            tokenizer,
+            name="reward_model",
+            ctx=SourceContext(device=device, batch_size=self.config.rollout.forward_batch_size),
+        )
+        self.lmppo = _Engine(
+            self.config,
+            policy=model,
+            tokenizer=tokenizer,
+            prompts=list(records),
+            reward_functions=[self.reward_source],
+            value_model=value_model,
+            ref_model=ref_model,
+        )
+        self.lmppo.on_iteration = self._after_iteration
+        if self.lmppo.config.precision == "bf16":
+            self.reward_source.autocast_dtype = torch.bfloat16
+        self.accelerator = self.lmppo.accelerator
+        self.optimizer, self.lr_scheduler = self.lmppo.optimizer, self.lmppo.scheduler
+        self.model = PolicyAndValueWrapper(self.lmppo.policy, value_model)
+        self.model.config = self.lmppo.policy.config
+        self.is_peft_model = hasattr(self.lmppo.policy, "peft_config")
+        if args.num_sample_generations > 0:
+            self.sample_generations_freq = max(1, args.num_total_batches // args.num_sample_generations)
+
+        # -- callbacks and state, as TRL sets them up
+        callbacks_all = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
+        self.callback_handler = CallbackHandler(
+            callbacks_all + list(callbacks or []), self.model, processing_class, self.optimizer, self.lr_scheduler
+        )
+        self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
+        self.control = TrainerControl()
+        self.state = OnlineTrainerState(
+            is_local_process_zero=self.accelerator.is_local_main_process,
+            is_world_process_zero=self.accelerator.is_main_process,
+            stateful_callbacks=[
+                cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)
+            ],
+        )
+        self._start_time = None
+
+    # ------------------------------------------------------------------ TRL's API
+    def train(self) -> None:
+        """Run every update (ceil(total_episodes / batch_size)); callbacks and `state.log_history` as in TRL."""
+        args, state = self.args, self.state
+        state.global_step = 0
+        state.episode = 0
+        state.max_steps = args.num_total_batches
+        state.num_train_epochs = args.total_episodes / len(self.train_dataset)
+        for name in ("logging_steps", "eval_steps", "save_steps"):
+            value = getattr(args, name)
+            if value is not None:
+                setattr(state, name, math.ceil(state.max_steps * value) if value < 1 else value)
+        self.control = self.callback_handler.on_train_begin(args, state, self.control)
+        self._start_time = time.time()
+        self.lmppo.train()
+        self.control = self.callback_handler.on_train_end(args, state, self.control)
+        if self.control.should_save:  # a callback asked for it at the end; lmppo's final checkpoint is written
+            self.control = self.callback_handler.on_save(args, state, self.control)
+
+    def _after_iteration(self, metrics: dict[str, float]) -> None:
+        """One TRL update done: log TRL's metrics, step-end callbacks, saves, sample generations."""
+        args, state = self.args, self.state
+        state.episode = self.lmppo.episode
+        logs = {name: metrics.get(name, float("nan")) for name in TRL_LOG_KEYS}
+        logs["eps"] = int(state.episode / max(time.time() - self._start_time, 1e-9))
+        logs["val/num_eos_tokens"] = int(round(logs["val/num_eos_tokens"]))
+        logs["episode"] = int(state.episode)
+        state.epoch = state.episode / len(self.train_dataset)
+        state.global_step += 1
+        self.log(logs)
+        self.control = self.callback_handler.on_step_end(args, state, self.control)
+        if self.control.should_save:  # lmppo wrote its checkpoint (checkpoint.every = save_steps)
+            self.control = self.callback_handler.on_save(args, state, self.control)
+        update = state.global_step
+        if args.num_sample_generations > 0 and (update - 1) % self.sample_generations_freq == 0:
+            self.generate_completions(sampling=True)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """As transformers' Trainer.log: add `epoch`, append {**logs, "step"} to the history, call on_log."""
+        if self.state.epoch is not None:
+            logs["epoch"] = self.state.epoch
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The policy in Hugging Face format (safetensors; a PEFT policy saves its adapter), the tokenizer, and the
+        PPOConfig as training_args.json (TRL pickles it to training_args.bin)."""
+        output_dir = output_dir or self.args.output_dir
+        if not self.accelerator.is_main_process:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        self.lmppo.policy.save_pretrained(output_dir, safe_serialization=True)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        with open(os.path.join(output_dir, "training_args.json"), "w", encoding="utf-8") as fh:
+            fh.write(self.args.to_json_string())
+
+    @torch.no_grad()
+    def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]] | None:
+        """Near-greedy completions (temperature 0.01, as TRL) of the eval prompts in batches of
+        per_device_eval_batch_size (the last partial batch dropped, as TRL), scored by the reward model; prints the
+        first 5 rows and returns every row ({"query", "model response", "score"}). `sampling`: the first batch only."""
+        if self.eval_dataset is None:
+            return None
+
+        engine, tok = self.lmppo, self.lmppo.tokenizer
+        prompts = [list(r) for r in _input_ids(self.eval_dataset)]
+        size = self.args.per_device_eval_batch_size
+        rows: list[dict[str, Any]] = []
+        for start in range(0, len(prompts) - size + 1, size):
+            batch = prompts[start : start + size]
+            ids, mask = left_pad(batch, tok.pad_token_id)
+            ids, mask = ids.to(engine.device), mask.to(engine.device)
+            seeds = [response_seed(self.config.seed + 1, engine.iteration, start + i) for i in range(len(batch))]
+            with engine._autocast():
+                resp, resp_mask, _, _ = sample_native(
+                    engine.policy,
+                    ids,
+                    mask,
+                    0.01 + 1e-7,
+                    self.config.rollout.max_new_tokens,
+                    engine.stop_ids,
+                    tok.pad_token_id,
+                    seeds,
+                )
+            responses = [r[m].tolist() for r, m in zip(resp.cpu(), resp_mask.cpu())]
+            scores = self.reward_source([], [], token_ids=[p + r for p, r in zip(batch, responses)]) if batch else []
+            for p, r, s in zip(batch, responses, scores):
+                rows.append(
+                    {
+                        "query": tok.decode(p, skip_special_tokens=True),
+                        "model response": tok.decode(r),
+                        "score": float(s),
+                    }
+                )
+            if sampling:
+                break
+        if self.accelerator.is_main_process and rows:
+            _print_table(rows[:5])
+            if "wandb" in (self.args.report_to or []):
+                import wandb
+
+                if wandb.run is not None:
+                    wandb.log(
+                        {"completions": wandb.Table(columns=list(rows[0]), data=[list(r.values()) for r in rows])}
+                    )
+        return rows
+
+    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+        raise refuse("push_to_hub", True, REFUSED_UNLESS_DEFAULT["push_to_hub"])
+
+    # ------------------------------------------------------------------ callbacks and helpers (as transformers')
+    def add_callback(self, callback: Any) -> None:
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        self.callback_handler.remove_callback(callback)
+
+    def is_world_process_zero(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def is_local_process_zero(self) -> bool:
+        return self.accelerator.is_local_main_process
+
+    @property
+    def lmppo_history(self) -> list[dict[str, float]]:
+        """lmppo's own metrics of every iteration (a superset of TRL's, see docs/metrics.md)."""
+        return self.lmppo.history
+
+
+class _Engine(LmppoTrainer):
+    """lmppo's trainer, calling `on_iteration(metrics)` after each iteration's phase 6 (its checkpoint included, so
+    TRL's `on_save` callbacks come after the files exist, as in TRL)."""
+
+    on_iteration = None
+
+    def finish_iteration(self, *args: Any, **kwargs: Any) -> None:
+        super().finish_iteration(*args, **kwargs)
+        if self.on_iteration is not None:
+            self.on_iteration(self.history[-1])
+
+
+def _input_ids(dataset: Any) -> list:
+    """The prompt token ids of a TRL dataset: its `input_ids` column (a `datasets.Dataset`, or any sequence of rows
+    {"input_ids": [...]}), checked as every lmppo prompt source."""
+
+    if not is_hf_dataset(dataset):
+        rows = list(dataset)
+        dataset = [r["input_ids"] if isinstance(r, dict) and "input_ids" in r else r for r in rows]
+    return list(load_prompt_records(DataConfig(field="input_ids"), dataset))
+
+
+def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
+    """The tokenizer lmppo pads with: the one given, or a copy padding with eos when its pad id is outside the
+    policy's embedding table (TRL scripts add a `[PAD]` token the model never learnt; TRL replaces padding by id 0
+    before each forward pass, lmppo pads with an id the model has)."""
+
+    rows = hf_model(model).get_input_embeddings().weight.shape[0]
+    pad = tokenizer.pad_token_id
+    if pad is not None and pad < rows:
+        return tokenizer
+    if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= rows:
+        raise ConfigError(
+            "processing_class",
+            type(tokenizer).__name__,
+            f"pad token id {pad} is outside the policy's "
+            f"{rows} embeddings and there is no eos token to pad with instead",
+        )
+    internal = copy.deepcopy(tokenizer)
+    internal.pad_token = internal.eos_token
+    return internal
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_lines=True)
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(v) for v in row.values()))
+    Console().print(table)

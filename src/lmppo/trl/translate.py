@@ -1,0 +1,166 @@
+"""lmppo's Config for a TRL PPOConfig: the fields checked (`check_fields`), then translated (`lmppo_config`)."""
+
+import dataclasses
+import math
+from typing import Any
+
+from lmppo.config import Config
+from lmppo.errors import ConfigError
+from lmppo.trl.config import PPOConfig
+from lmppo.trl.fields import DOCS, OPTIMIZERS, REFUSED_UNLESS_DEFAULT, SCHEDULES
+
+
+def _default(name: str) -> Any:
+    f = PPOConfig.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def refuse(name: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(name, value, f"{why} (TRL PPOConfig field; see {DOCS})")
+
+
+def check_fields(args: PPOConfig) -> None:
+    """ConfigError for the first field set to a value lmppo cannot honour."""
+    for name, why in REFUSED_UNLESS_DEFAULT.items():
+        value, default = getattr(args, name), _default(name)
+        if name == "include_num_input_tokens_seen":
+            default = "no"  # TrainingArguments turns False into "no"
+        if value != default and not (value in (None, {}, "") and default in (None, {}, "")):
+            raise refuse(name, value, why)
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    if schedule not in SCHEDULES:
+        raise refuse("lr_scheduler_type", schedule, "lmppo's schedules are " + ", ".join(f"`{s}`" for s in SCHEDULES))
+    optim = str(getattr(args.optim, "value", args.optim))
+    if optim not in OPTIMIZERS:
+        raise refuse("optim", optim, "lmppo trains with AdamW (`adamw_torch` or `adamw_torch_fused`)")
+    save = str(getattr(args.save_strategy, "value", args.save_strategy))
+    if save not in ("no", "steps"):
+        raise refuse(
+            "save_strategy",
+            save,
+            "lmppo checkpoints every N iterations (`steps`) or only at the end "
+            "(`no`); a PPO run has no epochs or best model",
+        )
+    if isinstance(args.deepspeed, dict):
+        raise refuse("deepspeed", "{...}", "give lmppo a DeepSpeed JSON file path, `zero2` or `zero3`")
+    if args.stop_token and args.stop_token_id is not None:
+        raise refuse("stop_token_id", args.stop_token_id, "is exclusive with stop_token (TRL refuses both too)")
+    if args.stop_token not in (None, "eos"):
+        raise refuse("stop_token", args.stop_token, "must be `eos` or None")
+    if args.kl_estimator not in ("k1", "k3"):
+        raise refuse("kl_estimator", args.kl_estimator, "must be `k1` or `k3`, as in TRL")
+    if args.missing_eos_penalty is not None and not args.stop_token and args.stop_token_id is None:
+        raise refuse(
+            "missing_eos_penalty",
+            args.missing_eos_penalty,
+            "needs stop_token `eos` (or a stop_token_id) "
+            "in lmppo: the penalty goes to responses that end without the stop token",
+        )
+
+
+def _steps(value: float, total: int) -> int:
+    """A TrainingArguments step count: an int, or a fraction of `total` when below 1."""
+    return int(value) if value >= 1 else math.ceil(total * value)
+
+
+def lmppo_config(
+    args: PPOConfig,
+    *,
+    world_size: int,
+    num_prompts: int,
+    max_prompt_length: int,
+    stop_token: str = "none",
+    peft_config: Any = None,
+) -> Config:
+    """lmppo's Config for TRL PPOConfig `args` (fields checked by `check_fields` first); `stop_token` is the
+    rollout.stop_token string the trainer derived from stop_token / stop_token_id."""
+    check_fields(args)
+    c = Config()
+    c.output_dir = args.output_dir
+    c.overwrite = True  # TRL writes into an existing output_dir without asking
+    c.seed = int(args.seed)
+    c.device = "cpu" if args.use_cpu else "auto"
+    c.precision = "auto" if args.bf16 else "fp32"
+    c.deepspeed = args.deepspeed or ""
+    local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    batch = local_batch * world_size
+    episodes = args.total_episodes if args.total_episodes is not None else int(args.num_train_epochs * num_prompts)
+    iterations = max(math.ceil(episodes / batch), 1)
+    c.total_episodes = iterations * batch
+    c.data.field = "input_ids"
+    c.data.max_prompt_length = max_prompt_length  # TRL never cuts a prompt
+    c.data.long_prompts = "error"
+    c.data.shuffle = True
+    r = c.rollout
+    # TRL samples at temperature + 1e-7 and divides logits by it: the same distribution, to the last bit
+    r.batch_size, r.max_new_tokens, r.temperature = batch, args.response_length, float(args.temperature) + 1e-7
+    r.stop_token, r.backend = stop_token, "native"
+    r.forward_batch_size = args.local_rollout_forward_batch_size
+    c.reward.sources = []  # the reward model object is the one source (PPOTrainer)
+    if args.missing_eos_penalty is not None:
+        c.reward.truncation, c.reward.penalty, c.reward.penalty_mode = (
+            "penalty",
+            -float(args.missing_eos_penalty),
+            "add",
+        )
+    else:
+        c.reward.truncation = "none"
+    c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = (
+        float(args.kl_coef),
+        "fixed",
+        args.kl_estimator,
+        "reward",
+    )
+    c.value.mode = "critic"
+    c.reference.mode = "frozen"
+    p = c.ppo
+    p.num_epochs, p.num_minibatches = args.num_ppo_epochs, args.num_mini_batches
+    # TRL runs micro-batches of per_device_train_batch_size within each process's minibatch (the last one short when
+    # it does not divide); lmppo's loss is the same whatever the split, so the micro-batch is the largest size up to
+    # per_device_train_batch_size that divides the minibatch
+    local_minibatch = local_batch // args.num_mini_batches
+    p.micro_batch_size = max(
+        d for d in range(1, min(args.per_device_train_batch_size, local_minibatch) + 1) if local_minibatch % d == 0
+    )
+    p.learning_rate = float(args.learning_rate)
+    schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
+    p.lr_schedule = SCHEDULES.get(schedule, schedule)
+    p.warmup_iterations = _steps(args.warmup_steps, iterations)
+    p.weight_decay, p.adam_eps, p.max_grad_norm = (
+        float(args.weight_decay),
+        float(args.adam_epsilon),
+        float(args.max_grad_norm),
+    )
+    p.clip_range, p.value_clip_range, p.vf_coef = (
+        float(args.cliprange),
+        float(args.cliprange_value),
+        float(args.vf_coef),
+    )
+    p.gamma, p.lam = float(args.gamma), float(args.lam)
+    p.advantage_estimator, p.whiten_advantages, p.entropy_coef, p.target_kl = "gae", True, 0.0, 0.0
+    c.log.trackers, c.log.sample_every, c.log.progress = [], 0, False  # report_to goes through HF's callbacks
+    save = str(getattr(args.save_strategy, "value", args.save_strategy))
+    c.checkpoint.every = _steps(args.save_steps, iterations) if save == "steps" else 0
+    c.checkpoint.keep_last = args.save_total_limit or max(iterations, 1)
+    if peft_config is not None:
+        lora = c.model.lora
+        lora.enabled = True
+        lora.r = int(getattr(peft_config, "r", lora.r))
+        lora.alpha = float(getattr(peft_config, "lora_alpha", lora.alpha))
+        lora.dropout = float(getattr(peft_config, "lora_dropout", lora.dropout))
+        targets = getattr(peft_config, "target_modules", None)
+        if targets:
+            lora.target_modules = [targets] if isinstance(targets, str) else sorted(targets)
+    return c
+
+
+def stop_token_name(args: PPOConfig, tokenizer: Any) -> str:
+    """rollout.stop_token for TRL's stop_token / stop_token_id."""
+    if args.stop_token == "eos":
+        return "eos"
+    if args.stop_token_id is None:
+        return "none"
+    token = tokenizer.convert_ids_to_tokens(int(args.stop_token_id))
+    if token is None or tokenizer.convert_tokens_to_ids(token) != int(args.stop_token_id):
+        raise refuse("stop_token_id", args.stop_token_id, "is not a token of this tokenizer that lmppo can name")
+    return token

@@ -1,0 +1,228 @@
+"""lmppo.trl.trainer: TRL's PPOTrainer constructor on tiny models, the objects used as given, TRL's log history and
+callbacks, and TRL's example script run unchanged but for its import line."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import PROMPTS, tiny_llama
+from lmppo.errors import ConfigError
+from lmppo.trl import PPOTrainer
+from trl_support import EXAMPLE, TRL_LOG_HISTORY_KEYS, input_ids_dataset, seq_cls, src_env, trainer_args
+
+datasets = pytest.importorskip("datasets")
+
+
+def test_drop_in_trains_with_the_objects_as_given(tmp_path, tokenizer):
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    class Record(TrainerCallback):
+        def __init__(self):
+            self.events = []
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.events.append("train_begin")
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            self.events.append(("log", dict(logs)))
+
+        def on_step_end(self, args, state, control, **kw):
+            self.events.append("step_end")
+
+        def on_train_end(self, args, state, control, **kw):
+            self.events.append("train_end")
+
+    policy, ref = tiny_llama(tokenizer), tiny_llama(tokenizer)
+    reward, value = seq_cls(tokenizer, 1), seq_cls(tokenizer, 2)
+    value_before = {k: v.clone() for k, v in value.state_dict().items()}
+    ref_before = {k: v.clone() for k, v in ref.state_dict().items()}
+    record = Record()
+    tok = tokenizer
+    tok.padding_side = "left"
+    trainer = PPOTrainer(
+        args=trainer_args(tmp_path),
+        processing_class=tok,
+        model=policy,
+        ref_model=ref,
+        reward_model=reward,
+        train_dataset=input_ids_dataset(tok, PROMPTS),
+        value_model=value,
+        eval_dataset=input_ids_dataset(tok, PROMPTS[:5]),
+        callbacks=[record],
+    )
+    engine = trainer.lmppo
+    assert engine.accelerator.unwrap_model(engine.critic).model is value  # the value model is the critic
+    assert engine.reference.model is ref  # the reference is the object passed in
+    assert trainer.reward_source.model is reward and trainer.reward_source.wants_token_ids
+    assert (trainer.args.batch_size, trainer.args.num_total_batches, trainer.args.world_size) == (4, 2, 1)
+    trainer.train()
+    history = trainer.state.log_history
+    assert len(history) == 2 and all(set(h) == TRL_LOG_HISTORY_KEYS for h in history)
+    assert [h["step"] for h in history] == [1, 2] and [h["episode"] for h in history] == [4, 8]
+    assert history[-1]["epoch"] == 1.0
+    assert record.events[0] == "train_begin" and record.events[-1] == "train_end"
+    assert [e for e in record.events if e == "step_end"] == ["step_end"] * 2
+    logged = [e[1] for e in record.events if isinstance(e, tuple)]
+    assert [set(l) for l in logged] == [TRL_LOG_HISTORY_KEYS - {"step"}] * 2
+    for h, m in zip(history, trainer.lmppo_history):  # TRL's names carry lmppo's values
+        assert h["objective/kl"] == m["objective/kl"] and h["loss/value_avg"] == m["loss/value_avg"]
+    assert any(not torch.equal(value_before[k], v) for k, v in value.state_dict().items())  # the critic trained
+    assert all(torch.equal(ref_before[k], v) for k, v in ref.state_dict().items())  # the reference did not
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert torch.equal(reloaded.lm_head.weight, trainer.model.policy.lm_head.weight)
+    assert json.loads((out / "training_args.json").read_text())["num_ppo_epochs"] == 2
+    rows = trainer.generate_completions()
+    assert len(rows) == 4  # 5 eval prompts in batches of 2, the last partial batch dropped (as TRL)
+    assert set(rows[0]) == {"query", "model response", "score"} and all(math.isfinite(r["score"]) for r in rows)
+    assert len(trainer.generate_completions(sampling=True)) == 2
+
+
+def test_peft_config_without_ref_model_uses_the_adapter_off_reference(tmp_path, tokenizer):
+    from peft import LoraConfig
+
+    tokenizer.padding_side = "left"
+    trainer = PPOTrainer(
+        args=trainer_args(tmp_path, total_episodes=4),
+        processing_class=tokenizer,
+        model=tiny_llama(tokenizer),
+        ref_model=None,
+        reward_model=seq_cls(tokenizer, 1),
+        train_dataset=input_ids_dataset(tokenizer, PROMPTS),
+        value_model=seq_cls(tokenizer, 2),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    assert trainer.is_peft_model and trainer.lmppo.reference.adapter_off and trainer.lmppo.reference.model is None
+    assert trainer.config.model.lora.enabled and trainer.config.model.lora.r == 4
+    trainer.train()
+    assert len(trainer.state.log_history) == 1
+
+
+def test_trainer_arguments_lmppo_cannot_honour(tmp_path, tokenizer):
+    from transformers import DataCollatorWithPadding
+
+    tokenizer.padding_side = "left"
+    policy = tiny_llama(tokenizer)
+    common = dict(
+        args=trainer_args(tmp_path),
+        processing_class=tokenizer,
+        model=policy,
+        reward_model=seq_cls(tokenizer, 1),
+        train_dataset=input_ids_dataset(tokenizer, PROMPTS),
+        value_model=seq_cls(tokenizer, 2),
+    )
+    with pytest.raises(ConfigError, match="`ref_model`"):
+        PPOTrainer(ref_model=policy, **common)
+    with pytest.raises(ConfigError, match="`data_collator`"):
+        PPOTrainer(ref_model=None, data_collator=DataCollatorWithPadding(tokenizer), **common)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.1)
+    with pytest.raises(ConfigError, match="`optimizers`"):
+        PPOTrainer(ref_model=None, optimizers=(opt, None), **common)
+    with pytest.raises(ConfigError, match="`whiten_rewards`"):
+        PPOTrainer(ref_model=None, **{**common, "args": trainer_args(tmp_path, whiten_rewards=True)})
+
+
+def test_peft_config_with_a_ref_model_uses_that_model(tmp_path, tokenizer):
+    from peft import LoraConfig
+
+    tokenizer.padding_side = "left"
+    ref = tiny_llama(tokenizer, seed=3)
+    trainer = PPOTrainer(
+        args=trainer_args(tmp_path, total_episodes=4),
+        processing_class=tokenizer,
+        model=tiny_llama(tokenizer),
+        ref_model=ref,
+        reward_model=seq_cls(tokenizer, 1),
+        train_dataset=input_ids_dataset(tokenizer, PROMPTS),
+        value_model=seq_cls(tokenizer, 2),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    reference = trainer.lmppo.reference
+    assert reference.model is ref and not reference.adapter_off
+    ids = torch.tensor([tokenizer("the movie was good")["input_ids"]])
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():  # the reference log-probs are the given model's, not the adapter-off policy's
+        expected = torch.log_softmax(ref(ids).logits[:, 1:-1], -1).gather(-1, ids[:, 2:, None]).squeeze(-1)
+        got = reference.logprobs(trainer.lmppo.policy, ids, mask, 2, ids[:, 2:], 1.0)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    trainer.train()
+    assert len(trainer.state.log_history) == 1
+
+
+def test_a_pad_token_added_beyond_the_models_vocabulary(tmp_path, tokenizer):
+    """TRL's example script adds a `[PAD]` token the models have no embedding for; lmppo pads with eos instead."""
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"pad_token": "[NEWPAD]"})
+    tok.padding_side = "left"
+    assert tok.pad_token_id >= len(tokenizer)  # outside the tiny models' embeddings (built on `tokenizer`)
+    trainer = PPOTrainer(
+        args=trainer_args(tmp_path, total_episodes=4),
+        processing_class=tok,
+        model=tiny_llama(tokenizer),
+        ref_model=None,
+        reward_model=seq_cls(tokenizer, 1),
+        train_dataset=input_ids_dataset(tok, PROMPTS),
+        value_model=seq_cls(tokenizer, 2),
+        eval_dataset=input_ids_dataset(tok, PROMPTS[:2]),
+    )
+    assert trainer.lmppo.tokenizer.pad_token_id == tokenizer.eos_token_id and tok.pad_token == "[NEWPAD]"
+    trainer.train()
+    assert len(trainer.state.log_history) == 1 and len(trainer.generate_completions()) == 2
+
+
+def test_the_trl_style_example_script_runs_with_the_drop_in(tmp_path):
+    """examples/trl_ppo_script.py (only its import line differs from its TRL 1.12 form) finishes under lmppo and its
+    log_history has TRL's metric names."""
+    out = tmp_path / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLE),
+            "--output_dir",
+            str(out),
+            "--use_cpu",
+            "--bf16",
+            "false",
+            "--report_to",
+            "none",
+            "--per_device_train_batch_size",
+            "4",
+            "--total_episodes",
+            "8",
+            "--response_length",
+            "4",
+            "--num_ppo_epochs",
+            "1",
+            "--stop_token",
+            "eos",
+            "--missing_eos_penalty",
+            "1.0",
+            "--local_rollout_forward_batch_size",
+            "4",
+            "--per_device_eval_batch_size",
+            "2",
+            "--num_sample_generations",
+            "1",
+            "--save_strategy",
+            "no",
+            "--disable_tqdm",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=src_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    history = json.loads((out / "log_history.json").read_text())
+    assert len(history) == 2 and all(set(h) == TRL_LOG_HISTORY_KEYS for h in history)
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
