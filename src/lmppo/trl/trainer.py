@@ -2,6 +2,7 @@
 callbacks) on lmppo's own trainer, `lmppo.training.trainer.PPOTrainer`."""
 
 import copy
+import json
 import math
 import os
 import time
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 from torch import nn
 from transformers import TrainerState, TrainingArguments
 
@@ -345,7 +347,8 @@ def _input_ids(dataset: Any) -> list:
 def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
     """The tokenizer lmppo pads with: the one given, or a copy padding with eos when its pad id is outside the
     policy's embedding table (TRL scripts add a `[PAD]` token the model never learnt; TRL replaces padding by id 0
-    before each forward pass, lmppo pads with an id the model has)."""
+    before each forward pass, lmppo pads with an id the model has). A fast tokenizer's copy also drops that pad
+    token, so its size fits the embedding (lmppo refuses a tokenizer with ids the model has no row for)."""
 
     rows = hf_model(model).get_input_embeddings().weight.shape[0]
     pad = tokenizer.pad_token_id
@@ -359,7 +362,13 @@ def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
             f"{rows} embeddings and there is no eos token to pad with instead",
         )
     internal = copy.deepcopy(tokenizer)
+    old_pad = internal.pad_token
     internal.pad_token = internal.eos_token
+    backend = getattr(internal, "backend_tokenizer", None)
+    if pad is not None and backend is not None:  # the unused pad token leaves the copy: len() fits the embedding
+        data = json.loads(backend.to_str())
+        data["added_tokens"] = [t for t in data["added_tokens"] if not (t["id"] >= rows and t["content"] == old_pad)]
+        internal._tokenizer = Tokenizer.from_str(json.dumps(data))  # the backend a fast tokenizer wraps
     return internal
 
 
