@@ -6,9 +6,9 @@
 #
 # The bare image holds torch, accelerate, pyarrow, pandas, xxhash, safetensors, peft and an older transformers; it
 # lacks TRL, datasets (with dill and multiprocess), pydantic (with pydantic-core, annotated-types,
-# typing-inspection) and transformers >= 5.24 (with the tokenizers and huggingface_hub it needs; accelerate and peft
-# are carried too, at the versions that go with it). Wheels are cp312
-# manylinux x86_64, pinned to the versions lmppo's own venv runs; pyarrow (about 40 MiB) is left out: the image has it.
+# typing-inspection) and transformers >= 5.24 (with the tokenizers and huggingface_hub 2.x it needs, and the hub's
+# httpx2, httpcore2, truststore, anyio, idna, h11, click and hf-xet; accelerate and peft are carried too, at the
+# versions that go with it). Wheels are cp312 manylinux x86_64, pinned to the versions lmppo's own venv runs; pyarrow (about 40 MiB) is left out: the image has it.
 # The SmolLM2 tokenizer files go beside them (the side-by-side needs only the tokenizer: the models are random).
 # Everything together must stay under 64 MiB (what a device call carries); the download step checks it.
 set -euo pipefail
@@ -22,6 +22,8 @@ WHEELS=(
   "peft==0.21.2"
   "trl==1.12.*" "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19"
   "pydantic==2.14.4" "pydantic_core==2.50.5" "annotated-types" "typing-inspection==0.4.5"
+  "httpx2==2.16.2" "httpcore2==2.16.2" "truststore==0.10.5" "anyio==4.16.0" "idna==3.20" "h11==0.16.0"
+  "click==8.5.1" "hf-xet==1.8.0"
 )
 TOKENIZER="${SMOLLM2_TOKENIZER:-$HOME/.cache/lmppo/models/smollm2-135m-instruct}"
 

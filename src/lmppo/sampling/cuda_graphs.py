@@ -5,7 +5,8 @@ captured graph launches them all at once. A graph is bound to its tensors' shape
 (batch bucket, prompt-length bucket, max_new_tokens, temperature, stop ids, pad id) gets its own `StaticDecoder` and
 graph, kept across rollouts (the optimizer updates the weights in place, so the graph reads the new weights). Batches
 are padded up to a bucket with filler rows (finished from the start) and prompts left-padded to a multiple of 32.
-A graph is re-captured when the model's parameters move (their addresses are part of the key).
+A graph is re-captured when the model's parameters move (their addresses are part of the key) or autocast changes
+(the static cache takes the dtype of the first keys written into it).
 
 Autocast's weight-cast cache cannot live inside a graph (the cached casts would be freed when autocast exits), so
 warm-up and capture run with `cache_enabled=False`: the casts are recorded as part of the step.
@@ -41,6 +42,10 @@ def capture(step: Callable[[], None], warmup: int = 2) -> "torch.cuda.CUDAGraph"
     return graph
 
 
+def _autocast_state() -> tuple[bool, torch.dtype]:
+    return torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+
+
 def _autocast_without_cache():
     if not torch.is_autocast_enabled("cuda"):
         return nullcontext()
@@ -74,7 +79,7 @@ class DecodeGraphs:
         prompt_len = round_up(P, (), PROMPT_MULTIPLE)
         weights = tuple(p.data_ptr() for p in model.parameters())
         key = (id(model), hash(weights), batch, prompt_len, max_new_tokens, float(temperature))
-        key += (tuple(stop_ids.tolist()), int(pad_id))
+        key += (tuple(stop_ids.tolist()), int(pad_id), _autocast_state())  # the cache's dtype follows autocast
         inputs = pad_batch(prompt_ids, prompt_mask, seeds, batch, prompt_len, pad_id)
         with _autocast_without_cache():
             if key in self.entries:
