@@ -58,6 +58,10 @@ def test_converted_folder_is_plain_fp32_safetensors(smollm2_dir, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert "quantization_config" not in config and config["model_type"] == "llama"
     assert not list(folder.parent.glob(".smollm2-135m-instruct.tmp-*"))  # no half-written folder left over
+    marker = json.loads((folder / "lmppo_asset.json").read_text())
+    gguf = assets.smollm2_gguf_path()
+    assert {k: marker[k] for k in assets.source_signature(gguf)} == assets.source_signature(gguf)
+    assert marker["mtime"] == int(gguf.stat().st_mtime)  # not in the key; older lmppo versions still accept it
 
 
 @needs_smollm2

@@ -139,6 +139,11 @@ def _is_complete(folder: Path, signature: dict) -> bool:
     return all(marker.get(k) == v for k, v in signature.items())
 
 
+def _mtime(gguf: Path) -> int:
+    """Written in the marker, not part of the key: lmppo versions that keyed by it still accept the folder."""
+    return int(gguf.stat().st_mtime)
+
+
 def ensure_smollm2() -> Path:
     """The converted SmolLM2 folder, converting the packaged GGUF first if the cache lacks it (one process
     converts, others wait: `lmppo.models.cache`)."""
@@ -152,7 +157,7 @@ def ensure_smollm2() -> Path:
     signature = source_signature(gguf)
     return fill_folder(
         target,
-        lambda tmp: convert_gguf(gguf, tmp, {**signature, "marker": _MARKER}, target),
+        lambda tmp: convert_gguf(gguf, tmp, {**signature, "mtime": _mtime(gguf), "marker": _MARKER}, target),
         lambda folder: _is_complete(folder, signature),
         f"converting {gguf.name}",
     )
