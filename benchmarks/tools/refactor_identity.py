@@ -7,6 +7,9 @@ Each configuration trains a tiny Llama (built in-process, as in tests/conftest.p
 value head and a separate critic, with the native and the HF sampler, a KL term in the loss, a syncing reference,
 checkpoints. `--compare` prints, per configuration, whether every metric except the wall-clock ones (`time/*`, and
 `eps` and `tokens_per_s`, which divide by seconds) and the final weights are identical, and exits non-zero if not.
+
+A baseline taken before commit c9e5e4d (the native sampler's noise moved to the device: the same seeds sample other
+tokens, docs/performance.md "Native sampler noise") does not match runs after it: take the baseline again.
 """
 
 from __future__ import annotations
