@@ -82,7 +82,8 @@ def sample_native(
     prompt_ids, prompt_mask: (B, P). seeds: B ints (see `response_seed`).
     decoding: "dynamic" (the HF cache grown a token at a time, a host check per step), "static"
     (`lmppo.sampling.static_decoding`: preallocated cache, stop checked every `stop_check_every` steps, replayed from
-    a CUDA graph when `graphs` is given on CUDA) or "auto" (static on CUDA where the model supports it, else dynamic).
+    a CUDA graph when `graphs` is given on CUDA) or "auto" (static with graphs when `graphs` is given on CUDA and the
+    model supports it, else dynamic).
     Both give the same tokens for the same seeds. Returns response_ids (B, T) padded with `pad_id` after the stop
     token, response_mask (B, T) bool, terminated (B,) bool, truncated (B,) bool; T <= max_new_tokens (trailing
     all-padding columns dropped).
@@ -95,7 +96,10 @@ def sample_native(
     model = hf_model(model)  # LoRA layers sit inside it; PEFT's wrapper would hide `logits_to_keep` and `cache`
     seed_rows = seed_tensor(seeds, device)  # one host-to-device copy per rollout; the noise is made on the device
     stop = stop_ids.to(device)
-    static = decoding == "static" or (decoding == "auto" and device.type == "cuda" and supports_static_decoding(model))
+    # eagerly the static step is slower than the dynamic loop (34 against 29 ms/step on an H100): static only in graphs
+    static = decoding == "static" or (
+        decoding == "auto" and device.type == "cuda" and graphs is not None and supports_static_decoding(model)
+    )
     if static and not supports_static_decoding(model):
         raise ValueError(
             f"decoding='static': {type(model).__name__} is not supported (needs a transformers 5.2x decoder taking "

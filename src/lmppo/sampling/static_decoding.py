@@ -15,7 +15,7 @@ How it departs from the dynamic loop in `lmppo.sampling.native` (same tokens for
 from __future__ import annotations
 
 import inspect
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -123,7 +123,7 @@ class StaticDecoder:
 
 
 def decode(
-    decoder: StaticDecoder, stop_check_every: int, replay: Optional[callable] = None
+    decoder: StaticDecoder, stop_check_every: int, replay: Optional[Callable[[], None]] = None
 ) -> tuple[torch.Tensor, int]:
     """Run the decoding steps after `prefill`: `replay()` (a captured graph) or `decoder.step()` per token, checking
     every `stop_check_every` steps whether all rows have stopped. Returns the (B, T) tokens and the steps taken."""
