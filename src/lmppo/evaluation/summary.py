@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional
 
 from lmppo.evaluation.heldout import PolicyEval, compare, repeat_columns, repeat_prompts, sample_and_score
 from lmppo.evaluation.tables import default_judge, metric_rows, sample_comparison, watched, win_rows
+from lmppo.run.metrics_file import run_rows
 from lmppo.run.storage import write_json
 
 NUM_SAMPLES = 3
@@ -124,7 +125,8 @@ def heldout_summary(
 
 
 def _training_part(trainer: Any) -> dict[str, Any]:
-    h = trainer.history
+    # the whole run: metrics.jsonl from iteration 1 (a resumed trainer's history starts at the resume)
+    h = run_rows(trainer.config.output_dir, trainer.iteration) or trainer.history
     part: dict[str, Any] = {
         "iterations": trainer.iteration,
         "episodes": trainer.episode,

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+import lmppo.run.signals as signals
 import lmppo.run.storage as storage
 from lmppo.errors import CheckpointError, StorageError
 from lmppo.models.partition import real_shard
@@ -193,15 +194,15 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
             write_manifest(tmp, state.iteration, acc.num_processes, layout)
             _publish(tmp, final)
     except BaseException as err:  # the real writers raise OSError, RuntimeError (torch), SafetensorError, ...
+        why = os_reason(err, root) if storage.is_write_failure(err) else ""  # before the clean-up frees space
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if not storage.is_write_failure(err):
+        if not why:
             raise
         keep = f"the previous checkpoint {previous[0]} is intact" if previous else "there is no earlier checkpoint"
         raise StorageError(
             f"could not write the checkpoint of iteration {state.iteration} to {root}: "
-            f"{os_reason(err, root)}; {keep}. Free space (or fix the folder) and continue with "
-            f"`lmppo train --resume {output_dir}`"
+            f"{why}; {keep}. Free space (or fix the folder), then {signals.go_on(output_dir)}"
         ) from None
     acc.wait_for_everyone()
     if main:

@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from lmppo.config import ModelConfig
 from lmppo.models.loading import is_peft_model, save_merged
+from lmppo.run import ownership
 from lmppo.run.storage import atomic_dir
 
 
@@ -47,7 +48,7 @@ def export_model(
     (`atomic_dir`); a failed write is one StorageError, with `keep` saying what is still intact. `cards`: folder
     name -> its README.md text (`lmppo.run.model_card`). `adapter_base`: the base model the adapter config names (a Hub
     id rather than the local cache folder it was loaded from)."""
-    with atomic_dir(directory, "the trained model", keep) as tmp:
+    with atomic_dir(directory, "the trained model", keep, ownership.publishing) as tmp:
         policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
         tokenizer.save_pretrained(os.path.join(tmp, "policy"))
         adapter_config = os.path.join(tmp, "policy", "adapter_config.json")

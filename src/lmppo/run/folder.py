@@ -9,7 +9,9 @@ import re
 from typing import Callable, Optional, Sequence
 
 import lmppo.run.lock as lock
+import lmppo.run.metrics_file as metrics_file
 import lmppo.run.ownership as ownership
+import lmppo.run.signals as signals
 import lmppo.run.storage as storage
 from lmppo.config import Config
 from lmppo.errors import ConfigError
@@ -99,9 +101,9 @@ def _prepare_locked(cfg: Config, out: str, is_main_process: bool, resuming: bool
             raise ConfigError(
                 "output_dir",
                 out,
-                f"already holds a run ({', '.join(own)}); choose another "
-                f"folder, continue it with `lmppo train --resume {out}`, or set overwrite: true "
-                f"(removes those files of the old run, nothing else)",
+                f"already holds a run ({', '.join(own)}); choose another folder, "
+                + (f"continue it with `lmppo train --resume {out}`, " if signals.has_checkpoint(out) else "")
+                + "or set overwrite: true (`--overwrite true`: removes those files of the old run, nothing else)",
             )
         if is_main_process:
             ownership.remove_own(out, own)
@@ -134,6 +136,7 @@ def _truncate_jsonl(path: str, keep: Callable[[dict], bool]) -> None:
 
 def truncate_logs(output_dir: str, iteration: int, episode: int) -> None:
     """Cut metrics.jsonl back to iterations <= `iteration` and samples.jsonl to episodes <= `episode`."""
+    metrics_file.warn_lost(output_dir, iteration)  # a file cut by hand: said once, not silently
 
     def upto(key: str, limit: int) -> Callable[[dict], bool]:
         def keep(row: dict) -> bool:

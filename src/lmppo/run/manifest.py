@@ -173,7 +173,7 @@ def no_checkpoint_diagnosis(output_dir: str) -> str:
     return (
         f"cannot resume from {output_dir}: it holds no complete checkpoint ({CHECKPOINTS}/iter-N/{MANIFEST}); "
         f"the run stopped before its first checkpoint (checkpoint.every sets how often one is written). Start "
-        f"it again with overwrite: true{removes}, or in another output_dir"
+        f"it again with overwrite: true (`--overwrite true`){removes}, or in another output_dir"
     )
 
 
@@ -185,8 +185,8 @@ def prune_checkpoints(output_dir: str, keep_last: int, newest: str) -> None:
         if kept == 0 and os.path.abspath(path) != os.path.abspath(newest):
             continue  # newer than the one just written: left for inspection (see resume_trainer)
         kept += 1
-        if kept > keep_last:  # renamed aside first: a kill never leaves a half-removed iter-N under its name
-            with contextlib.suppress(LmppoError):
+        if kept > keep_last and not ownership.foreign_files(path):  # (one with a file of yours inside is kept)
+            with contextlib.suppress(LmppoError):  # renamed aside first: a kill never leaves a half-removed iter-N
                 storage.remove_tree(path, f"the old checkpoint {os.path.basename(path)}")
     for name in os.listdir(root):
         if name.startswith(".iter-") and (".tmp" in name or ".old-" in name or ".del-" in name):

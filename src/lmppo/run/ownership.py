@@ -1,10 +1,18 @@
-"""Which files of a run folder lmppo wrote: `overwrite: true` removes those and nothing else.
+"""Which files of a run folder lmppo wrote: it removes or replaces those and nothing else.
 
 A run records the names it owns in `OUTPUT_DIR/.lmppo-owned.json` when it starts (the artifacts that did not
 exist before it: metrics, samples, checkpoints, final, tensorboard, summary, config). A folder written before
 this record existed is recognised by its shape: `checkpoints/` holding only checkpoint folders, `final/` holding
 only `policy/` and `value/`, logs beside a config.yaml lmppo wrote. Anything else with one of those names is
 foreign: a run never writes into it nor removes it, and the refusal names it.
+
+Inside lmppo's own folders the rule is file by file (`own_files`): a checkpoint's files are the ones its
+manifest lists, `final/`'s the ones the ownership record lists for it (`inside`, written just before it is
+published), tensorboard's its event files. A file lmppo did not write there (your `final/policy/eval_notes.md`,
+`checkpoints/NOTES.txt`) is kept where it is whenever lmppo removes or replaces the folder (`overwrite: true`, a
+new `final/` at the end of a resumed run; a pruned checkpoint holding one is not removed): the folder is replaced
+by one holding hard links to those files (atomic: a kill at any moment leaves either the old folder or the new
+one, and the file in both), and one warning line names them.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import warnings
 
 import lmppo.run.storage as storage
 
@@ -20,6 +30,7 @@ ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "checkpoints", "final", "tensorbo
 """Names a run writes at the top of its output_dir (besides the lock file and this record)."""
 CONFIG_FIRST_LINE = "# lmppo run config (secrets masked); resume with: lmppo train --resume OUTPUT_DIR\n"
 _CHECKPOINT_ENTRY = re.compile(r"^(iter-\d+|\.iter-\d+\..*|corrupt-iter-\d+-\w+)$")
+_PUBLISHED_CHECKPOINT = re.compile(r"^iter-\d+$")
 
 
 def _is_own_config(path: str) -> bool:
@@ -30,14 +41,22 @@ def _is_own_config(path: str) -> bool:
         return False
 
 
-def recorded(output_dir: str) -> set[str] | None:
-    """Names in the ownership record, None when there is no readable record."""
+def _record(output_dir: str) -> dict:
     try:
         with open(os.path.join(output_dir, OWNED), encoding="utf-8") as fh:
             data = json.load(fh)
     except (OSError, ValueError):
-        return None
-    names = data.get("files") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_record(output_dir: str, data: dict) -> None:
+    storage.write_json(os.path.join(output_dir, OWNED), data, f"the ownership record ({OWNED})", indent=1)
+
+
+def recorded(output_dir: str) -> set[str] | None:
+    """Names in the ownership record, None when there is no readable record."""
+    names = _record(output_dir).get("files")
     return {n for n in names if isinstance(n, str)} if isinstance(names, list) else None
 
 
@@ -50,7 +69,7 @@ def _looks_own(output_dir: str, name: str) -> bool:
             return os.path.isdir(path) and all(_CHECKPOINT_ENTRY.match(e) for e in os.listdir(path))
         if name == "final":
             entries = set(os.listdir(path)) if os.path.isdir(path) else None
-            return entries is not None and entries <= {"policy", "value"}
+            return entries is not None and entries <= {"policy", "policy-merged", "value"}
     except OSError:
         return False
     if name == "config.yaml":
@@ -84,17 +103,139 @@ def claim(output_dir: str) -> None:
         or not os.path.lexists(os.path.join(output_dir, n))
         or (n == "config.yaml" and _is_own_config(os.path.join(output_dir, n)))
     )
-    storage.write_json(os.path.join(output_dir, OWNED), {"files": names}, f"the ownership record ({OWNED})", indent=1)
+    _write_record(output_dir, {**_record(output_dir), "files": names})  # (`inside` kept: what final/ holds of ours)
+
+
+def _files(folder: str) -> list[str]:
+    """Every file below `folder`, as `a/b` paths relative to it (links not followed)."""
+    out = []
+    for root, dirs, names in os.walk(folder):
+        dirs.sort()
+        for name in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            out.append(os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/"))
+    return out
+
+
+def write_listing(folder: str, files: list[str] | None = None) -> None:
+    """Record `files` (default: every file below `folder` now) as the ones lmppo wrote in its run folder's
+    `folder` (`inside` in the ownership record); nothing where the parent is not a run folder with a record."""
+    parent, name = os.path.split(os.path.normpath(os.path.abspath(folder)))
+    data = _record(parent)
+    if "files" in data:
+        inside = data.get("inside") if isinstance(data.get("inside"), dict) else {}
+        _write_record(parent, {**data, "inside": {**inside, name: _files(folder) if files is None else files}})
+
+
+def _listing(folder: str) -> set[str] | None:
+    parent, name = os.path.split(os.path.normpath(os.path.abspath(folder)))
+    inside = _record(parent).get("inside")
+    files = inside.get(name) if isinstance(inside, dict) else None
+    return {f for f in files if isinstance(f, str)} if isinstance(files, list) else None
+
+
+def _manifest_files(checkpoint: str) -> set[str] | None:
+    try:
+        with open(os.path.join(checkpoint, "manifest.json"), encoding="utf-8") as fh:
+            files = json.load(fh).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(files) | {"manifest.json"} if isinstance(files, dict) else None
+
+
+def own_files(folder: str) -> set[str] | None:
+    """The files lmppo wrote below its folder `folder` (`a/b` paths), None when all of them are taken as its own
+    (a `final/` of an lmppo version without listings)."""
+    name = os.path.basename(os.path.normpath(folder))
+    if name == "checkpoints":
+        own: set[str] = set()
+        for entry in os.listdir(folder) if os.path.isdir(folder) else []:
+            if not _CHECKPOINT_ENTRY.match(entry):
+                continue
+            path = os.path.join(folder, entry)
+            listed = _manifest_files(path) if _PUBLISHED_CHECKPOINT.match(entry) else None
+            inside = _files(path) if os.path.isdir(path) else [""]
+            own |= {f"{entry}/{f}".rstrip("/") for f in inside if listed is None or f in listed}
+        return own
+    if _PUBLISHED_CHECKPOINT.match(name):
+        return _manifest_files(folder)
+    if name == "tensorboard":
+        return {f for f in _files(folder) if os.path.basename(f).startswith("events.out.tfevents.")}
+    return _listing(folder)
+
+
+def foreign_files(folder: str) -> list[str]:
+    """The files below lmppo's folder `folder` that lmppo did not write (`own_files`)."""
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return []
+    own = own_files(folder)
+    return [] if own is None else [f for f in _files(folder) if f not in own]
+
+
+def _link(src: str, dst: str) -> None:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError:  # a file system without hard links: a copy (the original stays until the old folder goes)
+        shutil.copy2(src, dst, follow_symlinks=False)
+
+
+def keep_foreign(old: str, new: str) -> list[str]:
+    """Hard-link the files of folder `old` that lmppo did not write into folder `new`, which is about to replace
+    it, at the same place (a name lmppo now writes itself: `NAME.yours`); returns them."""
+    foreign = foreign_files(old)
+    for rel in foreign:
+        dst = os.path.join(new, *rel.split("/"))
+        _link(os.path.join(old, *rel.split("/")), dst + ".yours" if os.path.lexists(dst) else dst)
+    return foreign
+
+
+def publishing(tmp: str, final_path: str) -> None:
+    """Before folder `tmp` replaces lmppo's folder `final_path` (`storage.atomic_dir(before_publish=...)`): its
+    files are listed as lmppo's, and the old folder's files lmppo did not write are kept (`keep_foreign`)."""
+    write_listing(final_path, _files(tmp))  # first: a kill before the rename keeps too much, never too little
+    if os.path.isdir(final_path):
+        announce_kept(final_path, keep_foreign(final_path, tmp))
+
+
+def announce_kept(where: str, kept: list[str]) -> None:
+    if kept:
+        more = f" and {len(kept) - 5} more" if len(kept) > 5 else ""
+        names = ", ".join(os.path.join(where, f) for f in kept[:5])
+        warnings.warn(f"kept {len(kept)} file(s) lmppo did not write: {names}{more}", stacklevel=3)
+
+
+def remove_keeping(path: str, what: str) -> list[str]:
+    """Remove lmppo's folder `path` except the files it did not write, which stay where they are (the folder is
+    replaced by one holding only them, atomically); returns those kept."""
+    foreign = foreign_files(path)
+    if not foreign:
+        storage.remove_tree(path, what)
+        return []
+    tmp = storage.temp_name(path)
+    with storage.writing(f"(removing) {what}", path):
+        os.makedirs(tmp)
+        try:
+            keep_foreign(path, tmp)
+            if _listing(path) is not None:
+                write_listing(path, [])  # lmppo owns nothing left here
+            storage.publish(tmp, path)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return foreign
 
 
 def remove_own(output_dir: str, names: list[str]) -> None:
-    """Remove lmppo's own artifacts `names` (each renamed aside first, then deleted)."""
+    """Remove lmppo's own artifacts `names` (each renamed aside first, then deleted); files lmppo did not write
+    inside its folders are kept where they are (`remove_keeping`), with one warning naming them."""
+    kept = []
     for name in names:
         path = os.path.join(output_dir, name)
         if name == "config.yaml":
             continue  # replaced by the new run's
         if os.path.isdir(path) and not os.path.islink(path):
-            storage.remove_tree(path, name)
+            kept += [f"{name}/{f}" for f in remove_keeping(path, name)]
         else:
             with storage.writing(f"(removing) {name}", path):
                 os.unlink(path)
+    announce_kept(output_dir, kept)

@@ -60,6 +60,17 @@ def has_checkpoint(output_dir: str) -> bool:
     return any(_CHECKPOINT.match(n) and os.path.isfile(os.path.join(root, n, "manifest.json")) for n in names)
 
 
+def go_on(output_dir: str) -> str:
+    """How to continue run `output_dir` after a failure that left it as it was (free space first, say): `--resume`
+    when it holds a checkpoint, else the same command again with `--overwrite true` (nothing to resume)."""
+    if has_checkpoint(output_dir):
+        return f"continue with `lmppo train --resume {output_dir}`"
+    return (
+        "start it again with the same `lmppo train` command and `--overwrite true` (it has no checkpoint yet, so "
+        "there is nothing to resume)"
+    )
+
+
 def next_step(output_dir: Optional[str], argv: Sequence[str]) -> str:
     """What to run after `lmppo train ARGV` into `output_dir` stopped: `--resume` when a checkpoint exists, else
     the same command with `--overwrite true` (there is nothing to resume)."""

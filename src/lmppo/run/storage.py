@@ -22,9 +22,14 @@ import re
 import shutil
 import uuid
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from lmppo.errors import LmppoError, StorageError
+
+try:
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None  # type: ignore[assignment]
 
 _NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
 
@@ -42,6 +47,14 @@ def _free_bytes(path: str) -> int | None:
     except (OSError, AttributeError):
         return None
     return st.f_bavail * st.f_frsize
+
+
+def _size_limited() -> bool:
+    """Whether this process runs under a file-size limit (`ulimit -f`)."""
+    if resource is None:  # pragma: no cover - Windows
+        return False
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return soft != resource.RLIM_INFINITY
 
 
 def reason(err: BaseException, where: str = "") -> str:
@@ -68,6 +81,8 @@ def reason(err: BaseException, where: str = "") -> str:
     free = _free_bytes(where) if where else None
     if free is not None and free < (1 << 20):
         return f"the disk is full ({free} bytes free)"
+    if _size_limited() and ("file write failed" in text or "enforce fail" in text):  # torch hides EFBIG too
+        return "the file is larger than this process may write (file size limit: ulimit -f)"
     if isinstance(err, OSError) and err.strerror:
         return err.strerror
     return _short(f"{type(err).__name__}: {text}")
@@ -186,10 +201,13 @@ def publish(tmp: str, final_path: str) -> None:
 
 
 @contextmanager
-def atomic_dir(final_path: str, what: str = "", keep: str = "") -> Iterator[str]:
+def atomic_dir(
+    final_path: str, what: str = "", keep: str = "", before_publish: Callable[[str, str], None] | None = None
+) -> Iterator[str]:
     """Yield a temporary folder beside `final_path`; on success flush it and rename it to `final_path`. On any
     failure the temporary folder is removed and an existing `final_path` is untouched; a writer failure
-    becomes a StorageError (when `what` is given)."""
+    becomes a StorageError (when `what` is given). `before_publish(tmp, final_path)`: called just before the
+    rename (`lmppo.run.ownership.publishing` keeps the files lmppo did not write)."""
     parent = os.path.dirname(os.path.abspath(final_path))
     tmp = temp_name(final_path)
     try:
@@ -197,6 +215,8 @@ def atomic_dir(final_path: str, what: str = "", keep: str = "") -> Iterator[str]
             os.makedirs(parent, exist_ok=True)
             os.makedirs(tmp)
             yield tmp
+            if before_publish is not None:
+                before_publish(tmp, final_path)
             publish(tmp, final_path)
     except BaseException:
         _remove(tmp)

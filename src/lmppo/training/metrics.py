@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+import lmppo.run.signals as signals
 import lmppo.run.storage as storage
 from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
@@ -289,15 +290,16 @@ class MetricsLogger:
             storage.write_text(self.path, "", "the metrics log (metrics.jsonl)")
         self.trackers = trackers
         self.console = console
-        self._keep = (
-            f"the lines before are intact; free space (or fix the folder) and continue with "
-            f"`lmppo train --resume {output_dir}`"
-        )
+        self.output_dir = output_dir
+
+    def _keep(self) -> str:
+        """What a failed write leaves intact, and the command that goes on from there (`signals.go_on`)."""
+        return f"the lines before are intact; free space (or fix the folder), then {signals.go_on(self.output_dir)}"
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         line = json.dumps({k: _jsonable(v) for k, v in metrics.items()})
         storage.append_lines(
-            self.path, [line], f"the metrics of iteration {metrics.get('iteration', '?')} (metrics.jsonl)", self._keep
+            self.path, [line], f"the metrics of iteration {metrics.get('iteration', '?')} (metrics.jsonl)", self._keep()
         )  # whole or not at all
         for t in self.trackers:
             t.log(metrics, step)
@@ -307,7 +309,7 @@ class MetricsLogger:
             self.samples_path,
             [json.dumps({"episode": step, **r}, default=str) for r in rows],
             f"the sample table of episode {step} (samples.jsonl)",
-            self._keep,
+            self._keep(),
         )
         for t in self.trackers:
             t.log_table(rows, step)
