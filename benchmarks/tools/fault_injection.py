@@ -1,6 +1,7 @@
-"""Fault injection: random SIGKILLs and random full-disk moments during real `lmppo train` runs.
+"""Fault injection: random SIGKILLs, SIGTERMs and full-disk moments during real `lmppo train` runs.
 
-    python benchmarks/tools/fault_injection.py [--kills 20] [--disk 20] [--iterations 10] [--seed 0] [--work DIR]
+    python benchmarks/tools/fault_injection.py [--kills 20] [--terms 0] [--disk 20] [--iterations 10] [--seed 0]
+        [--work DIR]
     python benchmarks/tools/fault_injection.py --deepspeed zero2 --nproc 2 --kills 5 --disk 0 [--iterations 6]
 
 Each run is the real command (`lmppo.apps.cli.main(["train", ...])`) in a separate process, forked from this warm
@@ -12,11 +13,14 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
 - Moments: a fault comes during start-up (model loading; probability 1/(remaining iterations + 1)) or at a
   uniformly random time within a uniformly chosen remaining iteration, its checkpoint write included (found by
   watching the run's metrics.jsonl, so the draw does not depend on the machine's speed).
-- SIGKILL trials: a run is started and killed with SIGKILL at a random moment, then resumed (`--resume`; a run killed
-before its first checkpoint is started again with
-  `overwrite: true`), each resume again killed with probability 1/2, until one finishes. Counted: kills, kills
-  that left a checkpoint write in progress (a `.iter-N.tmp` folder), runs that end bit-identical to the
-  reference, runs with a lost, duplicated or torn metrics row.
+- SIGKILL trials: a run is started and killed with SIGKILL at a random moment, then resumed (`--resume`; a run
+  killed before its first checkpoint is started again with `overwrite: true`), each resume again killed with
+  probability 1/2, until one finishes. Counted: kills, kills that left a checkpoint write in progress (a
+  `.iter-N.tmp` folder), runs that end bit-identical to the reference, runs with a lost, duplicated or torn
+  metrics row, runs with a temporary (`lmppo.run.storage.temporaries`) left in the folder at the end.
+- SIGTERM trials (`--terms N`): the same with SIGTERM; besides, every signalled process must exit 143 with one
+  line giving a command that works (`--resume`, or `--overwrite true` before the first checkpoint) and must
+  have removed its own temporaries. Results: docs/robustness.md.
 - Full-disk trials: the run writes into a small tmpfs (needs root to mount; skipped otherwise with the
   reason). At a random moment a real filler file takes all free space, or all but a random 0-128 KiB. The run
   must finish (the fault came too late or left room) or exit 2 with exactly one `error:` line that names the

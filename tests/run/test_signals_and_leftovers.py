@@ -146,6 +146,7 @@ def test_the_lock_taker_removes_every_kind_of_leftover_and_nothing_else(tmp_path
         "reward_curves.png.tmp-4242.png",
     ]
     users = ["notes.tmp", "my.tmp-file", "final/policy/eval.tmp", ".hidden.tmp-notahex", "checkpoints/NOTES.txt"]
+    users.append("data/a/b/c/.deep.tmp-0123abcd")  # deeper than lmppo writes: not walked
     for rel in leftovers + users:
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -163,15 +163,22 @@ _TEMPORARY = re.compile(r"^\..+\.(tmp|old|del)-[0-9a-f]{8}$|^\.iter-\d+\.tmp$|^.
 writer's `.iter-N.tmp` and the plot's `NAME.tmp-PID.png`. A user's own `notes.tmp` does not match."""
 
 
+_DEPTH = 4
+"""How deep below a run folder lmppo writes (`final/policy/.README.md.tmp-*` is 3): no deeper walk (an output_dir
+of `.` would otherwise walk all below it)."""
+
+
 def temporaries(folder: str) -> list[str]:
     """Every temporary lmppo made below `folder` (`_TEMPORARY`), outermost only: none is left after a write that
     finished or failed, only after a kill (SIGKILL, power loss) or a signal during the clean-up itself."""
     left = []
+    top = os.path.abspath(folder).rstrip(os.sep).count(os.sep)
     for root, dirs, files in os.walk(folder):
         for name in sorted(dirs + files):
             if _TEMPORARY.match(name):
                 left.append(os.path.join(root, name))
-        dirs[:] = [d for d in dirs if not _TEMPORARY.match(d)]  # (not inside one: it goes as a whole)
+        deep = os.path.abspath(root).count(os.sep) - top >= _DEPTH - 1
+        dirs[:] = [] if deep else [d for d in dirs if not _TEMPORARY.match(d)]  # (not inside one: it goes whole)
     return left
 
 
