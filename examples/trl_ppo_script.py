@@ -14,7 +14,9 @@ The models are tiny Llamas built here (no downloads) with a word-level tokenizer
         --stop_token eos --missing_eos_penalty 1.0 --learning_rate 1e-4 --local_rollout_forward_batch_size 4 \
         --per_device_eval_batch_size 4 --num_sample_generations 2 --save_strategy no
 
-It writes OUTPUT_DIR/log_history.json (the trainer's `state.log_history`) and prints the logged metric names.
+It writes OUTPUT_DIR/log_history.json (the trainer's `state.log_history`) and prints the logged metric names. The same
+command plus `--resume_from_checkpoint OUTPUT_DIR` continues the run from its latest checkpoint (lmppo only; TRL 1.12's
+script removes OUTPUT_DIR first and its PPOTrainer does not resume).
 """
 
 import json
@@ -120,7 +122,8 @@ class RecordLogs(TrainerCallback):
 if __name__ == "__main__":
     parser = HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))
     script_args, training_args, model_args = parser.parse_args_into_dataclasses()
-    shutil.rmtree(training_args.output_dir, ignore_errors=True)
+    if not training_args.resume_from_checkpoint:  # TRL's script starts afresh; lmppo can continue the run folder
+        shutil.rmtree(training_args.output_dir, ignore_errors=True)
 
     ################
     # Model & Tokenizer

@@ -226,3 +226,105 @@ def test_the_trl_style_example_script_runs_with_the_drop_in(tmp_path):
     history = json.loads((out / "log_history.json").read_text())
     assert len(history) == 2 and all(set(h) == TRL_LOG_HISTORY_KEYS for h in history)
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+
+
+def test_one_warning_names_the_fields_set_without_effect_and_checkpointing_is_applied(tmp_path, tokenizer):
+    import warnings
+
+    from lmppo.models.loading import hf_model
+
+    tokenizer.padding_side = "left"
+    common = dict(
+        processing_class=tokenizer,
+        ref_model=None,
+        reward_model=seq_cls(tokenizer, 1),
+        train_dataset=input_ids_dataset(tokenizer, PROMPTS),
+        value_model=seq_cls(tokenizer, 2),
+    )
+    ignored = trainer_args(tmp_path, max_steps=3, eval_strategy="steps", eval_steps=2, hub_model_id="me/model")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer = PPOTrainer(args=ignored, model=tiny_llama(tokenizer), **common)
+    ours = [str(w.message) for w in caught if str(w.message).startswith("lmppo.trl:")]
+    assert len(ours) == 1 and [w.category for w in caught if str(w.message) == ours[0]] == [UserWarning]
+    lines = ours[0].splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in lines] == ["run length", "evaluation", "the Hub"]
+    assert "max_steps=3" in lines[0] and "eval_strategy='steps', eval_steps=2" in lines[1]
+    assert not any("FutureWarning" in w.category.__name__ for w in caught)  # none from TrainingArguments either
+    assert hf_model(trainer.lmppo.policy).is_activation_checkpointing  # gradient_checkpointing=True, TRL's default
+    del trainer
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = trainer_args(tmp_path, gradient_checkpointing=False)
+        trainer = PPOTrainer(args=plain, model=tiny_llama(tokenizer), **common)
+    assert not [w for w in caught if str(w.message).startswith("lmppo.trl:")]  # nothing set without effect
+    assert not hf_model(trainer.lmppo.policy).is_activation_checkpointing
+
+
+def test_a_killed_run_resumes_as_its_config_header_says(tmp_path):
+    """A real SIGKILL after the second checkpoint; then what config.yaml's first line says (the same script with
+    --resume_from_checkpoint OUTPUT_DIR) finishes the run, its log history whole, its weights those of a run never
+    stopped."""
+    import os
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    def command(out, *extra):
+        return [sys.executable, str(EXAMPLE), "--output_dir", str(out), *EXAMPLE_ARGS, *extra]
+
+    out, straight = tmp_path / "run", tmp_path / "straight"
+    proc = subprocess.Popen(command(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=src_env())
+    deadline = time.time() + 600
+    while not (out / "checkpoints" / "iter-00000002").is_dir() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed: give it more updates"
+    assert not (out / "log_history.json").exists()
+    header = (out / "config.yaml").read_text().splitlines()[0]
+    assert "resume with: the same script with --resume_from_checkpoint OUTPUT_DIR" in header
+    done = subprocess.run(
+        command(out, "--resume_from_checkpoint", str(out)), capture_output=True, text=True, timeout=600, env=src_env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    history = json.loads((out / "log_history.json").read_text())
+    assert [h["step"] for h in history] == list(range(1, 7)) and history[-1]["episode"] == 24
+    subprocess.run(command(straight), check=True, capture_output=True, timeout=600, env=src_env())
+    expected = json.loads((straight / "log_history.json").read_text())
+    assert [h["objective/kl"] for h in history] == [h["objective/kl"] for h in expected]
+    resumed, never_stopped = load_file(out / "model.safetensors"), load_file(straight / "model.safetensors")
+    assert all(torch.equal(resumed[k], never_stopped[k]) for k in never_stopped)
+
+
+EXAMPLE_ARGS = (
+    "--use_cpu",
+    "--bf16",
+    "false",
+    "--report_to",
+    "none",
+    "--per_device_train_batch_size",
+    "4",
+    "--total_episodes",
+    "24",
+    "--response_length",
+    "4",
+    "--num_ppo_epochs",
+    "1",
+    "--stop_token",
+    "eos",
+    "--local_rollout_forward_batch_size",
+    "4",
+    "--per_device_eval_batch_size",
+    "2",
+    "--num_sample_generations",
+    "0",
+    "--save_strategy",
+    "steps",
+    "--save_steps",
+    "1",
+    "--disable_tqdm",
+    "true",
+)
+"""The example script's arguments for a tiny run of 6 updates with a checkpoint after each."""

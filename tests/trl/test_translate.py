@@ -164,3 +164,55 @@ def test_stop_token_id_becomes_that_token(tokenizer):
     assert stop_token_name(args(), tokenizer) == "none"
     with pytest.raises(ConfigError, match="`stop_token_id`"):
         stop_token_name(args(stop_token_id=len(tokenizer) + 5), tokenizer)
+
+
+def test_fields_set_without_effect_are_named_one_line_per_group():
+    from lmppo.trl.translate import ignored_fields
+
+    assert ignored_fields(args()) == []  # TRL's defaults: nothing to say
+    assert ignored_fields(args(sft_model_path="my/sft", dataset_num_proc=4, tf32=None)) == []  # read by scripts
+    lines = ignored_fields(
+        args(
+            max_steps=5,
+            eval_strategy="steps",
+            eval_steps=3,
+            logging_steps=2,
+            neftune_noise_alpha=5.0,
+            use_liger_kernel=True,
+            hub_model_id="me/model",
+            data_seed=3,
+        )
+    )
+    assert [line.split(":")[0] for line in lines] == [
+        "run length",
+        "evaluation",
+        "logging",
+        "speed and kernels",
+        "randomness",
+        "the Hub",
+    ]
+    assert lines[0].startswith("run length: max_steps=5 (a PPO run lasts total_episodes")
+    assert lines[1].startswith("evaluation: eval_strategy='steps', eval_steps=3 (")
+    assert lines[3].startswith("speed and kernels: use_liger_kernel=True, neftune_noise_alpha=5.0 (")
+    assert lines[5].startswith("the Hub: hub_model_id='me/model' (nothing is uploaded")
+
+
+def test_gradient_checkpointing_becomes_lmppos_option():
+    def config(**kw):
+        return lmppo_config(args(**kw), world_size=1, num_prompts=8, max_prompt_length=4)
+
+    assert config().model.gradient_checkpointing is True  # TRL's default, True
+    assert config(gradient_checkpointing=False).model.gradient_checkpointing is False
+    assert config(activation_checkpointing=False).model.gradient_checkpointing is False  # transformers' new name
+
+
+def test_resume_from_checkpoint_names_this_runs_folder(tmp_path):
+    from lmppo.trl.translate import resume_folder
+
+    out = str(tmp_path / "run")
+    assert resume_folder(args(output_dir=out)) is None
+    assert resume_folder(args(output_dir=out, resume_from_checkpoint="false")) is None
+    assert resume_folder(args(output_dir=out, resume_from_checkpoint="true")) == out
+    assert resume_folder(args(output_dir=out, resume_from_checkpoint=out + "/")) == out
+    with pytest.raises(ConfigError, match=r"`resume_from_checkpoint` = .*other.*must be this run's output_dir"):
+        check_fields(args(output_dir=out, resume_from_checkpoint=str(tmp_path / "other")))

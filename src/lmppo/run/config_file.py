@@ -59,11 +59,12 @@ def masked_fields(data: Any, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def write_run_config(cfg: Config, path: str, comments: Sequence[str] = ()) -> None:
+def write_run_config(cfg: Config, path: str, comments: Sequence[str] = (), resume_with: str = "") -> None:
     """`config.yaml` of a run (secrets masked), written atomically; `comments`: lines after the header (how a
-    value was chosen, e.g. `precision: auto`)."""
+    value was chosen, e.g. `precision: auto`); `resume_with`: how to resume it, when not `lmppo train --resume`."""
     import yaml
 
-    text = CONFIG_HEADER + "".join(f"# {' '.join(line.split())}\n" for line in comments)
+    header = CONFIG_HEADER.replace("lmppo train --resume OUTPUT_DIR", resume_with) if resume_with else CONFIG_HEADER
+    text = header + "".join(f"# {' '.join(line.split())}\n" for line in comments)
     text += yaml.safe_dump(redacted_config_dict(cfg), sort_keys=False, allow_unicode=True)
     storage.write_text(path, text, "the run's config (config.yaml)")

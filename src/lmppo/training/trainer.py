@@ -44,6 +44,7 @@ from lmppo.errors import TrainingError
 from lmppo.evaluation.heldout import sample_and_score
 from lmppo.models.loading import PolicyOutput, is_peft_model
 from lmppo.models.optim import lr_factor, make_adamw  # noqa: F401  (make_adamw re-exported: its home was here)
+from lmppo.quiet import quiet_libraries
 from lmppo.rewards import decode_completion, score_rollout
 from lmppo.run.config_file import redacted_config_dict
 from lmppo.run.export import export_model, warn_unmerged, writes_merged
@@ -123,6 +124,7 @@ class PPOTrainer:
         components: Optional[Components] = None,
         callbacks: Optional[Sequence[Any]] = None,
     ):
+        quiet_libraries()  # library noise off, as in the CLI (lmppo.quiet)
         if (
             components is None
         ):  # the assembly step (lmppo.training.assembly): models, data, rewards, optimizer from config

@@ -3,6 +3,7 @@ base-config overrides plus the PPO fields, built as TRL builds it), and its scri
 `ModelConfig`. The docstring under each field is its `--help` text and says what it becomes in lmppo's config."""
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
@@ -22,8 +23,8 @@ class PPOConfig(TrainingArguments):
     """Accepted with TRL's meaning for PPO: none. TRL 1.12's PPOTrainer logs every update whatever this is, and so
     does lmppo."""
     gradient_checkpointing: bool = True
-    """No effect, as in TRL 1.12 (its PPOTrainer never turns gradient checkpointing on, although the default is
-    True); lmppo does not either."""
+    """-> model.gradient_checkpointing (non-reentrant, on the policy and the critic). TRL 1.12's PPOTrainer never
+    turned it on, whatever this is: set False for TRL's speed (about a third more compute in the update when on)."""
     bf16: bool | None = None
     """True (the default when fp16 is not set) -> lmppo `precision: auto` (bf16 autocast where this machine runs
     it faster); False -> `precision: fp32`. TRL 1.12's PPOTrainer builds its Accelerator without mixed precision,
@@ -108,7 +109,9 @@ class PPOConfig(TrainingArguments):
 
     def __post_init__(self):
         self.bf16 = not self.fp16 if self.bf16 is None else self.bf16  # as TRL's base config
-        super().__post_init__()
+        with warnings.catch_warnings():  # "`gradient_checkpointing` is deprecated": TRL's field name, not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            super().__post_init__()
 
 
 def _docs_as_help(cls: type) -> None:

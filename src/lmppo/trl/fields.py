@@ -25,8 +25,9 @@ order. lmppo's own, more numerous metrics stay in OUTPUT_DIR/metrics.jsonl and `
 
 DOCS = "docs/migrating_from_trl.md"
 
-# How every other TrainingArguments field is treated. Each field of PPOConfig is in exactly one of: the fields
-# `lmppo_config` translates (MAPPED), NO_EFFECT_IN_TRL, REFUSED_UNLESS_DEFAULT (tests/test_trl.py checks this).
+# How every TrainingArguments field is treated. Each field of PPOConfig is in exactly one of: the fields `lmppo_config`
+# or the trainer translates (MAPPED), NO_EFFECT_IN_TRL (tests/trl/test_fields.py checks this); REFUSED_UNLESS_DEFAULT
+# is part of MAPPED.
 MAPPED = (
     "output_dir",
     "per_device_train_batch_size",
@@ -92,96 +93,132 @@ MAPPED = (
     "fsdp",
     "fsdp_config",
     "include_num_input_tokens_seen",
-    "logging_steps",
+    "gradient_checkpointing",
+    "activation_checkpointing",
+    "resume_from_checkpoint",
 )
 """Fields `lmppo_config` / the trainer read (translated, or refused for values lmppo cannot honour)."""
 
-NO_EFFECT_IN_TRL = (
+IGNORED: dict[str, tuple[str, tuple[str, ...]]] = {
     # TRL 1.12's PPOTrainer never runs Trainer.__init__, an evaluation loop, HF's DataLoader set-up, or Trainer.train:
-    # these fields change nothing there, and nothing in lmppo
-    "max_steps",
-    "activation_checkpointing",
-    "activation_checkpointing_kwargs",
-    "gradient_checkpointing",
-    "gradient_checkpointing_kwargs",
-    "average_tokens_across_devices",
-    "label_smoothing_factor",
-    "bf16_full_eval",
-    "fp16_full_eval",
-    "tf32",
-    "torch_compile",
-    "torch_compile_backend",
-    "torch_compile_mode",
-    "use_liger_kernel",
-    "liger_kernel_config",
-    "use_cache",
-    "neftune_noise_alpha",
-    "torch_empty_cache_steps",
-    "auto_find_batch_size",
-    "logging_strategy",
-    "logging_first_step",
-    "log_on_each_node",
-    "logging_nan_inf_filter",
-    "log_level",
-    "log_level_replica",
-    "eval_strategy",
-    "eval_steps",
-    "eval_delay",
-    "prediction_loss_only",
-    "eval_on_start",
-    "eval_do_concat_batches",
-    "eval_use_gather_object",
-    "eval_accumulation_steps",
-    "include_for_metrics",
-    "batch_eval_metrics",
-    "save_only_model",
-    "save_on_each_node",
-    "enable_jit_checkpoint",
-    "hub_token",
-    "hub_private_repo",
-    "hub_model_id",
-    "hub_strategy",
-    "hub_always_push",
-    "hub_revision",
-    "load_best_model_at_end",
-    "metric_for_best_model",
-    "greater_is_better",
-    "ignore_data_skip",
-    "restore_callback_states_from_checkpoint",
-    "full_determinism",
-    "data_seed",
-    "accelerator_config",
-    "parallelism_config",
-    "dataloader_drop_last",
-    "dataloader_num_workers",
-    "dataloader_pin_memory",
-    "dataloader_persistent_workers",
-    "dataloader_prefetch_factor",
-    "dataloader_multiprocessing_context",
-    "dataloader_in_order",
-    "remove_unused_columns",
-    "label_names",
-    "train_sampling_strategy",
-    "length_column_name",
-    "ddp_find_unused_parameters",
-    "ddp_bucket_cap_mb",
-    "ddp_broadcast_buffers",
-    "ddp_static_graph",
-    "ddp_backend",
-    "ddp_timeout",
-    "debug",
-    "skip_memory_metrics",
+    # these fields change nothing there, and nothing in lmppo. Group -> (why, fields); `ignored_fields` names the ones
+    # set to another value than TRL's default, one line per group.
+    "run length": (
+        "a PPO run lasts total_episodes (or num_train_epochs x the training set), as in TRL",
+        ("max_steps", "auto_find_batch_size", "ignore_data_skip", "restore_callback_states_from_checkpoint"),
+    ),
+    "evaluation": (
+        "there is no evaluation loop: generate_completions() samples the eval_dataset num_sample_generations times",
+        (
+            "eval_strategy",
+            "eval_steps",
+            "eval_delay",
+            "eval_on_start",
+            "prediction_loss_only",
+            "eval_do_concat_batches",
+            "eval_use_gather_object",
+            "eval_accumulation_steps",
+            "include_for_metrics",
+            "batch_eval_metrics",
+            "bf16_full_eval",
+            "fp16_full_eval",
+            "load_best_model_at_end",
+            "metric_for_best_model",
+            "greater_is_better",
+        ),
+    ),
+    "logging": (
+        "every update is logged",
+        (
+            "logging_steps",
+            "logging_strategy",
+            "logging_first_step",
+            "log_on_each_node",
+            "logging_nan_inf_filter",
+            "log_level",
+            "log_level_replica",
+            "skip_memory_metrics",
+        ),
+    ),
+    "speed and kernels": (
+        "lmppo has no torch.compile, Liger or NEFTune option; its gradient checkpointing is always non-reentrant",
+        (
+            "torch_compile",
+            "torch_compile_backend",
+            "torch_compile_mode",
+            "use_liger_kernel",
+            "liger_kernel_config",
+            "neftune_noise_alpha",
+            "torch_empty_cache_steps",
+            "use_cache",
+            "activation_checkpointing_kwargs",
+            "gradient_checkpointing_kwargs",
+        ),
+    ),
+    "the loss": (
+        "the PPO loss is lmppo's (the token mean over each minibatch)",
+        ("label_smoothing_factor", "average_tokens_across_devices"),
+    ),
+    "randomness": ("`seed` seeds everything (shuffling included)", ("data_seed", "full_determinism")),
+    "checkpoints": (
+        "a checkpoint holds everything exact resume needs, written by the main process",
+        ("save_only_model", "save_on_each_node", "enable_jit_checkpoint"),
+    ),
+    "the Hub": (
+        "nothing is uploaded: `lmppo push FOLDER --repo-id ORG/NAME` uploads a saved model",
+        ("hub_model_id", "hub_token", "hub_private_repo", "hub_strategy", "hub_always_push", "hub_revision"),
+    ),
+    "data loading": (
+        "the prompts are the train_dataset's input_ids, left-padded by lmppo",
+        (
+            "dataloader_drop_last",
+            "dataloader_num_workers",
+            "dataloader_pin_memory",
+            "dataloader_persistent_workers",
+            "dataloader_prefetch_factor",
+            "dataloader_multiprocessing_context",
+            "dataloader_in_order",
+            "remove_unused_columns",
+            "label_names",
+            "train_sampling_strategy",
+            "length_column_name",
+        ),
+    ),
+    "distributed set-up": (
+        "the launcher (accelerate launch, torchrun) and the `deepspeed` field set it",
+        (
+            "ddp_find_unused_parameters",
+            "ddp_bucket_cap_mb",
+            "ddp_broadcast_buffers",
+            "ddp_static_graph",
+            "ddp_backend",
+            "accelerator_config",
+            "parallelism_config",
+            "debug",
+        ),
+    ),
+}
+"""TrainingArguments / PPOConfig fields without effect in TRL 1.12's PPOTrainer nor in lmppo, by group: accepted with
+any value; a value other than TRL's default is named in one warning when the trainer is built."""
+
+NOT_WARNED = (
+    # read by scripts (TRL's example scripts pass dataset_num_proc to dataset.map, load models from the paths)
     "do_train",
     "do_eval",
     "do_predict",
-    "resume_from_checkpoint",
     "local_rank",
     "dataset_num_proc",
     "sft_model_path",
     "reward_model_path",
+    # act through TrainingArguments itself, identically in TRL and lmppo
+    "tf32",
+    "ddp_timeout",
 )
-"""TrainingArguments / PPOConfig fields that TRL 1.12's PPOTrainer does not read (scripts may): accepted with any
-value, no effect in lmppo either (tf32 and ddp_timeout act through TrainingArguments itself, identically)."""
+"""Fields TRL 1.12's PPOTrainer does not read either, set by scripts and launchers or acting through
+TrainingArguments itself: accepted with any value, no warning."""
+
+NO_EFFECT_IN_TRL = tuple(name for _, names in IGNORED.values() for name in names) + NOT_WARNED
+"""Every field TRL 1.12's PPOTrainer does not read (scripts may): accepted, no effect in lmppo either."""
 
 REFUSED_UNLESS_DEFAULT = {
     "fp16": "lmppo has no fp16 mode; use bf16 (precision `auto` / `bf16`) or fp32",

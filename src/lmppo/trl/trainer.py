@@ -6,6 +6,7 @@ import json
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +20,15 @@ from lmppo.data.hf_datasets import is_hf_dataset
 from lmppo.data.prompts import load_prompt_records
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import hf_model
+from lmppo.quiet import quiet_libraries
 from lmppo.rewards import ModelSource, SourceContext
+from lmppo.run.config_file import write_run_config
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed, sample_native
 from lmppo.training.trainer import PPOTrainer as LmppoTrainer
 from lmppo.trl.config import PPOConfig
 from lmppo.trl.fields import DOCS, REFUSED_UNLESS_DEFAULT, TRL_LOG_KEYS
-from lmppo.trl.translate import lmppo_config, refuse, stop_token_name
+from lmppo.trl.translate import ignored_fields, lmppo_config, refuse, resume_folder, stop_token_name
 
 
 class PolicyAndValueWrapper(nn.Module):
@@ -64,6 +67,7 @@ class PPOTrainer:
         callbacks: list | None = None,
         peft_config: Any = None,
     ) -> None:
+        quiet_libraries()  # library noise off, as in the CLI (lmppo.quiet); before accelerate and DeepSpeed load
         from accelerate import PartialState
         from transformers import TrainerControl
         from transformers.integrations import get_reporting_integration_callbacks
@@ -146,6 +150,15 @@ class PPOTrainer:
             stop_token=stop_token_name(args, processing_class),
             peft_config=peft_config,
         )
+        ignored = ignored_fields(args)
+        if ignored:  # one warning, one line per group of fields
+            warnings.warn(
+                "lmppo.trl: PPOConfig fields set that change nothing (TRL 1.12's PPOTrainer ignores them too; see "
+                f"{DOCS}):\n  " + "\n  ".join(ignored),
+                UserWarning,
+                stacklevel=2,
+            )
+        resume = resume_folder(args)
         device = "cpu" if args.use_cpu else str(PartialState().device)
         self.reward_source = ModelSource.from_model(
             reward_model,
@@ -153,8 +166,7 @@ class PPOTrainer:
             name="reward_model",
             ctx=SourceContext(device=device, batch_size=self.config.rollout.forward_batch_size),
         )
-        self.lmppo = _Engine(
-            self.config,
+        objects = dict(
             policy=model,
             tokenizer=tokenizer,
             prompts=list(records),
@@ -162,6 +174,12 @@ class PPOTrainer:
             value_model=value_model,
             ref_model=ref_model,
         )
+        if resume:  # the same objects as the first run, then its latest complete checkpoint
+            self.lmppo = _Engine.resume(resume, config=self.config, **objects)
+        else:
+            self.lmppo = _Engine(self.config, **objects)
+        if self.lmppo.accelerator.is_main_process:
+            rewrite_header(self.lmppo)
         self.lmppo.on_iteration = self._after_iteration
         if self.lmppo.config.precision == "bf16":
             self.reward_source.autocast_dtype = torch.bfloat16
@@ -193,8 +211,9 @@ class PPOTrainer:
     def train(self) -> None:
         """Run every update (ceil(total_episodes / batch_size)); callbacks and `state.log_history` as in TRL."""
         args, state = self.args, self.state
-        state.global_step = 0
-        state.episode = 0
+        state.global_step = self.lmppo.iteration  # 0, or the updates of the run being resumed
+        state.episode = self._start_episode = self.lmppo.episode
+        state.log_history = self._logs_so_far()
         state.max_steps = args.num_total_batches
         state.num_train_epochs = args.total_episodes / len(self.train_dataset)
         for name in ("logging_steps", "eval_steps", "save_steps"):
@@ -212,10 +231,8 @@ class PPOTrainer:
         """One TRL update done: log TRL's metrics, step-end callbacks, saves, sample generations."""
         args, state = self.args, self.state
         state.episode = self.lmppo.episode
-        logs = {name: metrics.get(name, float("nan")) for name in TRL_LOG_KEYS}
-        logs["eps"] = int(state.episode / max(time.time() - self._start_time, 1e-9))
-        logs["val/num_eos_tokens"] = int(round(logs["val/num_eos_tokens"]))
-        logs["episode"] = int(state.episode)
+        eps = (state.episode - self._start_episode) / max(time.time() - self._start_time, 1e-9)
+        logs = _trl_logs({**metrics, "eps": eps})
         state.epoch = state.episode / len(self.train_dataset)
         state.global_step += 1
         self.log(logs)
@@ -225,6 +242,21 @@ class PPOTrainer:
         update = state.global_step
         if args.num_sample_generations > 0 and (update - 1) % self.sample_generations_freq == 0:
             self.generate_completions(sampling=True)
+
+    def _logs_so_far(self) -> list[dict[str, float]]:
+        """TRL's log history of the updates done before `train()`: none for a new run; a resumed run's, from
+        OUTPUT_DIR/metrics.jsonl (cut back to its checkpoint when it was loaded)."""
+        path = os.path.join(self.config.output_dir, "metrics.jsonl")
+        if not self.lmppo.iteration or not os.path.isfile(path):
+            return []
+        with open(path, encoding="utf-8") as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        size = len(self.train_dataset)
+        return [
+            {**_trl_logs(m), "epoch": m["episode"] / size, "step": int(m["iteration"])}
+            for m in rows
+            if "iteration" in m and "episode" in m and int(m["iteration"]) <= self.lmppo.iteration
+        ]
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """As transformers' Trainer.log: add `epoch`, append {**logs, "step"} to the history, call on_log."""
@@ -320,6 +352,33 @@ class PPOTrainer:
     def lmppo_history(self) -> list[dict[str, float]]:
         """lmppo's own metrics of every iteration (a superset of TRL's, see docs/metrics.md)."""
         return self.lmppo.history
+
+
+def _trl_logs(metrics: dict[str, float]) -> dict[str, float]:
+    """TRL's logged metrics (`TRL_LOG_KEYS`, TRL's types) from lmppo's metrics of one update."""
+    logs = {name: metrics.get(name, float("nan")) for name in TRL_LOG_KEYS}
+    logs["eps"] = int(logs["eps"])
+    logs["val/num_eos_tokens"] = int(round(logs["val/num_eos_tokens"]))
+    logs["episode"] = int(logs["episode"])
+    return logs
+
+
+def rewrite_header(engine: LmppoTrainer) -> None:
+    """The run's config.yaml again, saying how to resume a drop-in run: its models and data are Python objects, so
+    `lmppo train --resume` cannot rebuild it; the script can."""
+    config = engine.config
+    write_run_config(
+        config,
+        os.path.join(config.output_dir, "config.yaml"),
+        [f"precision: {engine.precision.reason}"],
+        resume_with=RESUME_WITH,
+    )
+
+
+RESUME_WITH = (
+    "the same script with --resume_from_checkpoint OUTPUT_DIR (PPOConfig.resume_from_checkpoint; a TRL drop-in run, "
+    "whose models are Python objects: `lmppo train --resume` cannot rebuild it)"
+)
 
 
 class _Engine(LmppoTrainer):

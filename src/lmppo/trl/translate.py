@@ -1,13 +1,15 @@
-"""lmppo's Config for a TRL PPOConfig: the fields checked (`check_fields`), then translated (`lmppo_config`)."""
+"""lmppo's Config for a TRL PPOConfig: the fields checked (`check_fields`), then translated (`lmppo_config`); the
+fields set without effect (`ignored_fields`); the run folder to resume (`resume_folder`)."""
 
 import dataclasses
 import math
+import os
 from typing import Any
 
 from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.trl.config import PPOConfig
-from lmppo.trl.fields import DOCS, OPTIMIZERS, REFUSED_UNLESS_DEFAULT, SCHEDULES
+from lmppo.trl.fields import DOCS, IGNORED, OPTIMIZERS, REFUSED_UNLESS_DEFAULT, SCHEDULES
 
 
 def _default(name: str) -> Any:
@@ -56,6 +58,35 @@ def check_fields(args: PPOConfig) -> None:
             "needs stop_token `eos` (or a stop_token_id) "
             "in lmppo: the penalty goes to responses that end without the stop token",
         )
+    resume_folder(args)  # refuses a folder other than output_dir
+
+
+def ignored_fields(args: PPOConfig) -> list[str]:
+    """One line per group of `fields.IGNORED` naming the fields `args` sets to another value than TRL's default
+    (`name=value`), then why they change nothing; [] when there are none."""
+    default = PPOConfig(output_dir=args.output_dir, use_cpu=args.use_cpu, bf16=args.bf16, report_to="none")
+    lines = []
+    for group, (why, names) in IGNORED.items():
+        changed = [n for n in names if getattr(args, n) != getattr(default, n)]
+        if changed:
+            shown = ", ".join(f"{n}={getattr(getattr(args, n), 'value', getattr(args, n))!r}" for n in changed)
+            lines.append(f"{group}: {shown} ({why})")
+    return lines
+
+
+def resume_folder(args: PPOConfig) -> str | None:
+    """The run folder to continue (`resume_from_checkpoint`: this run's output_dir, or `true`), None for a new run."""
+    value = args.resume_from_checkpoint
+    if value is None or str(value).strip().lower() in ("", "false"):
+        return None
+    if str(value).strip().lower() == "true" or os.path.realpath(str(value)) == os.path.realpath(args.output_dir):
+        return args.output_dir
+    raise refuse(
+        "resume_from_checkpoint",
+        value,
+        f"must be this run's output_dir ({args.output_dir}) or `true`: lmppo continues a run folder from its latest "
+        "complete checkpoint (run the same script again with --resume_from_checkpoint OUTPUT_DIR)",
+    )
 
 
 def _steps(value: float, total: int) -> int:
@@ -113,6 +144,7 @@ def lmppo_config(
     )
     c.value.mode = "critic"
     c.reference.mode = "frozen"
+    c.model.gradient_checkpointing = bool(args.activation_checkpointing)  # = gradient_checkpointing (TrainingArguments)
     p = c.ppo
     p.num_epochs, p.num_minibatches = args.num_ppo_epochs, args.num_mini_batches
     # TRL runs micro-batches of per_device_train_batch_size within each process's minibatch (the last one short when
