@@ -73,3 +73,14 @@ def test_a_hidden_size_mismatch_names_a_tensor_and_both_shapes(tmp_path):
     assert "the weights do not have the shapes its config.json gives: `" in msg
     shapes = r"`[\w.]+` is \[(400, )?32\] in the weights file, \[(400, )?64\] by config.json \(and \d+ more tensors\)"
     assert re.search(shapes, msg), msg
+
+
+def test_a_critic_with_fewer_rows_than_the_tokenizer_is_named():
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4)
+    critic = LlamaForSequenceClassification(cfg)  # a reward model with another, smaller vocabulary
+    with pytest.raises(
+        LmppoError, match=r"\(value.init_from\) has 400 tokens but the critic's input embedding has 300"
+    ):
+        check_vocab_fits(make_bpe_tokenizer(), critic, "value.init_from", "critic")

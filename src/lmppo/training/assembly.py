@@ -154,6 +154,8 @@ def build_components(
         critic = strategy.build_critic(policy, path, critic_init_path(cfg), cfg.model)
     else:
         critic = None
+    if critic is not None:  # the critic reads the policy's token ids
+        check_vocab_fits(tokenizer, critic.model, "value.init_from" if value_model is None else "value_model", "critic")
     reference = ReferencePolicy(
         policy,
         cfg.reference.mode,
