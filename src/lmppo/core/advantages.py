@@ -8,16 +8,32 @@ The mask must be a prefix mask (real tokens first, then padding): the value afte
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol, TypeVar
 
 import torch
 
 from lmppo.registry import ADVANTAGE_ESTIMATORS
 
-AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+class AdvantageEstimator(Protocol):
+    """The one signature of the registry (see the module docstring)."""
+
+    def __call__(
+        self,
+        rewards: torch.Tensor,
+        values: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        gamma: float,
+        lam: float,
+        group_ids: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
-def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+E = TypeVar("E", bound=AdvantageEstimator)
+
+
+def register_advantage_estimator(name: str) -> Callable[[E], E]:
     """Add an estimator to `lmppo.registry.ADVANTAGE_ESTIMATORS` (a name taken twice is refused)."""
     return ADVANTAGE_ESTIMATORS.register(name)
 

@@ -3,9 +3,32 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Protocol
+from typing import Protocol
 
 from lmppo.registry import KL_CONTROLLERS
+
+
+class KLSettings(Protocol):
+    """The KL settings a controller is built from: KLConfig's fields, duck-typed (core imports no config)."""
+
+    @property
+    def controller(self) -> str: ...
+    @property
+    def coef(self) -> float: ...
+    @property
+    def target(self) -> float: ...
+    @property
+    def horizon(self) -> int: ...
+    @property
+    def kp(self) -> float: ...
+    @property
+    def ki(self) -> float: ...
+    @property
+    def kd(self) -> float: ...
+    @property
+    def coef_min(self) -> float: ...
+    @property
+    def coef_max(self) -> float: ...
 
 
 class KLController(Protocol):
@@ -29,7 +52,7 @@ class FixedKLController:
         self.coef = coef
 
     @classmethod
-    def from_settings(cls, k: Any, batch_size: int) -> "FixedKLController":
+    def from_settings(cls, k: KLSettings, batch_size: int) -> "FixedKLController":
         return cls(k.coef)
 
     def update(self, kl: float) -> None:
@@ -53,7 +76,7 @@ class AdaptiveKLController:
         self.coef, self.target, self.horizon, self.batch_size = init_coef, target, horizon, batch_size
 
     @classmethod
-    def from_settings(cls, k: Any, batch_size: int) -> "AdaptiveKLController":
+    def from_settings(cls, k: KLSettings, batch_size: int) -> "AdaptiveKLController":
         return cls(k.coef, k.target, k.horizon, batch_size)
 
     def update(self, kl: float) -> None:
@@ -126,7 +149,7 @@ class PIKLController:
         self.coef = min(max(init_coef, coef_min), coef_max)
 
     @classmethod
-    def from_settings(cls, k: Any, batch_size: int) -> "PIKLController":
+    def from_settings(cls, k: KLSettings, batch_size: int) -> "PIKLController":
         return cls(k.coef, k.target, k.kp, k.ki, k.coef_min, k.coef_max, k.kd)
 
     def error(self, current_kl: float) -> float:
@@ -138,7 +161,7 @@ class PIKLController:
     def update(self, kl: float) -> None:
         last, self.last_kl = self.last_kl, kl
         rising = last is not None and kl > last  # False for NaN readings
-        ahead = kl + self.kd * (kl - last) if rising else kl
+        ahead = kl + self.kd * (kl - last) if last is not None and rising else kl
         e = self.error(ahead)
         if not self.arrived and ahead >= self.target:  # first arrival: drop the windup of the climb
             self.arrived, self.integral = True, 0.0
@@ -162,7 +185,7 @@ class PIKLController:
         self.arrived = state.get("arrived", True)  # saved before the arrival reset existed: never reset
 
 
-def make_kl_controller(settings: Any, batch_size: int) -> KLController:
+def make_kl_controller(settings: KLSettings, batch_size: int) -> KLController:
     """The controller named by `settings.controller` (`lmppo.registry.KL_CONTROLLERS`), built by its `from_settings`;
     `settings` has KLConfig's fields (duck-typed, so the math layer needs no config import), `batch_size`: episodes
     per update (`rollout.batch_size`)."""

@@ -83,6 +83,7 @@ def ppo_objective(
     stats: dict[str, torch.Tensor] = {}
     if kl_estimator is not None:
         if kl_estimator == "exact":  # the KL of the next-token distribution of the state each token is chosen in
+            assert ref_logits is not None, "kl_estimator `exact` needs ref_logits"
             kl_term = exact_kl(logits, ref_logits)
         else:
             kl_term = KL_ESTIMATORS[kl_estimator](logprobs, ref_logprobs)
