@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 
+from conftest import REPO
 from lmppo.errors import RewardError
 from lmppo.rewards import builtin
 
@@ -171,3 +175,26 @@ def test_hacking_checks_see_drift_and_collapse_with_real_minilm():
     sim_on = builtin.minilm_self_similarity(prompts, on_topic)
     sim_off = builtin.minilm_self_similarity(prompts, collapsed)
     assert sim_off == pytest.approx([1.0] * 4, abs=1e-5) and max(sim_on) < 0.5
+
+
+@needs_minilm
+def test_two_processes_train_the_judge_head_once(tmp_path):
+    """Two real processes start on an empty cache at once: one trains and writes the head, the other waits for it
+    (models.cache.fill_file, whose waiting is tested in tests/models/test_cache.py); one file, no temporary
+    left, the same head in both."""
+    script = (
+        "import sys, torch; from lmppo.rewards import builtin; "
+        "h = builtin._judge_head(); print(float(h['bias']), float(h['weight'].sum()))"
+    )
+    env = {**os.environ, "LMPPO_CACHE": str(tmp_path), "PYTHONPATH": os.path.join(REPO, "src")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert outs[0][0] == outs[1][0]
+    names = sorted(p.name for p in (tmp_path / "judges").iterdir())
+    assert len([n for n in names if n.endswith(".pt")]) == 1 and not [n for n in names if ".tmp-" in n], names

@@ -9,13 +9,13 @@ import json
 import logging
 import os
 import re
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from lmppo.errors import LmppoError, RewardError
 from lmppo.models.assets import cache_dir, minilm_path, polarity_sentences
+from lmppo.models.cache import fill_file
 
 log = logging.getLogger(__name__)
 
@@ -225,23 +225,32 @@ def _judge_head() -> dict[str, Any]:
     )
     key = hashlib.sha256(key_src.encode("utf-8")).hexdigest()[:16]
     path = cache_dir() / "judges" / f"minilm_sentiment-{key}.pt"
-    if path.is_file():
-        try:
-            head = torch.load(path, weights_only=True)
-            if {"weight", "bias", "heldout_accuracy"} <= set(head):
-                return head
-        except Exception as err:  # a corrupt cache file is rebuilt, never fatal
-            log.warning("ignoring unreadable judge cache %s (%s)", path, err)
-    head = _train_head(texts, labels)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
-        os.close(fd)
-        torch.save(head, tmp)
-        os.replace(tmp, path)
+    trained: dict[str, Any] = {}
+
+    def build(tmp: Path) -> None:
+        trained.update(_train_head(texts, labels))
+        torch.save(trained, tmp)
+
+    try:  # one process trains and writes the head; others started at the same time wait for it
+        fill_file(path, build, lambda p: _cached_head(p) is not None, "the MiniLM judge head")
     except OSError as err:  # a read-only cache only costs the seconds of retraining
         log.warning("could not cache the MiniLM judge at %s (%s)", path, err)
-    return head
+        return trained or _train_head(texts, labels)
+    return trained or _cached_head(path) or _train_head(texts, labels)
+
+
+def _cached_head(path: Path) -> dict[str, Any] | None:
+    """The head in the cache file `path`, or None when it is missing or unreadable (then it is rebuilt)."""
+    import torch
+
+    if not path.is_file():
+        return None
+    try:
+        head = torch.load(path, weights_only=True)
+    except Exception as err:  # a corrupt cache file is rebuilt, never fatal
+        log.warning("ignoring unreadable judge cache %s (%s)", path, err)
+        return None
+    return head if isinstance(head, dict) and {"weight", "bias", "heldout_accuracy"} <= set(head) else None
 
 
 def _file_size(path: Path) -> int:
