@@ -151,7 +151,7 @@ class PPOTrainer:
             peft_config=peft_config,
         )
         ignored = ignored_fields(args)
-        if ignored:  # one warning, one line per group of fields
+        if ignored and PartialState().is_main_process:  # one warning, one line per group of fields
             warnings.warn(
                 "lmppo.trl: PPOConfig fields set that change nothing (TRL 1.12's PPOTrainer ignores them too; see "
                 f"{DOCS}):\n  " + "\n  ".join(ignored),
@@ -363,6 +363,13 @@ def _trl_logs(metrics: dict[str, float]) -> dict[str, float]:
     return logs
 
 
+RESUME_WITH = (
+    "the same script with --resume_from_checkpoint OUTPUT_DIR (PPOConfig.resume_from_checkpoint; a TRL drop-in run, "
+    "whose models are Python objects: `lmppo train --resume` cannot rebuild it)"
+)
+"""How config.yaml's first line says to resume a drop-in run."""
+
+
 def rewrite_header(engine: LmppoTrainer) -> None:
     """The run's config.yaml again, saying how to resume a drop-in run: its models and data are Python objects, so
     `lmppo train --resume` cannot rebuild it; the script can."""
@@ -373,12 +380,6 @@ def rewrite_header(engine: LmppoTrainer) -> None:
         [f"precision: {engine.precision.reason}"],
         resume_with=RESUME_WITH,
     )
-
-
-RESUME_WITH = (
-    "the same script with --resume_from_checkpoint OUTPUT_DIR (PPOConfig.resume_from_checkpoint; a TRL drop-in run, "
-    "whose models are Python objects: `lmppo train --resume` cannot rebuild it)"
-)
 
 
 class _Engine(LmppoTrainer):
