@@ -12,7 +12,8 @@ import torch
 from conftest import PROMPTS, small_config, tiny_gpt2, tiny_llama
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.logprobs import selective_log_softmax
-from lmppo.training.trainer import PPOTrainer, _trim
+from lmppo.training.trainer import PPOTrainer
+from lmppo.training.update import trim
 
 TRL_METRICS = [
     "eps",
@@ -96,7 +97,7 @@ def test_gpt2_policy_with_reward_model_and_critic_from_it(tmp_path, tokenizer, t
 def test_ratio_is_exactly_one_before_the_first_update(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer)
     rollout = trainer.collect_rollout()
-    batch, _ = _trim(rollout.select(range(4)))
+    batch, _ = trim(rollout.select(range(4)))
     out = trainer.actor(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], 1.0)
     logprobs = selective_log_softmax(out.logits, batch.response_ids)
     assert torch.equal(logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
@@ -118,7 +119,7 @@ def test_bf16_precision_trains_with_fp32_master_weights(tmp_path, tokenizer, val
     mask = r32.response_mask[rows]
     diff = (r32.logprobs[rows] - r16.logprobs[rows])[mask].abs()
     assert rows.sum() >= 2 and diff.max() > 0 and diff.max() < 0.1
-    batch, _ = _trim(r16.select(range(4)))
+    batch, _ = trim(r16.select(range(4)))
     with bf16._autocast():
         out = bf16.actor(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], 1.0)
     logprobs = selective_log_softmax(out.logits, batch.response_ids)

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from safetensors.torch import save_file
 
-from lmppo.config import ModelConfig
+from lmppo.config import Config, ModelConfig, hub_repo_id
 from lmppo.models.loading import is_peft_model, save_merged
 from lmppo.run import ownership
+from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.model_card import HeldoutRows, card_text
 from lmppo.run.storage import atomic_dir
 
 
@@ -73,3 +75,55 @@ def export_model(
             if os.path.isdir(os.path.join(tmp, folder)):  # (replaces the card peft writes for an adapter)
                 with open(os.path.join(tmp, folder, "README.md"), "w", encoding="utf-8") as fh:
                     fh.write(cards(folder))
+
+
+def export_final(
+    directory: str,
+    config: Config,
+    policy: Any,
+    tokenizer: Any,
+    value_head: Any,
+    value_model: Any,
+    base_model: str,
+    cards: Callable[[str], str],
+) -> None:
+    """`export_model` of a finished run: `final/` of `config.output_dir`, the adapter's base named by its Hub id."""
+    export_model(
+        directory,
+        policy,
+        tokenizer,
+        value_head=value_head,
+        value_model=value_model,
+        keep="the checkpoint of the last iteration is complete: free space and run "
+        f"`lmppo train --resume {config.output_dir}` to write it again",
+        merged=writes_merged(config.model, policy),
+        cards=cards,
+        adapter_base=hub_repo_id(base_model) if base_model else None,
+    )
+
+
+def final_card(
+    folder: str,
+    config: Config,
+    base_model: str,
+    policy: Any,
+    iterations: int,
+    rewards: Sequence[tuple[str, float]],
+    prompt_source: str,
+    heldout: Optional[HeldoutRows] = None,
+    heldout_title: str = "",
+) -> str:
+    """The README.md text of `final/<folder>` (`lmppo.run.model_card.card_text`); `heldout`: the before/after rows."""
+    return card_text(
+        folder,
+        config,
+        redacted_config_dict(config),
+        base_model,
+        adapter=is_peft_model(policy),
+        merged=writes_merged(config.model, policy) if folder != "value" else False,
+        iterations=iterations,
+        heldout=heldout,
+        heldout_title=heldout_title,
+        rewards=list(rewards),
+        prompts=prompt_source if prompt_source.startswith("passed") else "",
+    )

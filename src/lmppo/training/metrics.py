@@ -22,6 +22,7 @@ import lmppo.run.storage as storage
 from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
 from lmppo.registry import TRACKERS
+from lmppo.run.config_file import redacted_config_dict
 
 
 class MetricsAccumulator:
@@ -47,6 +48,13 @@ class MetricsAccumulator:
         """Unbiased variance (n - 1 in the denominator), as TRL's `val/ratio_var` (`torch.var`); 0 for one value."""
         vals = torch.stack(self._values[name])
         return vals.var(unbiased=True).item() if vals.numel() > 1 else 0.0
+
+    def count(self, name: str) -> int:
+        """How many values were added under `name`."""
+        return len(self._values.get(name, []))
+
+    def max(self, name: str) -> float:
+        return max(v.item() for v in self._values[name])
 
     def __contains__(self, name: str) -> bool:
         return name in self._values
@@ -359,3 +367,11 @@ def warn_negative_kl(
         f"temperature mismatch. Lowest samples: {examples}",
         stacklevel=2,
     )
+
+
+def open_logger(cfg: Any, console: Any, append: bool) -> "MetricsLogger":
+    """The run's metrics logger: metrics.jsonl and samples.jsonl in `cfg.output_dir` and the trackers of
+    `log.trackers`, told the config (secrets masked); `append`: a resumed run continues the files."""
+    name = os.path.basename(os.path.abspath(cfg.output_dir))
+    trackers = make_trackers(cfg.log.trackers, cfg.output_dir, redacted_config_dict(cfg), name)
+    return MetricsLogger(cfg.output_dir, trackers, console, append=append)

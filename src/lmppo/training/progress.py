@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class ProgressDisplay:
-    """The progress of one training session (`PPOTrainer._print_progress` calls `show` after every iteration).
+    """The progress of one training session (`PPOTrainer.finish_iteration` calls `show` after every iteration).
 
     On a terminal (and with `log.progress`): one live rich bar, iteration/total with the latest score, KL,
     beta, episodes per second and the time left, redrawn in place below the sample tables. Elsewhere (CI,

@@ -1,0 +1,156 @@
+"""What one iteration reports: its metrics (TRL's names with TRL's meaning, plus lmppo's own; docs/metrics.md),
+the held-out evaluation's `eval/*` and the rows of the sample table."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from lmppo.config import Config
+from lmppo.core.batch import Rollout
+from lmppo.core.masking import masked_sum
+from lmppo.data.prompts import PromptSet
+from lmppo.evaluation.heldout import sample_and_score
+from lmppo.training.metrics import MetricsAccumulator
+from lmppo.training.scoring import ScoredRollout, TokenRewards
+
+UPDATE_STATS = (
+    "loss/policy_avg",
+    "loss/value_avg",
+    "policy/clipfrac_avg",
+    "val/clipfrac_avg",
+    "policy/approxkl_avg",
+    "policy/entropy_avg",
+    "val/ratio",
+    "policy/grad_norm",
+    "loss/kl_avg",
+)
+"""The update's statistics reported as their mean over the iteration's micro-batches (and processes)."""
+
+
+def iteration_metrics(
+    rollout: Rollout,
+    scored: ScoredRollout,
+    rewards: TokenRewards,
+    stats: MetricsAccumulator,
+    phase_seconds: dict[str, float],
+    config: Config,
+    strategy: Any,
+    counters: dict[str, float],
+    kl_coef: float,
+    distorting: bool,
+) -> dict[str, float]:
+    """The metrics of an iteration, averaged over all processes (`strategy`: means, sums and maxima over them).
+    `counters`: episode, iteration, train_seconds, lr; `kl_coef`: the beta of this batch's rewards."""
+    procs = strategy
+    gather = procs.gather_mean
+    mask = rollout.response_mask
+    valid = scored.valid.float()
+    kl_per_response = masked_sum(rewards.kl, mask, dim=1)
+    beta = kl_coef if config.kl.placement in ("reward", "both") else 0.0
+    non_score = -beta * kl_per_response
+    scores = scored.token_scores.sum(1)
+    episode = counters["episode"]
+    m: dict[str, float] = {
+        "episode": episode,
+        "iteration": counters["iteration"],
+        "eps": episode / max(counters["train_seconds"], 1e-9),
+        "lr": counters["lr"],
+        "objective/kl": gather(kl_per_response),
+        "objective/kl_coef": beta,
+        "objective/entropy": gather(masked_sum(-rollout.logprobs, mask, dim=1)),
+        "objective/non_score_reward": gather(non_score),
+        "objective/scores": gather(scores),
+        "objective/scores_raw": gather(scored.raw_scores),
+        "objective/rlhf_reward": gather(scores + non_score),
+        "val/num_eos_tokens": gather(rollout.terminated.float()) * rollout.batch_size * procs.accelerator.num_processes,
+        "response/length_mean": gather(mask.sum(1).float()),
+        "response/truncated_frac": gather(rollout.truncated.float()),
+        "reward/num_invalid": procs.process_sum((1 - valid).sum()),
+        f"truncation/{config.reward.truncation}_count": procs.process_sum(rollout.truncated.sum()),
+        "objective/kl_token_min": -procs.process_max(-rewards.kl[mask].min() if mask.any() else torch.zeros(())),
+    }
+    for name, per_response in scored.per_source.items():
+        m[f"reward/{name}"] = gather(per_response)
+    for name in UPDATE_STATS:
+        if name in stats:
+            m[name] = procs.process_mean(stats.mean(name))
+    if "ppo/updates" in stats:  # ppo.target_kl: optimizer steps taken, and whether the brake stopped them
+        m["ppo/updates"] = float(stats.count("ppo/updates"))
+        m["ppo/early_stop"] = stats.max("ppo/early_stop")
+    if "val/ratio" in stats:
+        m["val/ratio_var"] = procs.process_mean(stats.var("val/ratio"))
+    if "update/skipped_nonfinite" in stats:
+        m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * stats.count("update/skipped_nonfinite")
+    for phase, sec in phase_seconds.items():
+        m[f"time/{phase}"] = sec
+    tokens = (rollout.attention_mask.sum()).item()
+    m["tokens_per_s"] = tokens / max(sum(phase_seconds.values()), 1e-9)
+    if distorting:
+        m["rollout/distorting_sampling"] = 1.0
+    return m
+
+
+def sample_rows(
+    rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards, tokenizer: Any, num_samples: int, token_stats: bool
+) -> list[dict[str, Any]]:
+    """The first `num_samples` episodes as sample-table rows: prompt, response, score (and with `token_stats`, the
+    KL and entropy of every response token)."""
+    n = min(num_samples, rollout.batch_size)
+    scores = scored.token_scores.sum(1)
+    rows = []
+    for i in range(n):
+        row: dict[str, Any] = {
+            "prompt": rollout.prompts_text[i],
+            "response": rollout.responses_text[i],
+            "score": float(scores[i]),
+        }
+        if token_stats:
+            m = rollout.response_mask[i]
+            toks = tokenizer.convert_ids_to_tokens(rollout.response_ids[i][m].tolist())
+            kl = rewards.kl[i][m].tolist()
+            row["kl per token"] = " ".join(f"{t}({k:+.2f})" for t, k in zip(toks, kl))
+            if rollout.entropy is not None:
+                ent = rollout.entropy[i][m].tolist()
+                row["entropy per token"] = " ".join(f"{t}({e:.2f})" for t, e in zip(toks, ent))
+            row["kl"] = float(sum(kl))
+        rows.append(row)
+    return rows
+
+
+def heldout_metrics(
+    policy: Any,
+    held: PromptSet,
+    cfg: Config,
+    tokenizer: Any,
+    sources: Sequence[Any],
+    stop_ids: torch.Tensor,
+    reference: Any,
+    autocast: Callable[[], Any],
+) -> dict[str, float]:
+    """`eval/*`: one response per held-out prompt of `held` from `policy`, sampled on the evaluation's own random
+    streams (the training draws are untouched), scored by every source, with its KL to the reference and its length
+    (`lmppo.evaluation.heldout`)."""
+    r = cfg.rollout
+
+    def reference_logits(input_ids, attention, P):
+        return reference.logits(policy, input_ids, attention, P, r.temperature)
+
+    result = sample_and_score(
+        policy,
+        held.ids,
+        held.texts,
+        tokenizer=tokenizer,
+        sources=sources,
+        temperature=r.temperature,
+        max_new_tokens=r.max_new_tokens,
+        stop_ids=stop_ids,
+        seed=cfg.seed,
+        backend="hf" if r.backend == "hf" else "native",
+        batch_size=cfg.no_grad_batch_size,
+        reference_logits=reference_logits,
+        autocast=autocast,
+        columns=held.columns or None,
+    )
+    return {f"eval/{k}": v for k, v in result.means().items() if v is not None}

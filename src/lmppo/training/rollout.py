@@ -1,0 +1,140 @@
+"""Phase 1 of an iteration: the prompts of this process, and the `Rollout` of their sampled responses with the
+logprobs, reference logprobs and values of the rollout's weights (the sampling itself: `lmppo.sampling`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from lmppo.config import Config
+from lmppo.core.batch import Rollout
+from lmppo.core.kl import exact_kl
+from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
+from lmppo.data.prompts import PromptSet
+from lmppo.models.loading import PolicyOutput
+from lmppo.rewards import decode_completion
+from lmppo.sampling.engines import PromptBatch
+from lmppo.sampling.hf import left_pad
+from lmppo.sampling.native import response_seed
+
+
+def prompt_batch(
+    indices: list[int], prompt_set: PromptSet, cfg: Config, iteration: int, first_row: int, pad_id: int, device: Any
+) -> tuple[PromptBatch, torch.Tensor]:
+    """This process's prompts `indices` (each already repeated `num_samples_per_prompt` times) as a left-padded
+    batch with a seed per response, and (B,) the group id of each row (rows of one prompt share it); `first_row`:
+    where this process's rows start in the global batch."""
+    k = cfg.rollout.num_samples_per_prompt
+    positions = list(range(first_row, first_row + len(indices)))
+    group_ids = torch.tensor([p // k for p in positions], device=device)
+    ids, mask = left_pad([prompt_set.ids[i] for i in indices], pad_id)
+    seeds = [response_seed(cfg.seed, iteration, p) for p in positions]
+    token_lists = [prompt_set.ids[i] for i in indices]
+    return PromptBatch(ids=ids.to(device), mask=mask.to(device), token_lists=token_lists, seeds=seeds), group_ids
+
+
+def reuses_rollout_forward(cfg: Config, strategy_allows: bool, processes: int, rows: int, chunk: int) -> bool:
+    """Whether the rollout's policy/value pass doubles as the first epoch's training forward.
+
+    Before the first optimizer step the weights are those that made the rollout, so with one minibatch that is
+    one micro-batch (and one rollout chunk) the first epoch would recompute exactly the old logprobs and values.
+    Then the rollout pass runs with its autograd graph kept and the first backward uses it: one policy and one
+    critic forward fewer per iteration, the same update (`ppo.reuse_rollout_forward`). `rows`: this process's
+    rows of the batch; `chunk`: the rows of one rollout pass."""
+    p = cfg.ppo
+    return (
+        p.reuse_rollout_forward
+        and strategy_allows
+        and chunk >= rows
+        and cfg.minibatch_size // processes == rows
+        and p.micro_batch_size >= rows
+    )
+
+
+def rollout_passes(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_ids: torch.Tensor,
+    cfg: Config,
+    reference_logits: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+    policy_and_values: Callable[[torch.Tensor, torch.Tensor, int], PolicyOutput],
+    chunk: int,
+) -> dict[str, Optional[torch.Tensor]]:
+    """The rollout's forward passes over chunks of `chunk` rows: `logprobs`, `ref_logprobs` (B, R), `values`
+    (B, R + 1), `entropy` (B, R) with `log.token_stats`, and `ref_logits` (B, R, V) and `exact_kl` (B, R) with
+    `kl.estimator: exact`, each None when not computed. R: the response width; P = input width - R."""
+    P = input_ids.shape[1] - response_ids.shape[1]
+    exact = cfg.kl.estimator == "exact"
+    logprobs, ref_logprobs, values, entropies, ref_logits, exact_kls = [], [], [], [], [], []
+    for s in range(0, input_ids.shape[0], chunk):
+        ids, att, resp = input_ids[s : s + chunk], attention_mask[s : s + chunk], response_ids[s : s + chunk]
+        with torch.inference_mode():  # first: a LoRA reference adapter is swapped in place, which would
+            # invalidate a graph kept from the policy pass (`reuses_rollout_forward`)
+            ref = reference_logits(ids, att, P)
+            ref_logprobs.append(selective_log_softmax(ref, resp))
+        out = policy_and_values(ids, att, P)
+        with torch.inference_mode():
+            logprobs.append(selective_log_softmax(out.logits, resp))
+            if cfg.log.token_stats:
+                entropies.append(entropy_from_logits(out.logits))
+            if exact:
+                ref_logits.append(ref)
+                exact_kls.append(exact_kl(out.logits, ref, chunk_size=64))
+            values.append(out.values)
+        del ref
+    # clone out of inference mode: these tensors enter the loss as constants
+    return {
+        "logprobs": torch.cat(logprobs).clone(),
+        "ref_logprobs": torch.cat(ref_logprobs).clone(),
+        "values": torch.cat(values).clone(),
+        "entropy": torch.cat(entropies).clone() if entropies else None,
+        "ref_logits": torch.cat(ref_logits) if exact else None,  # (cat already leaves inference mode: no copy)
+        "exact_kl": torch.cat(exact_kls) if exact else None,
+    }
+
+
+def completion_text(tokenizer: Any, ids: torch.Tensor, terminated: bool) -> str:
+    """The text of a response's token ids, without its stop token when it ended on one."""
+    ids = ids.tolist()
+    return decode_completion(tokenizer, ids[:-1] if terminated else ids)
+
+
+def build_rollout(
+    prompts: PromptBatch,
+    responses: tuple,
+    passes: dict[str, Optional[torch.Tensor]],
+    group_ids: torch.Tensor,
+    index: list[int],
+    prompt_set: PromptSet,
+    tokenizer: Any,
+) -> Rollout:
+    """The `Rollout` of a batch: prompts `index` of `prompt_set`, `responses` (response_ids, response_mask,
+    terminated, truncated) from the sampling engine, `passes` from `rollout_passes`; every per-token tensor 0 past
+    each response's end."""
+    response_ids, response_mask, terminated, truncated = responses
+    texts = [completion_text(tokenizer, r[m], bool(t)) for r, m, t in zip(response_ids, response_mask, terminated)]
+    zeros = torch.zeros_like(passes["logprobs"])
+    all_values = passes["values"]
+    lengths = response_mask.sum(1)
+    final_values = all_values.gather(1, lengths[:, None]).squeeze(1)  # V of the state after the last token
+    exact = passes["exact_kl"]
+    return Rollout(
+        prompt_ids=prompts.ids,
+        prompt_mask=prompts.mask,
+        response_ids=response_ids,
+        response_mask=response_mask,
+        logprobs=torch.where(response_mask, passes["logprobs"], zeros),
+        ref_logprobs=torch.where(response_mask, passes["ref_logprobs"], zeros),
+        values=torch.where(response_mask, all_values[:, :-1], zeros),
+        final_values=final_values,
+        terminated=terminated,
+        truncated=truncated,
+        group_ids=group_ids,
+        prompts_text=[prompt_set.texts[i] for i in index],
+        responses_text=texts,
+        entropy=passes["entropy"],
+        ref_logits=passes["ref_logits"],
+        exact_kl=torch.where(response_mask, exact, zeros) if exact is not None else None,
+        prompt_columns=prompt_set.columns_of(index) if prompt_set.columns else None,
+    )

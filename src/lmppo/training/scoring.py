@@ -1,0 +1,138 @@
+"""Phases 2 to 4 of an iteration: the reward sources' scores placed on response tokens, the per-token rewards
+(scores minus beta * KL, the truncation policy) and the advantages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from lmppo.config import Config, RewardConfig
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
+from lmppo.core.batch import Rollout
+from lmppo.core.kl import KL_ESTIMATORS, next_state_kl
+from lmppo.core.rewards import (
+    RunningMoments,
+    bootstrap_truncated,
+    kl_penalized_rewards,
+    normalize_scores,
+    penalize_truncated,
+    unfinished_scores,
+)
+from lmppo.rewards import RewardSource, score_rollout
+
+
+@dataclass
+class ScoredRollout:
+    """Phase 2 output: scores placed on response tokens."""
+
+    token_scores: torch.Tensor  # (B, T) weighted sum of the sources' placed scores, normalised/clipped, then the
+    #                             truncation penalty; all 0 on invalid rows
+    raw_scores: torch.Tensor  # (B,) per-response total before truncation penalty / normalisation
+    valid: torch.Tensor  # (B,) bool, False where a reward source gave bad output and on_bad_output = drop
+    per_source: dict[str, torch.Tensor]  # name -> (B,) unweighted per-response totals
+
+
+@dataclass
+class TokenRewards:
+    """Phase 3 output."""
+
+    rewards: torch.Tensor  # (B, T) score placement minus beta * KL (+ bootstrap)
+    kl: torch.Tensor  # (B, T) per-token KL estimate (0 at padding)
+    train_mask: torch.Tensor  # (B, T) bool, tokens that get policy and value gradients
+
+
+def score(
+    rollout: Rollout,
+    sources: Sequence[RewardSource],
+    tokenizer: Any,
+    rc: RewardConfig,
+    score_moments: RunningMoments,
+    device: torch.device,
+) -> ScoredRollout:
+    """The sources' scores of the batch, placed on its tokens (`lmppo.rewards.score_rollout`), then normalised
+    (`reward.normalize`, updating `score_moments`) or clipped, and the truncation policy's score changes."""
+    prompt_ids = None
+    if any(s.wants_token_ids for s in sources):
+        prompt_ids = [ids[mask].tolist() for ids, mask in zip(rollout.prompt_ids.cpu(), rollout.prompt_mask.cpu())]
+    result = score_rollout(
+        sources,
+        rollout.prompts_text,
+        rollout.responses_text,
+        rollout.response_ids.cpu(),
+        rollout.response_mask.cpu(),
+        tokenizer,
+        rc.on_bad_output,
+        terminated=rollout.terminated.cpu(),
+        prompt_ids=prompt_ids,
+        columns=rollout.prompt_columns,
+    )
+    token_scores = placed = result.token_scores.to(device, torch.float32)
+    raw = token_scores.sum(1)
+    mask, valid = rollout.response_mask, result.valid.to(device)
+    if rc.normalize or rc.clip > 0:
+        if rc.normalize:
+            score_moments.update(raw[valid])
+        mean, std = (score_moments.mean, score_moments.std) if rc.normalize else (0.0, 1.0)
+        token_scores = normalize_scores(token_scores, mask, mean, std, rc.clip)
+    if rc.truncation == "penalty":  # after normalisation: a cut response scores exactly `reward.penalty`
+        token_scores = penalize_truncated(token_scores, mask, rollout.truncated, rc.penalty, rc.penalty_mode)
+    if rc.truncation == "bootstrap":  # a cut response did not finish: only its per-token/span scores stay
+        token_scores = unfinished_scores(
+            token_scores,
+            placed,
+            mask,
+            rollout.truncated,
+            result.final_scores.to(device),
+            score_moments.std if rc.normalize else 1.0,
+        )
+    token_scores = torch.where(valid[:, None], token_scores, torch.zeros_like(token_scores))
+    return ScoredRollout(
+        token_scores=token_scores,
+        raw_scores=raw,
+        valid=valid,
+        per_source={k: v.to(device) for k, v in result.per_source.items()},
+    )
+
+
+def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
+    """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end."""
+    if estimator == "exact":
+        return rollout.exact_kl
+    kl = KL_ESTIMATORS[estimator](rollout.logprobs, rollout.ref_logprobs)
+    return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
+
+
+def token_rewards(rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef: float) -> TokenRewards:
+    """Scores minus beta * KL per token (`kl.placement` reward / both), the truncation policy's bootstrap and
+    dropped samples."""
+    mask = rollout.response_mask
+    kl = batch_kl(rollout, cfg.kl.estimator)
+    beta = kl_coef if cfg.kl.placement in ("reward", "both") else 0.0
+    # exact: a token's reward carries the KL of the state it leads into; its own state's KL is a loss term
+    penalized = next_state_kl(kl, mask) if cfg.kl.estimator == "exact" else kl
+    rewards = kl_penalized_rewards(scored.token_scores, penalized, beta, mask)
+    if cfg.reward.truncation == "bootstrap":
+        rewards = bootstrap_truncated(rewards, mask, rollout.truncated, rollout.final_values, cfg.ppo.gamma)
+    keep = scored.valid
+    if cfg.reward.truncation == "drop":
+        keep = keep & ~rollout.truncated
+    return TokenRewards(rewards=rewards, kl=kl, train_mask=mask & keep[:, None])
+
+
+def advantages(rollout: Rollout, rewards: TokenRewards, cfg: Config, whiten: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages, returns), each (B, T), by `ppo.advantage_estimator`; `whiten`: the strategy's whitening over
+    all processes (`ppo.whiten_advantages`)."""
+    p = cfg.ppo
+    adv, returns = ADVANTAGE_ESTIMATORS[p.advantage_estimator](
+        rewards.rewards,
+        rollout.values,
+        rollout.response_mask,
+        gamma=p.gamma,
+        lam=p.lam,
+        group_ids=rollout.group_ids,
+    )
+    if p.whiten_advantages:
+        adv = whiten(adv, rewards.train_mask)
+    return adv, returns
