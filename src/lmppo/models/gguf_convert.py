@@ -120,6 +120,9 @@ def main(argv: list[str]) -> int:
     except LmppoError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except Exception as err:  # noqa: BLE001 - the reader and transformers raise anything; the parent shows one line
+        print(f"error: converting {gguf.name} failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

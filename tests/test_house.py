@@ -1,0 +1,82 @@
+"""The house's rules, checked: the README's layer drawing is the import contract, modules stay small, the trainer
+stays the loop, and every module of src/ has tests in the mirrored folder."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import tomllib
+
+from conftest import REPO as _REPO
+
+REPO = Path(_REPO)
+
+SRC = REPO / "src" / "lmppo"
+MAX_MODULE_LINES = 500
+MAX_TRAINER_LINES = 400
+
+
+def _layers() -> list[str]:
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layered,) = [c for c in contracts if c["type"] == "layers"]
+    return layered["layers"]
+
+
+def _readme_house() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"<!-- house:start -->\n```\n(.*?)```\n<!-- house:end -->", text, re.S)
+    assert block, "README.md lost its layer drawing (between <!-- house:start --> and <!-- house:end -->)"
+    return block.group(1).splitlines()
+
+
+def test_readme_layer_drawing_is_the_import_contract():
+    """Each layer of pyproject's contract, top to bottom, is one line of the drawing, in the same order."""
+    drawn = [line.split("  ")[0].strip() for line in _readme_house() if line and not line.startswith((" ", "│"))]
+    assert drawn == _layers(), f"README draws {drawn}; pyproject's contract is {_layers()}"
+
+
+def test_every_subpackage_is_in_the_readme_layout():
+    text = (REPO / "README.md").read_text()
+    packages = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").exists())
+    missing = [p for p in packages if f"{p}/" not in text]
+    assert not missing, f"README's Layout does not name {missing}"
+
+
+def test_no_module_is_over_the_size_limit():
+    sizes = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
+    too_big = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not too_big, f"modules over {MAX_MODULE_LINES} lines (split them by job): {too_big}"
+
+
+def test_the_trainer_is_the_loop():
+    path = next(p for p in SRC.rglob("*.py") if "class PPOTrainer" in p.read_text() and "trl" not in p.parts)
+    tree = ast.parse(path.read_text())
+    (trainer,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer"]
+    lines = trainer.end_lineno - trainer.lineno + 1
+    assert lines <= MAX_TRAINER_LINES, f"PPOTrainer is {lines} lines; move what is not the loop to its home"
+
+
+def _public_names(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+    return [name for name in defined if not name.startswith("_")]
+
+
+def test_tests_mirror_src():
+    """Every module `lmppo/<package>/<module>.py` has a `tests/<package>/test_<module>*.py`, or a test there that
+    imports it or uses one of its public functions or classes by name."""
+    orphans = []
+    for path in sorted(SRC.glob("*/*.py")):
+        if path.name == "__init__.py":
+            continue
+        package, module = path.parent.name, path.stem
+        tests = list((REPO / "tests" / package).glob("**/*.py"))
+        if any(t.name.startswith(f"test_{module}") for t in tests):
+            continue
+        names = [re.escape(f"lmppo.{package}.{module}"), *map(re.escape, _public_names(path))]
+        pattern = re.compile(r"\b(" + "|".join(names) + r")\b")
+        if not any(pattern.search(t.read_text()) for t in tests):
+            orphans.append(f"lmppo.{package}.{module}")
+    assert not orphans, f"modules with no test under tests/<package>/: {orphans}"
