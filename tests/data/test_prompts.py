@@ -192,6 +192,19 @@ def test_chat_template_flag_wraps_plain_strings(tok):
     assert ps.texts == ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"]
 
 
+def test_tables_show_each_prompt_as_a_person_wrote_it(tok):
+    """`shown`: chat prompts as text, without the template's tokens; what the policy sees stays in `texts`."""
+    system = [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Review it"}]
+    ps = tokenize_prompts(["Hi", [{"role": "user", "content": "The movie was"}], system], tok, cfg(chat_template=True))
+    assert ps.shown == ["Hi", "The movie was", "system: Be kind.\nuser: Review it"]
+    assert "<|im_start|>" in ps.texts[0] and ps.shown_text(0) == "Hi"
+    bos = make_bpe_tokenizer(add_bos=True)
+    ids = tokenize_prompts([bos("The movie was")["input_ids"]], bos, cfg())
+    assert ids.texts[0].startswith("<|bos|>") and ids.shown == ["The movie was"]  # ids: decoded, no special tokens
+    picked = ps.subset([2, 0])
+    assert picked.shown == [ps.shown[2], "Hi"] and picked.texts == [ps.texts[2], ps.texts[0]]
+
+
 def test_bos_tokenizer_keeps_its_bos():
     tok_bos = make_bpe_tokenizer(add_bos=True)
     ps = tokenize_prompts(["The movie was"], tok_bos, cfg())

@@ -114,12 +114,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not debug:
         os.environ.setdefault("TQDM_DISABLE", "1")  # read by tqdm when it is imported (with transformers)
     # the heavy imports (torch, transformers, rich) happen from here on, for the command that runs
-    from rich.console import Console
-
     from lmppo.apps.console import quiet_console
+    from lmppo.evaluation.tables import make_console
 
     quiet_console(debug)
-    console = Console(highlight=False)
+    console = make_console()
     module, _, function = COMMANDS[command][0].partition(":")
     if command in ("train", "warp"):
         signals.terminate_like_interrupt()  # SIGTERM (schedulers): cleaned up and explained like Ctrl-C, exit 143

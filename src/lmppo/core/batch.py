@@ -33,6 +33,7 @@ class Rollout:
     entropy: Optional[torch.Tensor] = field(default=None)  # (B, T) policy entropy per position (log.token_stats)
     ref_logits: Optional[torch.Tensor] = field(default=None)  # (B, T, V) reference logits / temperature (kl exact)
     exact_kl: Optional[torch.Tensor] = field(default=None)  # (B, T) KL(pi_old || pi_ref) of each state (kl exact)
+    prompts_shown: Optional[list[str]] = field(default=None)  # B prompts as a person wrote them (for tables)
     prompt_columns: Optional[list[dict]] = field(default=None)  # B dicts, the prompt records' other fields
     #                                                              (reward functions take them by name); None: none
 

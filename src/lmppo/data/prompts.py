@@ -173,9 +173,25 @@ class PromptSet:
     columns: list[dict[str, Any]] = dc_field(default_factory=list)
     """Per prompt, the record's other fields (a reference answer, metadata), for reward functions that take them
     by name; empty when the records had none."""
+    shown: list[str] = dc_field(default_factory=list)
+    """Per prompt, the prompt as a person wrote it, for tables: a chat prompt's messages as text (no template
+    tokens, no system prompt the template adds), token ids decoded without special tokens; empty: `texts`."""
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def shown_text(self, i: int) -> str:
+        """Prompt `i` as a table shows it."""
+        return self.shown[i] if self.shown else self.texts[i]
+
+    def subset(self, index: Sequence[int]) -> "PromptSet":
+        """The prompts `index`, in that order, with their columns and shown texts."""
+        return PromptSet(
+            ids=[self.ids[i] for i in index],
+            texts=[self.texts[i] for i in index],
+            columns=self.columns_of(index) if self.columns else [],
+            shown=[self.shown[i] for i in index] if self.shown else [],
+        )
 
     def columns_of(self, index: Sequence[int]) -> list[dict[str, Any]]:
         """The columns of prompts `index` (empty dicts when the set has none)."""
@@ -191,6 +207,7 @@ def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfi
         raise DataError(f"data.long_prompts = {data_cfg.long_prompts!r}: must be `truncate_left` or `error`")
     vocab = len(tokenizer)
     ids_all: list[list[int]] = []
+    shown: list[str] = []
     cut, longest = 0, 0
     if not isinstance(records, PromptRecords):  # records from load_prompt_records are checked already
         records = [_check_record(rec, _where(records, i)) for i, rec in enumerate(records)]
@@ -226,7 +243,9 @@ def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfi
                 )
             cut, longest = cut + 1, max(longest, len(ids))
             ids = _truncate_left(ids, limit, tokenizer.bos_token_id)
+            rec = ids  # shown as what is left of it
         ids_all.append(ids)
+        shown.append(readable_prompt(rec, tokenizer))
     if cut:
         source = records.source if isinstance(records, PromptRecords) else "the prompts"
         warnings.warn(
@@ -237,7 +256,19 @@ def tokenize_prompts(records: Sequence[Any], tokenizer: Any, data_cfg: DataConfi
         )
     texts = tokenizer.batch_decode(ids_all, skip_special_tokens=False) if ids_all else []
     columns = list(getattr(records, "columns", None) or [])
-    return PromptSet(ids=ids_all, texts=texts, columns=columns if any(columns) else [])
+    return PromptSet(ids=ids_all, texts=texts, columns=columns if any(columns) else [], shown=shown)
+
+
+def readable_prompt(record: Any, tokenizer: Any) -> str:
+    """A prompt record as a person reads it: a string as it is; chat messages as their text (one user message: its
+    content; more: `role: content` lines); token ids decoded without special tokens."""
+    if isinstance(record, str):
+        return record
+    if record and isinstance(record[0], dict):
+        if len(record) == 1 and record[0].get("role") == "user":
+            return str(record[0].get("content", ""))
+        return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in record)
+    return tokenizer.decode(list(record), skip_special_tokens=True)
 
 
 def _apply_template(tokenizer: Any, messages: list[dict], where: str, wrapped: bool) -> list[int]:
@@ -377,11 +408,6 @@ def split_holdout(prompts, holdout: int, seed: int):
     held = set(order[:holdout])
 
     def pick(keep):
-        idx = [i for i in range(n) if (i in held) == keep]
-        return PromptSet(
-            ids=[prompts.ids[i] for i in idx],
-            texts=[prompts.texts[i] for i in idx],
-            columns=prompts.columns_of(idx) if prompts.columns else [],
-        )
+        return prompts.subset([i for i in range(n) if (i in held) == keep])
 
     return pick(False), pick(True)

@@ -28,7 +28,7 @@ from lmppo.evaluation.heldout import (
     repeat_prompts,
     sample_and_score,
 )
-from lmppo.evaluation.tables import default_judge, print_eval, watched
+from lmppo.evaluation.tables import default_judge, make_console, print_eval, watched
 from lmppo.models.files import is_adapter_folder
 from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
@@ -178,14 +178,9 @@ def eval_prompt_set(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[PromptS
     if cfg.data.holdout > 0:
         _, held = split_holdout(prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
         n = min(num_prompts, len(held.ids)) if num_prompts > 0 else len(held.ids)
-        return PromptSet(held.ids[:n], held.texts[:n], held.columns[:n]), True
+        return held.subset(range(n)), True
     order = torch.randperm(len(prompts.ids), generator=torch.Generator().manual_seed(cfg.seed + 11)).tolist()
-    pick = order[: num_prompts if num_prompts > 0 else 64]
-    return PromptSet(
-        [prompts.ids[i] for i in pick],
-        [prompts.texts[i] for i in pick],
-        prompts.columns_of(pick) if prompts.columns else [],
-    ), False
+    return prompts.subset(order[: num_prompts if num_prompts > 0 else 64]), False
 
 
 # ----------------------------------------------------------------------------- the command
@@ -278,9 +273,7 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     out = args.output or os.path.join(run_dir or beside, "eval.json")
     _write_json(result, out)
     if console is None:
-        from rich.console import Console
-
-        console = Console(highlight=False)
+        console = make_console()
     print_eval(result, console, show=args.show)
     console.print(f"wrote {out}")
     return 0
@@ -324,6 +317,7 @@ class EvalPlan:
 
     ids: list
     texts: list[str]
+    shown: list[str]  # each prompt as a table shows it, repeated like `texts`
     num_prompts: int
     held_out: bool
     precision: str
@@ -379,7 +373,8 @@ def eval_plan(
         with adapters_off(models.policy):
             return policy_forward(models.policy, input_ids, attention, P, r.temperature).logits
 
-    return EvalPlan(ids, texts, len(prompt_set.ids), held_out, precision, common, start_logits)
+    shown = [prompt_set.shown_text(i) for i in range(len(prompt_set)) for _ in range(samples_per_prompt)]
+    return EvalPlan(ids, texts, shown, len(prompt_set.ids), held_out, precision, common, start_logits)
 
 
 def sample_trained(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
@@ -410,7 +405,6 @@ def evaluate_models(
             start = sample_and_score(base, plan.ids, plan.texts, **plan.common)
     wins = compare(trained, start)
     r = cfg.rollout
-    texts = plan.texts
     return {
         "model": models.model_path,
         "start": models.start_name,
@@ -431,7 +425,7 @@ def evaluate_models(
         "win_rate_by_source": wins,
         "samples": [
             {
-                "prompt": texts[i],
+                "prompt": plan.shown[i],
                 "start": start.responses[i],
                 "trained": trained.responses[i],
                 "start_scores": {k: float(v[i]) for k, v in start.scores.items()},

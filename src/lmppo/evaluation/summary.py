@@ -113,7 +113,7 @@ def heldout_summary(
     shown = [p * samples_per_prompt for p in range(min(num_samples, len(held.ids)))]  # each prompt's first sample
     out["samples"] = [
         {
-            "prompt": texts[i],
+            "prompt": held.shown_text(i // samples_per_prompt),
             "before": before.responses[i] if before is not None else "",
             "after": after.responses[i],
             "before_scores": {k: float(v[i]) for k, v in before.scores.items()} if before else {},

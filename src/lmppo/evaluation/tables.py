@@ -3,12 +3,26 @@ summary and model cards, the judge that is named by default, and the table of sa
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional, Sequence
 
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from lmppo.errors import LmppoError
+
+PIPED_WIDTH = 200
+"""Columns of output that goes to a file or a pipe (no terminal to fit): wide enough that a table row or a line
+is not cut at rich's default of 80 (`$COLUMNS` still wins)."""
+
+
+def make_console() -> Console:
+    """The console lmppo prints on: a terminal's own width; piped or redirected, `PIPED_WIDTH` columns."""
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=PIPED_WIDTH)
+    return console
 
 
 def default_judge(weights: dict[str, float], watch: Sequence[str] = ()) -> str:

@@ -102,7 +102,7 @@ def sample_rows(
     rows = []
     for i in range(n):
         row: dict[str, Any] = {
-            "prompt": rollout.prompts_text[i],
+            "prompt": (rollout.prompts_shown or rollout.prompts_text)[i],
             "response": rollout.responses_text[i],
             "score": float(scores[i]),
         }

@@ -132,6 +132,7 @@ def build_rollout(
         truncated=truncated,
         group_ids=group_ids,
         prompts_text=[prompt_set.texts[i] for i in index],
+        prompts_shown=[prompt_set.shown_text(i) for i in index],
         responses_text=texts,
         entropy=passes["entropy"],
         ref_logits=passes["ref_logits"],

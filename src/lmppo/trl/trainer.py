@@ -19,6 +19,7 @@ from lmppo.config import DataConfig
 from lmppo.data.hf_datasets import is_hf_dataset
 from lmppo.data.prompts import load_prompt_records
 from lmppo.errors import ConfigError, LmppoError
+from lmppo.evaluation.tables import make_console
 from lmppo.models.loading import hf_model
 from lmppo.quiet import quiet_libraries
 from lmppo.rewards import ModelSource, SourceContext
@@ -433,7 +434,6 @@ def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(show_lines=True)
@@ -441,4 +441,4 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         table.add_column(column)
     for row in rows:
         table.add_row(*(str(v) for v in row.values()))
-    Console().print(table)
+    make_console().print(table)
