@@ -10,15 +10,20 @@ import inspect
 import sys
 import typing
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Sequence, TypeVar
 
 from pydantic import ValidationError
 
 from lmppo.errors import ConfigError
 
 
+def type_hints(cls: type) -> dict[str, object]:
+    """The resolved annotations of `cls` (read once per class)."""
+    return _type_hints(cls)
+
+
 @lru_cache(maxsize=None)
-def type_hints(cls: type) -> dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
@@ -104,11 +109,11 @@ def config_error(err: ValidationError, cls: type, prefix: str) -> ConfigError:
     )
 
 
-def type_at(cls: Any, loc: Sequence[Any]) -> Any:
+def type_at(cls: object, loc: Sequence[int | str]) -> object:
     """The declared type at `loc` (field names and list indices) inside section `cls`; None where it is not one."""
     tp = cls
     for part in loc:
-        if isinstance(part, str) and dataclasses.is_dataclass(tp) and part in type_hints(tp):
+        if isinstance(part, str) and isinstance(tp, type) and dataclasses.is_dataclass(tp) and part in type_hints(tp):
             tp = type_hints(tp)[part]
         elif isinstance(part, int) and typing.get_origin(tp) is list:
             tp = typing.get_args(tp)[0]
@@ -126,7 +131,7 @@ def section_prefixes(root: type) -> dict[type, str]:
         for name, tp in type_hints(cls).items():
             if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
                 out[typing.get_args(tp)[0]] = f"{prefix}{name}[*]."
-            elif dataclasses.is_dataclass(tp):
+            elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
                 out[tp] = f"{prefix}{name}."
                 walk(tp, f"{prefix}{name}.")
 
@@ -134,7 +139,10 @@ def section_prefixes(root: type) -> dict[type, str]:
     return out
 
 
-def from_dict(cls: type, data: Any, prefix: str = "") -> Any:
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: object, prefix: str = "") -> T:
     """Section `cls` built from a nested mapping (converted and checked by pydantic); one ConfigError naming the
     first bad field, with a did-you-mean for unknown ones."""
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 import typing
-from typing import Any, Literal
+from typing import Literal
 
 from lmppo.config.fields import field_docs, type_hints
 from lmppo.config.overrides import REGISTRY_OPTIONS, all_fields
@@ -18,7 +18,7 @@ KIND_ONLY = {"HTTP only:": "http", "Model sources:": "model"}
 """A list item's field whose docstring starts so applies only to that kind (the docstring says it once)."""
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     """A default as a user would write it in YAML: `true`, `""`, `[a, b]`, `{k: v}`, never a Python repr."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -39,7 +39,7 @@ def show(value: Any) -> str:
     return str(value)
 
 
-def type_name(tp: Any, name: str = "") -> str:
+def type_name(tp: object, name: str = "") -> str:
     """`{a,b,c}` for a choice (a Literal or a registry's names), `LIST[...]` for a list, else the type's name."""
     if typing.get_origin(tp) is list:
         item = typing.get_args(tp)[0]
@@ -53,7 +53,7 @@ def type_name(tp: Any, name: str = "") -> str:
     return (getattr(tp, "__name__", None) or str(tp).replace("typing.", "")).upper()
 
 
-def _entry(lines: list[str], flag: str, tp: Any, name: str, default: Any, doc: str, indent: int) -> None:
+def _entry(lines: list[str], flag: str, tp: object, name: str, default: object, doc: str, indent: int) -> None:
     pad = " " * indent
     lines.append(f"{pad}{flag} {type_name(tp, name)}   (default: {show(default)})")
     lines += textwrap.wrap(doc, WIDTH, initial_indent=pad + "    ", subsequent_indent=pad + "    ")
@@ -97,7 +97,7 @@ def train_help() -> str:
             lines += ["", f" [{head or 'run'}]"]
         _entry(lines, f"--{name}", tp, name, default, doc, 2)
         item = typing.get_args(tp)[0] if typing.get_origin(tp) is list else None
-        if dataclasses.is_dataclass(item):
+        if isinstance(item, type) and dataclasses.is_dataclass(item):
             example = f"--{name} '[{{kind: http, path: \"http://HOST/score\", weight: 0.5}}]'"
             lines += item_help(name, item, f"YAML list in the config file, or {example}")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from importlib import resources
-from typing import Any
+from typing import Mapping
 
 from lmppo.config.fields import from_dict
 from lmppo.config.overrides import apply_override
@@ -14,11 +14,11 @@ from lmppo.config.yaml_input import load as load_yaml
 from lmppo.errors import ConfigError
 
 
-def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def load_config(path: str | None = None, overrides: Mapping[str, object] | None = None) -> Config:
     """Config from an optional YAML file plus dotted overrides; not yet validated."""
     import yaml
 
-    data: dict[str, Any] = {}
+    data: object = {}
     if path:
         if not os.path.isfile(path):
             raise ConfigError("config file", path, "no such file")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from typing import Any, Sequence
+from typing import Sequence
 
 from lmppo.config.fields import field_docs, type_hints
 from lmppo.config.schema import Config
@@ -20,14 +20,14 @@ REGISTRY_OPTIONS = {r.option.replace("[*]", ""): r for r in EXTENSION_POINTS}
 """The options whose allowed values a registry holds, by dotted name (list items without the index)."""
 
 
-def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any, str]]:
+def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, object, object, str]]:
     """Every leaf option as (dotted name, type, default, doc), for `--help` and dotted overrides."""
     out = []
     hints, docs = type_hints(cls), field_docs(cls)
     default = cls()
     for f in dataclasses.fields(cls):
         tp, name = hints[f.name], prefix + f.name
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out += all_fields(tp, name + ".")
         else:
             doc = docs.get(f.name, "")
@@ -47,11 +47,11 @@ def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, Any, Any
     return out
 
 
-def apply_override(cfg: Config, dotted: str, raw: Any) -> None:
+def apply_override(cfg: Config, dotted: str, raw: object) -> None:
     """Set `cfg.<dotted>` from a command-line string (or YAML value); the assignment converts and checks it.
     Command-line syntax: a list is `a,b` or YAML `[a, b]`, a mapping or a section YAML `{k: v}`."""
     *parents, leaf = dotted.split(".")
-    obj: Any = cfg
+    obj: object = cfg
     for part in [*parents, leaf]:
         if not dataclasses.is_dataclass(obj) or part not in type_hints(type(obj)):
             options = [n for n, *_ in all_fields()]
@@ -71,7 +71,7 @@ def apply_override(cfg: Config, dotted: str, raw: Any) -> None:
     setattr(obj, leaf, raw)
 
 
-def _yaml_value(raw: str, name: str) -> Any:
+def _yaml_value(raw: str, name: str) -> object:
     """A YAML value given on the command line (a list or mapping), or ConfigError naming the option."""
     import yaml
 

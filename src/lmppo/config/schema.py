@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import field
 from functools import wraps
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, TypeVar, cast
 
 import pydantic
 from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
+from typing_extensions import dataclass_transform
 
 from lmppo.config.fields import config_error, section_prefixes
 from lmppo.config.types import Fraction, Seed, registered
@@ -42,31 +43,36 @@ assignment; unknown fields, non-finite floats and values of another type are ref
 class _Section:
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _empty_is_default(cls, data: Any) -> Any:
+    def _empty_is_default(cls, data: object) -> object:
         return {} if data is None else data  # `ppo:` with nothing under it in YAML
 
 
-def section(cls: type) -> Any:
+S = TypeVar("S")
+
+
+@dataclass_transform(field_specifiers=(field, pydantic.Field))
+def section(cls: type[S]) -> type[S]:
     """A config section: a pydantic dataclass whose construction and assignments raise one ConfigError."""
-    cls = pydantic.dataclasses.dataclass(cls, config=_SETTINGS)
-    init, assign = cls.__init__, cls.__setattr__
+    made = cast("type[S]", pydantic.dataclasses.dataclass(cls, config=_SETTINGS))
+    init, assign = made.__init__, made.__setattr__
 
     @wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def __init__(self: object, *args: object, **kwargs: object) -> None:
         try:
             init(self, *args, **kwargs)
         except ValidationError as err:
-            raise config_error(err, cls, section_prefixes(Config).get(cls, "")) from None
+            raise config_error(err, made, section_prefixes(Config).get(made, "")) from None
 
     @wraps(assign)
-    def __setattr__(self: Any, name: str, value: Any) -> None:
+    def __setattr__(self: object, name: str, value: object) -> None:
         try:
             assign(self, name, value)
         except ValidationError as err:
-            raise config_error(err, cls, section_prefixes(Config).get(cls, "")) from None
+            raise config_error(err, made, section_prefixes(Config).get(made, "")) from None
 
-    cls.__init__, cls.__setattr__ = __init__, __setattr__
-    return cls
+    setattr(made, "__init__", __init__)
+    setattr(made, "__setattr__", __setattr__)
+    return made
 
 
 @section
@@ -191,7 +197,7 @@ class RolloutConfig(_Section):
     stop_token: str = "eos"
     """The token that ends a response: `eos` (the tokenizer's), a literal token string, or `none` (every
     response runs to `max_new_tokens`)."""
-    backend: registered(SAMPLING_ENGINES) = "native"
+    backend: Annotated[str, registered(SAMPLING_ENGINES)] = "native"
     """Generation backend: `native` (lmppo's sampling loop over the HF model with its KV cache; each response
     has its own random stream seeded from seed, iteration and batch position, so the same responses come out
     whatever the number of processes, and after a resume), `hf` (transformers `generate`, global RNG; the only
@@ -203,7 +209,7 @@ class RolloutConfig(_Section):
     estimators (`rloo`, `grpo`) need 2 or more; must divide `batch_size`."""
     forward_batch_size: NonNegativeInt = 0
     """Sequences per no-grad forward pass (logprobs, reference, values, reward model); 0 means the whole batch."""
-    generation_kwargs: dict[str, Any] = field(default_factory=dict)
+    generation_kwargs: dict[str, object] = field(default_factory=dict)
     """Extra arguments for generation. Settings that bend the sampled distribution (top_k, top_p < 1,
     min_new_tokens, repetition penalties, ...) are refused unless `allow_distorting_sampling` is set, because
     they make the measured KL wrong and often negative."""
@@ -220,7 +226,7 @@ class RolloutConfig(_Section):
 
 @section
 class RewardSourceConfig(_Section):
-    kind: registered(REWARD_SOURCES) = "function"
+    kind: Annotated[str, registered(REWARD_SOURCES)] = "function"
     """`model` (a sequence-classification reward model folder, one label), `function` (a Python callable given
     as `module:function` or `path/to/file.py:function`) or `http` (JSON over POST)."""
     path: str = ""
@@ -278,7 +284,7 @@ class RewardConfig(_Section):
 class KLConfig(_Section):
     coef: NonNegativeFloat = 0.05
     """KL coefficient beta (the starting value with the adaptive controller)."""
-    estimator: registered(KL_ESTIMATORS, KL_EXACT) = "k1"
+    estimator: Annotated[str, registered(KL_ESTIMATORS, KL_EXACT)] = "k1"
     """Per-token KL estimator: `k1` (log p - log p_ref, unbiased, can be negative per token), `k2`
     (0.5 * (log ratio)^2), `k3` ((r - 1) - log r with r = p_ref / p; unbiased and never negative), or `exact`:
     the KL of each next-token distribution summed over the whole vocabulary, what the others estimate from the
@@ -290,7 +296,7 @@ class KLConfig(_Section):
     placement: Literal["reward", "loss", "both"] = "reward"
     """Where the KL acts: `reward` (per-token penalty in the rewards, as in Ziegler et al. 2019), `loss` (a
     loss term on the current policy), or `both`."""
-    controller: registered(KL_CONTROLLERS) = "pi"
+    controller: Annotated[str, registered(KL_CONTROLLERS)] = "pi"
     """How beta moves so the KL per response holds `target`: `pi` (proportional-integral control of log beta,
     reacts within a few iterations: see `kp`, `ki`, `kd`), `adaptive` (Ziegler et al. 2019: at most
     0.2 * batch / horizon per iteration, built for runs of millions of episodes), or `fixed` (beta stays `coef`)."""
@@ -371,7 +377,7 @@ class PPOConfig(_Section):
     """Discount factor."""
     lam: Fraction = 0.95
     """GAE lambda."""
-    advantage_estimator: registered(ADVANTAGE_ESTIMATORS) = "gae"
+    advantage_estimator: Annotated[str, registered(ADVANTAGE_ESTIMATORS)] = "gae"
     """Advantage estimator (`lmppo.registry.ADVANTAGE_ESTIMATORS`): `gae`, or the critic-free `rloo`, `grpo` and
     `reinforce_pp` (`lmppo.core.advantages`)."""
     whiten_advantages: bool = True
@@ -386,7 +392,7 @@ class PPOConfig(_Section):
 
 @section
 class LogConfig(_Section):
-    trackers: list[registered(TRACKERS)] = field(default_factory=lambda: ["tensorboard"])
+    trackers: list[Annotated[str, registered(TRACKERS)]] = field(default_factory=lambda: ["tensorboard"])
     """Trackers besides `OUTPUT_DIR/metrics.jsonl` (always written): `tensorboard`, `wandb`, `trackio`, and through
     accelerate's tracker API `aim`, `comet_ml`, `mlflow`, `clearml`, `dvclive`, `swanlab` (each needs its package)."""
     sample_every: NonNegativeInt = 10
@@ -486,5 +492,5 @@ class Config(_Section):
         validate_config(self)
         return self
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)

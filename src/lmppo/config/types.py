@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from typing import Annotated, Any
+from typing import Annotated
 
 import pydantic
 from pydantic_core import PydanticCustomError
@@ -14,14 +14,15 @@ Fraction = Annotated[float, pydantic.Field(ge=0, le=1)]
 """A float within [0, 1]."""
 
 
-def _not_a_bool(value: Any) -> Any:
+def _not_a_bool(value: object) -> object:
     if isinstance(value, bool):  # pydantic's lax mode reads `true` as 1: a seed is a number, not a switch
         raise PydanticCustomError("int_type", "Input should be a valid integer")
     return value
 
 
-def registered(registry: Registry, *extra: str) -> Any:
-    """A `str` field whose value must be a name in `registry` (or one of `extra`), checked like a Literal."""
+def registered(registry: Registry, *extra: str) -> pydantic.AfterValidator:
+    """The check of a `str` field whose value must be a name in `registry` (or one of `extra`), like a Literal's:
+    `Annotated[str, registered(REGISTRY)]`."""
 
     def check(value: str) -> str:
         allowed = (*registry.names(), *extra)
@@ -33,7 +34,7 @@ def registered(registry: Registry, *extra: str) -> Any:
             )
         return value
 
-    return Annotated[str, pydantic.AfterValidator(check)]
+    return pydantic.AfterValidator(check)
 
 
 Seed = Annotated[int, pydantic.BeforeValidator(_not_a_bool), pydantic.Field(ge=0, le=2**32 - 1)]

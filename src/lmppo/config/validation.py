@@ -8,7 +8,7 @@ import dataclasses
 import os
 import re
 import typing
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lmppo.config.env import expand_path, http_headers
 from lmppo.config.fields import from_dict, type_hints
@@ -18,6 +18,8 @@ from lmppo.errors import ConfigError
 from lmppo.registry import GROUP_ADVANTAGE_ESTIMATORS, KL_EXACT
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from lmppo.config.schema import Config, RewardConfig
 
 
@@ -251,7 +253,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
 """Allowed range of float fields (both ends included; the checks of `validate` may be stricter, e.g. > 0)."""
 
 
-def check_floats(obj: Any, prefix: str, generic: str = "") -> None:
+def check_floats(obj: DataclassInstance, prefix: str, generic: str = "") -> None:
     """Every float field of `obj` (sections and lists of sections included) is within FLOAT_RANGES."""
     hints = type_hints(type(obj))
     for f in dataclasses.fields(obj):

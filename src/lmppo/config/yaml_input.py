@@ -12,7 +12,10 @@ becomes gigabytes once anything walks or prints it). `load` here refuses both, b
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import IO, TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from yaml import Node  # PyYAML ships no types: Node is unchecked until types-PyYAML is installed
 
 MAX_NODES = 100_000
 """Nodes of a document with its aliases expanded; a config has a few hundred."""
@@ -26,7 +29,7 @@ class YamlInputError(ValueError):
         self.line = line
 
 
-def _scalar_key(node: Any) -> Optional[tuple]:
+def _scalar_key(node: Node) -> Optional[tuple[str, str]]:
     import yaml
 
     if isinstance(node, yaml.ScalarNode):
@@ -34,7 +37,7 @@ def _scalar_key(node: Any) -> Optional[tuple]:
     return None
 
 
-def _check_duplicates(node: Any) -> None:
+def _check_duplicates(node: Node) -> None:
     import yaml
 
     seen: set[int] = set()
@@ -45,7 +48,7 @@ def _check_duplicates(node: Any) -> None:
             continue
         seen.add(id(n))
         if isinstance(n, yaml.MappingNode):
-            keys: dict[tuple, Any] = {}
+            keys: dict[tuple[str, str], Node] = {}
             for key_node, value_node in n.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     stack.append(value_node)
@@ -67,12 +70,12 @@ def _check_duplicates(node: Any) -> None:
             stack.extend(n.value)
 
 
-def _expanded_size(root: Any, limit: int) -> int:
+def _expanded_size(root: Node, limit: int) -> int:
     """Nodes of the document with every alias expanded (shared nodes counted at each use), without expanding."""
     size: dict[int, int] = {}
     on_path: set[int] = set()
     # iterative post-order walk: (node, children pushed?)
-    stack: list[tuple[Any, bool]] = [(root, False)]
+    stack: list[tuple[Node, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
         key = id(node)
@@ -100,7 +103,7 @@ def _expanded_size(root: Any, limit: int) -> int:
     return size[id(root)]
 
 
-def _children(node: Any) -> list:
+def _children(node: Node) -> list[Node]:
     import yaml
 
     if isinstance(node, yaml.MappingNode):
@@ -110,7 +113,7 @@ def _children(node: Any) -> list:
     return []
 
 
-def load(stream: Any) -> Any:
+def load(stream: str | IO[str]) -> object:
     """One YAML document from `stream` (text or a file), safely: only plain data, no duplicate keys, bounded size.
     Raises yaml.YAMLError for malformed YAML and YamlInputError for the refusals above."""
     import yaml
