@@ -34,6 +34,7 @@ from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, re
 from lmppo.models.precision import choose_precision
 from lmppo.rewards import SourceContext, build_reward_sources
 from lmppo.run.storage import write_json
+from lmppo.sampling.stop import stop_token_ids
 
 # ----------------------------------------------------------------------------- loading
 
@@ -145,21 +146,6 @@ def _full_weights(mc: Any) -> Any:
 def adapters_off(policy: nn.Module) -> Iterator[nn.Module]:
     with policy.disable_adapter():
         yield policy
-
-
-def stop_token_ids(tokenizer: Any, stop_token: str) -> torch.Tensor:
-    """The stop token ids of `rollout.stop_token` (as the trainer resolves them)."""
-    if stop_token == "none":
-        return torch.zeros(0, dtype=torch.long)
-    if stop_token == "eos":
-        eos = tokenizer.eos_token_id
-        if eos is None:
-            raise LmppoError("rollout.stop_token is `eos` but the tokenizer has no eos token")
-        return torch.tensor([eos] if isinstance(eos, int) else list(eos), dtype=torch.long)
-    ids = tokenizer.encode(stop_token, add_special_tokens=False)
-    if len(ids) != 1:
-        raise LmppoError(f"rollout.stop_token {stop_token!r} is not a single token of this tokenizer")
-    return torch.tensor(ids, dtype=torch.long)
 
 
 def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[int]], list[str], bool]:
@@ -359,7 +345,7 @@ def eval_plan(
         sources=sources,
         temperature=r.temperature,
         max_new_tokens=r.max_new_tokens,
-        stop_ids=stop_token_ids(tokenizer, r.stop_token),
+        stop_ids=stop_token_ids(r.stop_token, tokenizer),
         seed=seed,
         backend="hf" if r.backend == "hf" else "native",
         batch_size=cfg.no_grad_batch_size,

@@ -51,6 +51,7 @@ from lmppo.rewards.http_url import check_reward_urls
 from lmppo.run.folder import prepare_output_dir
 from lmppo.sampling.engines import SamplingEngine
 from lmppo.sampling.hf import warn_distorting_once
+from lmppo.sampling.stop import stop_token_ids
 from lmppo.training.preflight import check_machine
 
 
@@ -146,7 +147,7 @@ def build_components(
     )
     _check_context_length(cfg, policy)
     check_vocab_fits(tokenizer, policy, "model.tokenizer" if cfg.model.tokenizer else "model.policy")
-    stop_ids = stop_token_ids(cfg, tokenizer, device)
+    stop_ids = stop_token_ids(cfg.rollout.stop_token, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
     if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
         critic = Critic(value_model.eval())
@@ -254,31 +255,6 @@ def check_process_split(cfg: Config, W: int) -> None:
             cfg.ppo.micro_batch_size,
             f"must divide each process's share of a minibatch ({cfg.minibatch_size} / {W} processes)",
         )
-
-
-def stop_token_ids(cfg: Config, tokenizer: Any, device: torch.device) -> torch.Tensor:
-    """(S,) the ids of `rollout.stop_token` (`eos`: the tokenizer's eos ids; `none`: no stop token)."""
-    stop = cfg.rollout.stop_token
-    if stop == "none":
-        ids: list[int] = []
-    elif stop == "eos":
-        eos = tokenizer.eos_token_id
-        if eos is None:
-            raise ConfigError("rollout.stop_token", stop, "the tokenizer has no eos token; name a token string")
-        ids = [eos] if isinstance(eos, int) else list(eos)
-    else:
-        tid = tokenizer.convert_tokens_to_ids(stop)
-        if tid is None or tid == tokenizer.unk_token_id:
-            encoded = tokenizer.encode(stop, add_special_tokens=False)
-            if len(encoded) != 1:
-                raise ConfigError(
-                    "rollout.stop_token",
-                    stop,
-                    f"is not a single token of this tokenizer (it encodes to {len(encoded)} tokens)",
-                )
-            tid = encoded[0]
-        ids = [tid]
-    return torch.tensor(ids, dtype=torch.long, device=device)
 
 
 def critic_init_path(cfg: Config) -> Optional[str]:

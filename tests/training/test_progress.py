@@ -1,0 +1,33 @@
+"""Training progress (lmppo.training.progress): one plain line per iteration when the console is not a terminal."""
+
+import io
+
+from rich.console import Console
+
+from lmppo.training.progress import ProgressDisplay
+
+METRICS = {
+    "objective/scores": 0.5,
+    "objective/kl": 3.25,
+    "objective/kl_coef": 0.0184,
+    "response/length_mean": 23.5,
+    "eps": 3.5,
+    "objective/rlhf_reward": 0.48,
+    "val/ratio": 1.002,
+}
+
+
+def test_a_log_file_gets_one_whole_line_per_iteration():
+    out = io.StringIO()
+    console = Console(file=out, width=60, highlight=False)  # narrower than the line: it must not wrap
+    display = ProgressDisplay()
+    display.show(console, live=True, iteration=0, total=4, episode=0, train_seconds=0.0, m=None)
+    display.show(console, live=True, iteration=2, total=4, episode=64, train_seconds=30.0, m=METRICS)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("iter 2/4 episode 64  score +0.500  kl 3.25  beta 0.0184  len 23.5  3.50 eps")
+    assert "~0:30 left" in lines[0] and "ratio 1.002" in lines[0]  # 15 s per iteration, two to go
+
+
+def test_no_console_prints_nothing():
+    ProgressDisplay().show(None, live=False, iteration=1, total=1, episode=1, train_seconds=1.0, m=METRICS)
