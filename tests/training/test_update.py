@@ -29,6 +29,8 @@ def test_the_loss_kl_term_follows_estimator_and_placement():
     for placement in ("loss", "both"):
         cfg.kl.placement = placement
         assert loss_kl_estimator(cfg) == "k3"  # whatever kl.estimator (k1 here) says for the rewards
+    cfg.kl.loss_estimator = "k2"
+    assert loss_kl_estimator(cfg) == "k2"
     cfg.kl.placement, cfg.kl.estimator = "reward", "exact"
     assert loss_kl_estimator(cfg) == "exact"
 

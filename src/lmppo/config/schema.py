@@ -296,6 +296,10 @@ class KLConfig(_Section):
     placement: Literal["reward", "loss", "both"] = "reward"
     """Where the KL acts: `reward` (per-token penalty in the rewards, as in Ziegler et al. 2019), `loss` (a
     loss term on the current policy), or `both`."""
+    loss_estimator: Literal["k3", "k2"] = "k3"
+    """With placement `loss` / `both` (and `estimator` not `exact`): the loss term's per-token estimator, which acts
+    through its gradient: `k3` (the gradient of KL(pi_ref || pi), never negative per token, as in GRPO) or `k2` (its
+    gradient on the policy's own samples is that of KL(pi || pi_ref)). No `k1`: its gradient is zero on average."""
     controller: Annotated[str, registered(KL_CONTROLLERS)] = "pi"
     """How beta moves so the KL per response holds `target`: `pi` (proportional-integral control of log beta,
     reacts within a few iterations: see `kp`, `ki`, `kd`), `adaptive` (Ziegler et al. 2019: at most

@@ -21,13 +21,6 @@ from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
 from lmppo.core.masking import masked_mean
 
-LOSS_KL_ESTIMATOR = "k3"
-"""The per-token estimator of the KL term in the loss, whatever `kl.estimator` says for the rewards (`exact`
-aside, which is a loss term of its own). As a loss, an estimator counts through its gradient, not its value:
-k1's gradient is grad log pi, zero in expectation, so a k1 loss term would not pull toward the reference at all;
-k3's, (1 - pi_ref / pi) grad log pi, is the gradient of KL(pi_ref || pi), and k3 is never negative per token
-(as in GRPO, Shao et al. 2024)."""
-
 STAT_NAMES = {
     "kl": "loss/kl_avg",
     "policy": "loss/policy_avg",

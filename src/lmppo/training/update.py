@@ -10,7 +10,7 @@ import torch
 
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
-from lmppo.core.objective import LOSS_KL_ESTIMATOR, ppo_objective
+from lmppo.core.objective import ppo_objective
 from lmppo.errors import TrainingError
 from lmppo.models.loading import PolicyOutput
 from lmppo.training.metrics import MetricsAccumulator
@@ -45,11 +45,11 @@ def trim(batch: Rollout) -> tuple[Rollout, int]:
 
 
 def loss_kl_estimator(cfg: Config) -> str | None:
-    """The KL term of the loss: `exact` with either placement, else `LOSS_KL_ESTIMATOR` with placement loss / both,
+    """The KL term of the loss: `exact` with either placement, else `kl.loss_estimator` with placement loss / both,
     else None (no term)."""
     if cfg.kl.estimator == "exact":
         return "exact"
-    return LOSS_KL_ESTIMATOR if cfg.kl.placement in ("loss", "both") else None
+    return cfg.kl.loss_estimator if cfg.kl.placement in ("loss", "both") else None
 
 
 def micro_batch_objective(
