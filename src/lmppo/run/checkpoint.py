@@ -9,7 +9,7 @@ import os
 import shutil
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Mapping, Optional, cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -23,6 +23,11 @@ from lmppo.run.folder import checkpoint_name, checkpoints_dir, list_checkpoints,
 from lmppo.run.manifest import FORMAT, prune_checkpoints, write_json, write_manifest
 from lmppo.run.state import RngState, TrainingState
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+
+    from lmppo.distributed.strategy import Strategy
+
 
 @dataclass
 class ModelParts:
@@ -30,8 +35,8 @@ class ModelParts:
 
     modules: dict[str, Optional[nn.Module]]  # "actor." / "critic." -> the module as trained (unwrapped), or None
     engine: nn.Module  # the actor as wrapped: DeepSpeed's engine writes and reads its own shards
-    strategy: Any  # lmppo.distributed.strategy.Strategy
-    accelerator: Any  # accelerate.Accelerator
+    strategy: Strategy
+    accelerator: Accelerator
     reference_partitioned: bool  # ZeRO-3 partitions a moving reference: one file per process
 
 
@@ -64,11 +69,11 @@ def frozen_fingerprint(modules: dict[str, Optional[nn.Module]]) -> str:
                 continue
             t = p.detach().cpu().contiguous()
             h.update(f"{prefix}{name}:{t.dtype}:{tuple(t.shape)};".encode())
-            h.update(t.reshape(-1).view(torch.uint8).numpy())
+            h.update(t.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]  # numpy's stubs: no buffer protocol
     return h.hexdigest()
 
 
-def _split_tensors(obj: Any, prefix: str, tensors: dict) -> Any:
+def _split_tensors(obj: object, prefix: str, tensors: dict[str, torch.Tensor]) -> object:
     """Nested dict/list with tensor leaves -> the same with `{"__tensor__": key}` placeholders; tensors into
     `tensors`."""
     if isinstance(obj, torch.Tensor):
@@ -82,7 +87,7 @@ def _split_tensors(obj: Any, prefix: str, tensors: dict) -> Any:
     return obj
 
 
-def _join_tensors(obj: Any, tensors: dict) -> Any:
+def _join_tensors(obj: object, tensors: Mapping[str, torch.Tensor]) -> object:
     if isinstance(obj, dict):
         if set(obj) == {"__tensor__"}:
             return tensors[obj["__tensor__"]]
@@ -126,7 +131,7 @@ def _write_rng(folder: str, rank: int, state: TrainingState) -> None:
     rng = state.rng
     tensors = {"torch_cpu": rng.torch_cpu, "update_generator": state.update_generator}
     tensors.update({f"cuda_{i}": t for i, t in enumerate(rng.cuda)})
-    info: dict[str, Any] = {"python": rng.python, "score_moments": state.score_moments}  # this process's moments
+    info: dict[str, object] = {"python": rng.python, "score_moments": state.score_moments}  # this process's moments
     if rng.numpy is not None:
         info["numpy"] = rng.numpy
     save_file(tensors, os.path.join(folder, f"rng-rank{rank}.safetensors"))
@@ -165,8 +170,8 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
         # every process writes its own part: RNG streams, reference shards (ZeRO-3), model and optimizer shards
         rank = acc.process_index
         _write_rng(tmp, rank, state)
-        reference_tensors: dict = {}
-        reference_state: dict = {}
+        reference_tensors: dict[str, torch.Tensor] = {}
+        reference_state: object = {}
         if main or parts.reference_partitioned:
             reference_state = _split_tensors(state.reference, "", reference_tensors)
         if reference_tensors and parts.reference_partitioned:
@@ -309,7 +314,7 @@ def read_checkpoint(path: str, parts: ModelParts) -> TrainingState:
         # each process's own moments (older checkpoints: process 0's, from state.json)
         score_moments=info.get("score_moments", saved["score_moments"]),
         scheduler=saved["scheduler"],
-        reference=_join_tensors(saved.get("reference", {}), reference_tensors),
+        reference=cast("dict[str, object]", _join_tensors(saved.get("reference", {}), reference_tensors)),  # a dict in
         update_generator=tensors["update_generator"],
         rng=RngState(tensors["torch_cpu"], cuda, info["python"], info.get("numpy")),
         frozen_fingerprint=saved.get("frozen_fingerprint", ""),

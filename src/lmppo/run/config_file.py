@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from typing import Sequence
 
 import lmppo.config.schema as config_module
 import lmppo.run.storage as storage
@@ -22,30 +22,34 @@ def _config_field_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def _redact(value: Any, known: frozenset[str]) -> Any:
+def _redact(value: object, known: frozenset[str]) -> object:
     if isinstance(value, str):
         return redact_text(value)
     if isinstance(value, (list, tuple)):
         return [_redact(v, known) for v in value]
     if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            secret_key = isinstance(k, str) and k not in known and _SECRET_KEY.search(k)
-            env_only = isinstance(v, str) and is_env_template(v)  # `Bearer ${TOKEN}`: no secret in the text
-            out[k] = MASK if secret_key and v not in (None, "", False) and not env_only else _redact(v, known)
-        return out
+        return _redact_mapping(value, known)
     return value
 
 
-def redacted_config_dict(cfg: Config | dict) -> dict:
+def _redact_mapping(value: dict[str, object], known: frozenset[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in value.items():
+        secret_key = isinstance(k, str) and k not in known and _SECRET_KEY.search(k)
+        env_only = isinstance(v, str) and is_env_template(v)  # `Bearer ${TOKEN}`: no secret in the text
+        out[k] = MASK if secret_key and v not in (None, "", False) and not env_only else _redact(v, known)
+    return out
+
+
+def redacted_config_dict(cfg: Config | dict[str, object]) -> dict[str, object]:
     """The config as a plain dict, safe to write to files and trackers: credentials in URLs and strings masked
     (see `redact_text`), and values under secret-looking keys of free-form mappings (e.g. a `token` in
     rollout.generation_kwargs) replaced by `***`. Config fields themselves (`stop_token`, ...) are kept."""
     data = cfg if isinstance(cfg, dict) else cfg.to_dict()
-    return _redact(copy.deepcopy(data), _config_field_names())
+    return _redact_mapping(copy.deepcopy(data), _config_field_names())
 
 
-def masked_fields(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+def masked_fields(data: object, prefix: str = "") -> list[tuple[str, str]]:
     """(dotted name, value) of the string leaves of a config dict that hold a mask."""
     out: list[tuple[str, str]] = []
     if isinstance(data, dict):

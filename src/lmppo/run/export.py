@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 import warnings
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from safetensors.torch import save_file
+from torch import nn
 
 from lmppo.config import Config, ModelConfig, hub_repo_id
 from lmppo.models.loading import is_peft_model, save_merged
@@ -17,13 +18,17 @@ from lmppo.run.config_file import redacted_config_dict
 from lmppo.run.model_card import HeldoutRows, card_text
 from lmppo.run.storage import atomic_dir
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-def writes_merged(model: ModelConfig, policy: Any) -> bool:
+
+def writes_merged(model: ModelConfig, policy: nn.Module) -> bool:
     """Whether final/ gets policy-merged: `model.lora.save_merged` on a LoRA policy, not on a 4-bit base."""
     return bool(model.lora.save_merged and is_peft_model(policy) and not model.load_in_4bit)
 
 
-def warn_unmerged(model: ModelConfig, policy: Any) -> None:
+def warn_unmerged(model: ModelConfig, policy: nn.Module) -> None:
     """The warning that `model.lora.save_merged` gives no merged policy for a 4-bit base."""
     if model.lora.save_merged and model.load_in_4bit and is_peft_model(policy):
         warnings.warn(
@@ -35,10 +40,10 @@ def warn_unmerged(model: ModelConfig, policy: Any) -> None:
 
 def export_model(
     directory: str,
-    policy: Any,
-    tokenizer: Any,
-    value_model: Any = None,
-    value_head: Any = None,
+    policy: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    value_model: Optional[PreTrainedModel] = None,
+    value_head: Optional[nn.Module] = None,
     keep: str = "",
     merged: bool = False,
     cards: Optional[Callable[[str], str]] = None,
@@ -66,13 +71,14 @@ def export_model(
         if value_model is not None:
             value_model.save_pretrained(os.path.join(tmp, "value"), safe_serialization=True)
         else:
+            assert value_head is not None, "export_model needs value_model or value_head"
             os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
             save_file(
                 {k: v.contiguous() for k, v in value_head.state_dict().items()},
                 os.path.join(tmp, "value", "value_head.safetensors"),
             )
         for folder in ("policy", "policy-merged", "value") if cards is not None else ():
-            if os.path.isdir(os.path.join(tmp, folder)):  # (replaces the card peft writes for an adapter)
+            if cards is not None and os.path.isdir(os.path.join(tmp, folder)):  # (replaces peft's card of an adapter)
                 with open(os.path.join(tmp, folder, "README.md"), "w", encoding="utf-8") as fh:
                     fh.write(cards(folder))
 
@@ -80,10 +86,10 @@ def export_model(
 def export_final(
     directory: str,
     config: Config,
-    policy: Any,
-    tokenizer: Any,
-    value_head: Any,
-    value_model: Any,
+    policy: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    value_head: Optional[nn.Module],
+    value_model: Optional[PreTrainedModel],
     base_model: str,
     cards: Callable[[str], str],
 ) -> None:
@@ -106,7 +112,7 @@ def final_card(
     folder: str,
     config: Config,
     base_model: str,
-    policy: Any,
+    policy: nn.Module,
     iterations: int,
     rewards: Sequence[tuple[str, float]],
     prompt_source: str,

@@ -12,7 +12,7 @@ import json
 import os
 import shutil
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import lmppo.run.ownership as ownership
 import lmppo.run.storage as storage
@@ -26,7 +26,7 @@ REQUIRED_FILES = ("state.json", "trained.safetensors", "optimizer.pt")
 """Files every checkpoint of whole tensors lists (a sharded one: `required_files`)."""
 
 
-def write_json(path: str, obj: Any) -> None:
+def write_json(path: str, obj: object) -> None:
     """`obj` as JSON into `path`, flushed to disk (inside a checkpoint's temporary folder)."""
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(obj, fh, indent=1, allow_nan=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import yaml
 
@@ -125,7 +125,7 @@ def card_text(
     `rewards`: (name, weight) of the run's reward sources (default: the config's); `prompts`: where the prompts
     came from (default: `data.prompts`)."""
     library, what = _what(folder, adapter, merged)
-    meta: dict[str, Any] = {"library_name": library}
+    meta: dict[str, object] = {"library_name": library}
     repo = hub_repo_id(base_model) if base_model else None
     if repo:
         meta["base_model"] = repo

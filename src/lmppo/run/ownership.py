@@ -82,7 +82,8 @@ def survey(output_dir: str) -> tuple[list[str], list[str]]:
     (a run that stopped before writing anything else) is not listed."""
     present = [n for n in ARTIFACTS if os.path.lexists(os.path.join(output_dir, n))]
     mine = recorded(output_dir)
-    own, foreign = [], []
+    own: list[str] = []
+    foreign: list[str] = []
     for name in present:
         is_own = name in mine if mine is not None else _looks_own(output_dir, name)
         if name == "config.yaml" and not is_own and _is_own_config(os.path.join(output_dir, name)):
@@ -122,7 +123,8 @@ def write_listing(folder: str, files: list[str] | None = None) -> None:
     parent, name = os.path.split(os.path.normpath(os.path.abspath(folder)))
     data = _record(parent)
     if "files" in data:
-        inside = data.get("inside") if isinstance(data.get("inside"), dict) else {}
+        inside = data.get("inside")
+        inside = inside if isinstance(inside, dict) else {}
         _write_record(parent, {**data, "inside": {**inside, name: _files(folder) if files is None else files}})
 
 

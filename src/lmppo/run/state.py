@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional, cast
 
 import torch
 
@@ -28,7 +28,11 @@ class RngState:
         try:
             import numpy as np
 
-            name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+            legacy = cast(
+                "tuple[str, np.ndarray[tuple[int], np.dtype[np.uint32]], int, int, float]",
+                np.random.get_state(legacy=True),
+            )  # legacy=True: always the tuple form
+            name, keys, pos, has_gauss, cached = legacy
             state.numpy = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
         except ImportError:  # pragma: no cover
             pass
@@ -74,9 +78,9 @@ class TrainingState:
     rng: RngState
     frozen_fingerprint: str  # sha256 of the weights training does not change (`lmppo.run.checkpoint`)
     optimizer: Optional[dict] = None  # the optimizer's state_dict; None where DeepSpeed's shards hold it
-    config: dict[str, Any] = field(default_factory=dict)  # the run's config, secrets masked (as saved)
+    config: dict[str, object] = field(default_factory=dict)  # the run's config, secrets masked (as saved)
 
-    def counters(self) -> dict[str, Any]:
+    def counters(self) -> dict[str, object]:
         """The JSON part of state.json that is the trainer's own (the names are the checkpoint format's)."""
         return {
             "iteration": self.iteration,

@@ -22,7 +22,7 @@ import re
 import shutil
 import uuid
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Callable, Iterator, Optional
 
 from lmppo.errors import LmppoError, StorageError
 
@@ -258,9 +258,17 @@ def write_text(path: str, text: str, what: str, keep: str = "") -> None:
             fh.flush()
 
 
-def write_json(path: str, obj: Any, what: str, keep: str = "", **dump_kwargs: Any) -> None:
-    """`path` holds `obj` as JSON, written atomically (serialised first: a value JSON cannot hold writes nothing)."""
-    write_text(path, json.dumps(obj, **dump_kwargs), what, keep)
+def write_json(
+    path: str,
+    obj: object,
+    what: str,
+    keep: str = "",
+    indent: Optional[int] = None,
+    default: Optional[Callable[[object], object]] = None,
+) -> None:
+    """`path` holds `obj` as JSON, written atomically (serialised first: a value JSON cannot hold writes nothing);
+    `indent`, `default`: as json.dumps."""
+    write_text(path, json.dumps(obj, indent=indent, default=default), what, keep)
 
 
 def _cut_torn_tail(fd: int, size: int) -> int:
