@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   installs everything into .venv, then runs the main job (`lmppo train`, built-in default recipe)
 #   make test    installs everything into .venv, then runs `make lint` and the test suite
-#   make lint    ruff format --check, ruff check (line length, import order), and lint-imports (the layer and no-cycle contracts in pyproject.toml)
+#   make lint    ruff format --check, ruff check (line length, import order), lint-imports (the layer and no-cycle contracts
+#                in pyproject.toml) and mypy (the packages [tool.mypy] lists, no explicit Any in them)
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -29,6 +30,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	PYTHONPATH=src $(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 test: $(STAMP) lint
 	$(PY) -m pytest $(ARGS)
