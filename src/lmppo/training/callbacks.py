@@ -26,9 +26,12 @@ and `trainer.stop()` is the one control (`control.should_training_stop`).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Iterable
 
 from lmppo.errors import LmppoError
+
+if TYPE_CHECKING:
+    from lmppo.training.trainer import PPOTrainer
 
 HOOKS = ("on_train_begin", "on_evaluate", "on_log", "on_iteration_end", "on_save", "on_train_end")
 
@@ -36,27 +39,32 @@ HOOKS = ("on_train_begin", "on_evaluate", "on_log", "on_iteration_end", "on_save
 class Callback:
     """Base class: every hook does nothing. Override the ones you need (see the module docstring)."""
 
-    def on_train_begin(self, trainer: Any) -> None: ...
+    def on_train_begin(self, trainer: PPOTrainer) -> None: ...
 
-    def on_evaluate(self, trainer: Any, metrics: dict[str, float]) -> None: ...
+    def on_evaluate(self, trainer: PPOTrainer, metrics: dict[str, float]) -> None: ...
 
-    def on_log(self, trainer: Any, metrics: dict[str, float]) -> None: ...
+    def on_log(self, trainer: PPOTrainer, metrics: dict[str, float]) -> None: ...
 
-    def on_iteration_end(self, trainer: Any, metrics: dict[str, float]) -> None: ...
+    def on_iteration_end(self, trainer: PPOTrainer, metrics: dict[str, float]) -> None: ...
 
-    def on_save(self, trainer: Any, path: str) -> None: ...
+    def on_save(self, trainer: PPOTrainer, path: str) -> None: ...
 
-    def on_train_end(self, trainer: Any, history: list[dict[str, float]]) -> None: ...
+    def on_train_end(self, trainer: PPOTrainer, history: list[dict[str, float]]) -> None: ...
 
 
 class CallbackList:
     """Calls a hook on every callback, in the order given. A callback need not subclass `Callback`: any object
     with some of the hook methods works (the others are skipped)."""
 
-    def __init__(self, callbacks: Optional[Iterable[Any]] = None):
-        if callbacks is not None and (isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable)):
-            callbacks = [callbacks]
-        self.callbacks: list[Any] = list(callbacks or [])
+    def __init__(self, callbacks: object = None):
+        items: Iterable[object]
+        if callbacks is None:
+            items = []
+        elif isinstance(callbacks, (str, bytes)) or not isinstance(callbacks, Iterable):
+            items = [callbacks]
+        else:
+            items = callbacks
+        self.callbacks: list[object] = list(items)
         for i, cb in enumerate(self.callbacks):
             if isinstance(cb, type):
                 raise LmppoError(f"callbacks[{i}] is the class {cb.__name__}, not an instance: pass {cb.__name__}()")
@@ -66,16 +74,16 @@ class CallbackList:
     def __len__(self) -> int:
         return len(self.callbacks)
 
-    def add(self, callback: Any) -> None:
+    def add(self, callback: object) -> None:
         self.callbacks.append(callback)
 
-    def call(self, hook: str, *args: Any) -> None:
+    def call(self, hook: str, *args: object) -> None:
         for cb in self.callbacks:
             fn = getattr(cb, hook, None)
             if callable(fn):
                 fn(*args)
 
 
-def callback_list(callbacks: Optional[Sequence[Any]]) -> CallbackList:
+def callback_list(callbacks: object) -> CallbackList:
     """`callbacks` as a CallbackList (one callback, a list of them, or None)."""
     return callbacks if isinstance(callbacks, CallbackList) else CallbackList(callbacks)

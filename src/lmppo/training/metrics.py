@@ -13,7 +13,7 @@ import math
 import os
 import warnings
 from collections import defaultdict
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Optional, TypeVar
 
 import torch
 
@@ -23,6 +23,12 @@ from lmppo.core.masking import masked_sum
 from lmppo.errors import LmppoError
 from lmppo.registry import TRACKERS
 from lmppo.run.config_file import redacted_config_dict
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from lmppo.config import Config
 
 
 class MetricsAccumulator:
@@ -64,7 +70,10 @@ class MetricsAccumulator:
 
 
 # ----------------------------------------------------------------------------- trackers
-def register_tracker(name: str) -> Callable[[Any], Any]:
+TrackerClass = TypeVar("TrackerClass", bound="type[Tracker]")
+
+
+def register_tracker(name: str) -> Callable[[TrackerClass], TrackerClass]:
     """Add a tracker class to `lmppo.registry.TRACKERS` (a name taken twice is refused)."""
     return TRACKERS.register(name)
 
@@ -79,7 +88,7 @@ class Tracker:
         return cls.package if cls.package and importlib.util.find_spec(cls.package) is None else ""
 
     def log(self, metrics: dict[str, float], step: int) -> None: ...
-    def log_table(self, rows: list[dict[str, Any]], step: int) -> None: ...
+    def log_table(self, rows: list[dict[str, object]], step: int) -> None: ...
     def close(self) -> None: ...
 
 
@@ -171,7 +180,7 @@ class TrackioTracker(Tracker):
         self.run.finish()
 
 
-def _cell(v: Any) -> Any:
+def _cell(v: object) -> object:
     return v if isinstance(v, (int, float, str)) else str(v)
 
 
@@ -218,9 +227,9 @@ class AccelerateTracker(Tracker):
         self.tracker.finish()
 
 
-def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+def _flatten(config: dict[str, object], prefix: str = "") -> dict[str, object]:
     """{"ppo": {"lr": 1}} -> {"ppo.lr": 1}; lists and other values as strings unless plain numbers/strings."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for k, v in config.items():
         if isinstance(v, dict):
             out.update(_flatten(v, f"{prefix}{k}."))
@@ -312,7 +321,7 @@ class MetricsLogger:
         for t in self.trackers:
             t.log(metrics, step)
 
-    def log_samples(self, rows: list[dict[str, Any]], step: int, title: str) -> None:
+    def log_samples(self, rows: list[dict[str, object]], step: int, title: str) -> None:
         storage.append_lines(
             self.samples_path,
             [json.dumps({"episode": step, **r}, default=str) for r in rows],
@@ -329,13 +338,13 @@ class MetricsLogger:
             t.close()
 
 
-def _jsonable(v: Any) -> Any:
+def _jsonable(v: object) -> object:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     return v
 
 
-def sample_table(rows: list[dict[str, Any]], title: str):
+def sample_table(rows: list[dict[str, object]], title: str) -> Table:
     from rich.table import Table
 
     table = Table(title=title, show_lines=True)
@@ -369,7 +378,7 @@ def warn_negative_kl(
     )
 
 
-def open_logger(cfg: Any, console: Any, append: bool) -> "MetricsLogger":
+def open_logger(cfg: Config, console: Optional[Console], append: bool) -> "MetricsLogger":
     """The run's metrics logger: metrics.jsonl and samples.jsonl in `cfg.output_dir` and the trackers of
     `log.trackers`, told the config (secrets masked); `append`: a resumed run continues the files."""
     name = os.path.basename(os.path.abspath(cfg.output_dir))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import atexit
-from typing import Any, Optional
+from typing import Optional
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 
 class ProgressDisplay:
@@ -17,11 +18,11 @@ class ProgressDisplay:
 
     def __init__(self) -> None:
         self.bar: Optional[Progress] = None  # the live bar, once started
-        self.task: Any = None
+        self.task: Optional[TaskID] = None
 
     def show(
         self,
-        console: Any,
+        console: Optional[Console],
         live: bool,
         iteration: int,
         total: int,
@@ -67,7 +68,7 @@ class ProgressDisplay:
             bar.start()
             atexit.register(bar.stop)  # the cursor comes back even if training stops with an error
             self.bar = bar
-        if m is not None:
+        if m is not None and self.task is not None:
             bar.update(self.task, completed=iteration, stats=stats)
         if iteration >= total:
             bar.stop()
