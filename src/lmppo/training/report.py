@@ -3,9 +3,11 @@ the held-out evaluation's `eval/*` and the rows of the sample table."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
+from torch import nn
 
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
@@ -14,6 +16,13 @@ from lmppo.data.prompts import PromptSet
 from lmppo.evaluation.heldout import sample_and_score
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import ScoredRollout, TokenRewards
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from lmppo.distributed.strategy import Strategy
+    from lmppo.models.reference import ReferencePolicy
+    from lmppo.rewards import RewardSource
 
 UPDATE_STATS = (
     "loss/policy_avg",
@@ -36,7 +45,7 @@ def iteration_metrics(
     stats: MetricsAccumulator,
     phase_seconds: dict[str, float],
     config: Config,
-    strategy: Any,
+    strategy: Strategy,
     counters: dict[str, float],
     kl_coef: float,
     distorting: bool,
@@ -93,15 +102,20 @@ def iteration_metrics(
 
 
 def sample_rows(
-    rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards, tokenizer: Any, num_samples: int, token_stats: bool
-) -> list[dict[str, Any]]:
+    rollout: Rollout,
+    scored: ScoredRollout,
+    rewards: TokenRewards,
+    tokenizer: PreTrainedTokenizerBase,
+    num_samples: int,
+    token_stats: bool,
+) -> list[dict[str, object]]:
     """The first `num_samples` episodes as sample-table rows: prompt, response, score (and with `token_stats`, the
     KL and entropy of every response token)."""
     n = min(num_samples, rollout.batch_size)
     scores = scored.token_scores.sum(1)
     rows = []
     for i in range(n):
-        row: dict[str, Any] = {
+        row: dict[str, object] = {
             "prompt": (rollout.prompts_shown or rollout.prompts_text)[i],
             "response": rollout.responses_text[i],
             "score": float(scores[i]),
@@ -120,14 +134,14 @@ def sample_rows(
 
 
 def heldout_metrics(
-    policy: Any,
+    policy: nn.Module,
     held: PromptSet,
     cfg: Config,
-    tokenizer: Any,
-    sources: Sequence[Any],
+    tokenizer: PreTrainedTokenizerBase,
+    sources: Sequence[RewardSource],
     stop_ids: torch.Tensor,
-    reference: Any,
-    autocast: Callable[[], Any],
+    reference: ReferencePolicy,
+    autocast: Callable[[], AbstractContextManager[object]],
 ) -> dict[str, float]:
     """`eval/*`: one response per held-out prompt of `held` from `policy`, sampled on the evaluation's own random
     streams (the training draws are untouched), scored by every source, with its KL to the reference and its length

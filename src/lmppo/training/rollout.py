@@ -3,7 +3,7 @@ logprobs, reference logprobs and values of the rollout's weights (the sampling i
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, TypedDict
 
 import torch
 
@@ -18,9 +18,29 @@ from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class RolloutPasses(TypedDict):
+    """`rollout_passes`'s tensors (shapes there)."""
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor
+    values: torch.Tensor
+    entropy: Optional[torch.Tensor]
+    ref_logits: Optional[torch.Tensor]
+    exact_kl: Optional[torch.Tensor]
+
 
 def prompt_batch(
-    indices: list[int], prompt_set: PromptSet, cfg: Config, iteration: int, first_row: int, pad_id: int, device: Any
+    indices: list[int],
+    prompt_set: PromptSet,
+    cfg: Config,
+    iteration: int,
+    first_row: int,
+    pad_id: int,
+    device: torch.device,
 ) -> tuple[PromptBatch, torch.Tensor]:
     """This process's prompts `indices` (each already repeated `num_samples_per_prompt` times) as a left-padded
     batch with a seed per response, and (B,) the group id of each row (rows of one prompt share it); `first_row`:
@@ -60,13 +80,18 @@ def rollout_passes(
     reference_logits: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
     policy_and_values: Callable[[torch.Tensor, torch.Tensor, int], PolicyOutput],
     chunk: int,
-) -> dict[str, Optional[torch.Tensor]]:
+) -> RolloutPasses:
     """The rollout's forward passes over chunks of `chunk` rows: `logprobs`, `ref_logprobs` (B, R), `values`
     (B, R + 1), `entropy` (B, R) with `log.token_stats`, and `ref_logits` (B, R, V) and `exact_kl` (B, R) with
     `kl.estimator: exact`, each None when not computed. R: the response width; P = input width - R."""
     P = input_ids.shape[1] - response_ids.shape[1]
     exact = cfg.kl.estimator == "exact"
-    logprobs, ref_logprobs, values, entropies, ref_logits, exact_kls = [], [], [], [], [], []
+    logprobs: list[torch.Tensor] = []
+    ref_logprobs: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    entropies: list[torch.Tensor] = []
+    ref_logits: list[torch.Tensor] = []
+    exact_kls: list[torch.Tensor] = []
     for s in range(0, input_ids.shape[0], chunk):
         ids, att, resp = input_ids[s : s + chunk], attention_mask[s : s + chunk], response_ids[s : s + chunk]
         with torch.inference_mode():  # first: a LoRA reference adapter is swapped in place, which would
@@ -81,6 +106,7 @@ def rollout_passes(
             if exact:
                 ref_logits.append(ref)
                 exact_kls.append(exact_kl(out.logits, ref, chunk_size=64))
+            assert out.values is not None, "policy_and_values returns values"
             values.append(out.values)
         del ref
     # clone out of inference mode: these tensors enter the loss as constants
@@ -94,20 +120,20 @@ def rollout_passes(
     }
 
 
-def completion_text(tokenizer: Any, ids: torch.Tensor, terminated: bool) -> str:
+def completion_text(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, terminated: bool) -> str:
     """The text of a response's token ids, without its stop token when it ended on one."""
-    ids = ids.tolist()
-    return decode_completion(tokenizer, ids[:-1] if terminated else ids)
+    tokens: list[int] = ids.tolist()
+    return decode_completion(tokenizer, tokens[:-1] if terminated else tokens)
 
 
 def build_rollout(
     prompts: PromptBatch,
-    responses: tuple,
-    passes: dict[str, Optional[torch.Tensor]],
+    responses: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    passes: RolloutPasses,
     group_ids: torch.Tensor,
     index: list[int],
     prompt_set: PromptSet,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
 ) -> Rollout:
     """The `Rollout` of a batch: prompts `index` of `prompt_set`, `responses` (response_ids, response_mask,
     terminated, truncated) from the sampling engine, `passes` from `rollout_passes`; every per-token tensor 0 past

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -21,6 +21,9 @@ from lmppo.core.rewards import (
     unfinished_scores,
 )
 from lmppo.rewards import RewardSource, score_rollout
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -46,7 +49,7 @@ class TokenRewards:
 def score(
     rollout: Rollout,
     sources: Sequence[RewardSource],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     rc: RewardConfig,
     score_moments: RunningMoments,
     device: torch.device,
@@ -99,6 +102,7 @@ def score(
 def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
     """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end."""
     if estimator == "exact":
+        assert rollout.exact_kl is not None, "kl.estimator `exact`: the rollout holds exact_kl"
         return rollout.exact_kl
     kl = KL_ESTIMATORS[estimator](rollout.logprobs, rollout.ref_logprobs)
     return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
@@ -121,7 +125,12 @@ def token_rewards(rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef:
     return TokenRewards(rewards=rewards, kl=kl, train_mask=mask & keep[:, None])
 
 
-def advantages(rollout: Rollout, rewards: TokenRewards, cfg: Config, whiten: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def advantages(
+    rollout: Rollout,
+    rewards: TokenRewards,
+    cfg: Config,
+    whiten: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each (B, T), by `ppo.advantage_estimator`; `whiten`: the strategy's whitening over
     all processes (`ppo.whiten_advantages`)."""
     p = cfg.ppo

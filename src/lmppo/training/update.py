@@ -4,7 +4,7 @@ and the non-finite guard of an optimizer step. The loop itself is `PPOTrainer.pp
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
@@ -15,9 +15,12 @@ from lmppo.errors import TrainingError
 from lmppo.models.loading import PolicyOutput
 from lmppo.training.metrics import MetricsAccumulator
 
+if TYPE_CHECKING:
+    from lmppo.distributed.strategy import Strategy
+
 
 def minibatches(
-    num_epochs: int, batch_size: int, minibatch_size: int, generator: torch.Generator, device: Any
+    num_epochs: int, batch_size: int, minibatch_size: int, generator: torch.Generator, device: torch.device
 ) -> Iterator[tuple[int, torch.Tensor]]:
     """(epoch, this process's minibatch indices): a fresh random order of the batch every epoch."""
     for epoch in range(num_epochs):
@@ -66,6 +69,7 @@ def micro_batch_objective(
     """`ppo_objective` of a trimmed micro-batch (`trim`), its statistics added to `stats`. `forward`: the policy's
     response logits and values, maybe wider than the batch (a reused rollout pass): cut to its width here."""
     keep = batch.response_ids.shape[1]
+    assert forward.values is not None, "the micro-batch forward returns values"
     logits, values = forward.logits[:, :keep], forward.values[:, :keep]  # V(s_0) .. V(s_{keep-1})
     loss, objective_stats = ppo_objective(
         logits,
@@ -91,7 +95,7 @@ def micro_batch_objective(
     return loss
 
 
-def went_too_far(stats: MetricsAccumulator, micro_batches: int, target_kl: float, strategy: Any) -> bool:
+def went_too_far(stats: MetricsAccumulator, micro_batches: int, target_kl: float, strategy: Strategy) -> bool:
     """`ppo.target_kl`: after a minibatch's step, whether the approximate KL its forward measured (the policy
     after the steps before it, against the rollout policy) passed 1.5 x target_kl; every process decides alike."""
     if not target_kl:
@@ -104,8 +108,8 @@ def went_too_far(stats: MetricsAccumulator, micro_batches: int, target_kl: float
 
 
 def checked_step(
-    optimizer: Any,
-    clip_grad_norm: Any,
+    optimizer: torch.optim.Optimizer,
+    clip_grad_norm: Callable[[], float | torch.Tensor],
     loss: torch.Tensor,
     stats: MetricsAccumulator,
     nonfinite_in_a_row: int,
