@@ -13,7 +13,7 @@ from torch import nn
 from lmppo.config import Config, ModelConfig
 from lmppo.core.masking import whiten_with
 from lmppo.distributed.zero import ZeroSupport, accelerator_kwargs, prepare
-from lmppo.models.loading import build_critic
+from lmppo.models.loading import Critic, build_critic
 
 
 class Strategy:
@@ -29,7 +29,7 @@ class Strategy:
     # ---- models
     def build_critic(
         self, policy: nn.Module, policy_path: Optional[str], init_path: Optional[str], mc: ModelConfig
-    ) -> nn.Module:
+    ) -> Critic:
         return build_critic(policy, init_path, mc)
 
     def reference_model(self, policy: nn.Module, policy_path: Optional[str], mc: ModelConfig) -> Optional[nn.Module]:

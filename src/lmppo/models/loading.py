@@ -14,7 +14,7 @@ import copy
 import importlib.util
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.assets import resolve_model
 from lmppo.models.files import check_model_folder, check_tokenizer_folder, loading
 from lmppo.models.hub import download_model
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def resolve_model_path(
@@ -210,7 +213,7 @@ def is_checkpointing(model: nn.Module) -> bool:
     return bool(layers) and all(m.training for m in layers)
 
 
-def hf_model(policy: nn.Module) -> nn.Module:
+def hf_model(policy: nn.Module) -> PreTrainedModel:
     """The transformers model under a PEFT wrapper (LoRA layers are injected in place, so they are inside)."""
     return policy.get_base_model() if hasattr(policy, "get_base_model") else policy
 

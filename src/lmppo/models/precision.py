@@ -24,7 +24,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 import torch
 
@@ -50,7 +50,7 @@ class CpuBf16Support:
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    precision: str  # "fp32" or "bf16": what the run computes in
+    precision: Literal["fp32", "bf16"]  # what the run computes in
     reason: str  # one line for the console and the run's config.yaml
     bf16_slowdown: Optional[float] = None  # bf16 time / fp32 time of the probe layer, when the probe ran
 

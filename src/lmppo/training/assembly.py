@@ -12,7 +12,7 @@ trainer takes one (`PPOTrainer(config, components=...)`) or builds one with this
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from accelerate import Accelerator
@@ -54,22 +54,26 @@ from lmppo.sampling.hf import warn_distorting_once
 from lmppo.sampling.stop import stop_token_ids
 from lmppo.training.preflight import check_machine
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
+
 
 @dataclass
 class Components:
     """What the loop works with. Built by `build_components`, or by hand for the Python API."""
 
     config: Config  # validated; `precision` resolved
-    accelerator: Any  # accelerate.Accelerator
+    accelerator: Accelerator
     strategy: Strategy  # single process / DDP / DeepSpeed ZeRO (lmppo.distributed.strategy)
     precision: PrecisionChoice  # the chosen precision and why
-    tokenizer: Any  # left padding, a pad token
+    tokenizer: PreTrainedTokenizerBase  # left padding, a pad token
     stop_ids: torch.Tensor  # (S,) token ids that end a response
     actor: nn.Module  # lmppo.models.loading.Actor (policy + shared value head), wrapped by the strategy
     critic: Optional[nn.Module]  # lmppo.models.loading.Critic (value.mode critic), wrapped; else None
     reference: ReferencePolicy
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LambdaLR
     trainable_params: list  # what the gradient norm is clipped over
     prompt_set: PromptSet  # training prompts
     holdout_set: PromptSet  # held-out prompts (data.holdout)
@@ -88,12 +92,12 @@ def build_components(
     config: Config,
     *,
     policy: Optional[nn.Module] = None,
-    tokenizer: Any = None,
+    tokenizer: Optional[PreTrainedTokenizerBase] = None,
     prompts: Optional[Sequence] = None,
-    reward_functions: Any = None,
+    reward_functions: dict[str, Callable] | Sequence[Callable] | None = None,
     value_model: Optional[nn.Module] = None,
     ref_model: Optional[nn.Module] = None,
-    console: Any = None,
+    console: Optional[Console] = None,
     resuming: bool = False,
 ) -> Components:
     """Everything the trainer needs, from `config`; objects passed in replace what the config would load (see
@@ -129,26 +133,25 @@ def build_components(
         if policy is None or tokenizer is None
         else None
     )
-    tokenizer = (
-        tokenizer
-        if tokenizer is not None
-        else load_tokenizer(
-            resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False) if cfg.model.tokenizer else path,
-            cfg.model,
+    if tokenizer is None:
+        tokenizer_path = (
+            resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False) if cfg.model.tokenizer else path
         )
-    )
+        assert tokenizer_path is not None  # `path` is resolved whenever the tokenizer is not passed
+        tokenizer = load_tokenizer(tokenizer_path, cfg.model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    policy = (
-        load_policy(cfg.model, path, WEIGHT_DTYPES[cfg.model.dtype])
-        if policy is None
-        else prepare_policy(policy, cfg.model)
-    )
+    if policy is None:
+        assert path is not None  # resolved whenever the policy is not passed
+        policy = load_policy(cfg.model, path, WEIGHT_DTYPES[cfg.model.dtype])
+    else:
+        policy = prepare_policy(policy, cfg.model)
     _check_context_length(cfg, policy)
     check_vocab_fits(tokenizer, policy, "model.tokenizer" if cfg.model.tokenizer else "model.policy")
     stop_ids = stop_token_ids(cfg.rollout.stop_token, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
+    critic: Optional[Critic]
     if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
         critic = Critic(value_model.eval())
     elif cfg.value.mode == "critic":
@@ -323,7 +326,7 @@ def _has_user_sources(config: Config) -> bool:
     return config.reward.sources != default_sources()
 
 
-def _validate_with_api_objects(config: Config, reward_functions: Any, prompts: Any) -> Config:
+def _validate_with_api_objects(config: Config, reward_functions: object, prompts: object) -> Config:
     """validate(), allowing what objects passed through the API replace (reward functions, prompts)."""
     if reward_functions is not None and not config.reward.sources:
         placeholder = RewardSourceConfig(kind="function", path="api:callable")

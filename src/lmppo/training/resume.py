@@ -8,7 +8,10 @@ import contextlib
 import copy
 import os
 import uuid
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, TypedDict, TypeVar
+
+import torch
+from torch import nn
 
 from lmppo.config import Config, apply_override, from_dict, load_config
 from lmppo.distributed.zero import requested_zero_stage
@@ -27,27 +30,58 @@ from lmppo.run.folder import checkpoint_folder_run, list_checkpoints, truncate_l
 from lmppo.run.manifest import resolve_checkpoint
 from lmppo.run.state import RngState, TrainingState
 
+if TYPE_CHECKING:
+    from accelerate import Accelerator
+    from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
+    from typing_extensions import Unpack
+
+    from lmppo.core.kl_control import KLController
+    from lmppo.core.rewards import RunningMoments
+    from lmppo.data.prompts import PromptStream
+    from lmppo.distributed.strategy import Strategy
+    from lmppo.models.reference import ReferencePolicy
+
+
+class TrainerObjects(TypedDict, total=False):
+    """The objects a trainer takes besides its config (`lmppo.training.trainer.PPOTrainer`), as a resume passes them."""
+
+    policy: Optional[nn.Module]
+    tokenizer: Optional[PreTrainedTokenizerBase]
+    prompts: Optional[Sequence]
+    reward_functions: dict[str, Callable] | Sequence[Callable] | None
+    value_model: Optional[nn.Module]
+    ref_model: Optional[nn.Module]
+    callbacks: object
+
 
 class PPOTrainer(Protocol):
     """What checkpointing reads and restores of `lmppo.training.trainer.PPOTrainer` (which imports this module)."""
 
     config: Config
-    accelerator: Any  # accelerate.Accelerator
-    strategy: Any  # lmppo.distributed.strategy.Strategy
-    actor: Any  # the wrapped lmppo.models.loading.Actor
-    critic: Any  # the wrapped lmppo.models.loading.Critic, or None
-    reference: Any  # lmppo.models.reference.ReferencePolicy
-    optimizer: Any
-    scheduler: Any
-    kl_controller: Any
-    score_moments: Any  # lmppo.core.rewards.RunningMoments
-    stream: Any  # lmppo.data.prompts.PromptStream
-    update_generator: Any  # torch.Generator
+    accelerator: Accelerator
+    strategy: Strategy
+    actor: nn.Module  # the wrapped lmppo.models.loading.Actor
+    critic: Optional[nn.Module]  # the wrapped lmppo.models.loading.Critic, or None
+    reference: ReferencePolicy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    kl_controller: KLController
+    score_moments: RunningMoments
+    stream: PromptStream
+    update_generator: torch.Generator
     iteration: int
     episode: int
     train_seconds: float
     nonfinite_in_a_row: int
     frozen_fingerprint: Optional[str]
+
+    def __init__(
+        self, config: Config, *, console: Optional[Console], resuming: bool, **kwargs: Unpack[TrainerObjects]
+    ) -> None: ...
+
+
+Trainer = TypeVar("Trainer", bound=PPOTrainer)
 
 
 INCOMPATIBLE_FIELDS = (
@@ -71,7 +105,7 @@ value (`value.init_from` too when value.mode is `critic`). Everything else may c
 controller; the adaptive controller continues from its checkpointed value), micro_batch_size, ..."""
 
 
-def _get(data: Any, dotted: str) -> Any:
+def _get(data: object, dotted: str) -> object:
     for part in dotted.split("."):
         if not isinstance(data, dict) or part not in data:
             return None
@@ -256,12 +290,12 @@ def resume_trainer(
     output_dir: str,
     overrides: Optional[dict] = None,
     config_path: Optional[str] = None,
-    console: Any = None,
+    console: Optional[Console] = None,
     *,
     config: Optional[Config] = None,
-    trainer_cls: Any,
-    **trainer_kwargs: Any,
-) -> PPOTrainer:
+    trainer_cls: type[Trainer],
+    **trainer_kwargs: Unpack[TrainerObjects],
+) -> Trainer:
     """A trainer that continues the run in `output_dir` from its latest complete checkpoint.
 
     The config is `config` (a Config), else the file `config_path`, else the run's own `output_dir/config.yaml`

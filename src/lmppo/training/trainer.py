@@ -18,7 +18,7 @@ import time
 import weakref
 from contextlib import contextmanager, nullcontext
 from functools import partial
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -41,6 +41,14 @@ from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, open_logge
 from lmppo.training.progress import ProgressDisplay
 from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
 from lmppo.training.scoring import ScoredRollout, TokenRewards
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from rich.console import Console
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from typing_extensions import Unpack
+
+    from lmppo.training.resume import TrainerObjects
 
 
 class PhaseTimer:
@@ -77,15 +85,15 @@ class PPOTrainer:
         config: Config,
         *,
         policy: Optional[nn.Module] = None,
-        tokenizer: Any = None,
+        tokenizer: Optional[PreTrainedTokenizerBase] = None,
         prompts: Optional[Sequence] = None,
-        reward_functions: Any = None,
-        console: Any = None,
+        reward_functions: dict[str, Callable] | Sequence[Callable] | None = None,
+        console: Optional[Console] = None,
         value_model: Optional[nn.Module] = None,
         ref_model: Optional[nn.Module] = None,
         resuming: bool = False,
         components: Optional[Components] = None,
-        callbacks: Optional[Sequence[Any]] = None,
+        callbacks: object = None,
     ):
         quiet_libraries()  # library noise off, as in the CLI (lmppo.quiet)
         # the assembly step (lmppo.training.assembly): models, data, rewards, optimizer from the config
@@ -167,7 +175,7 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 1. rollout
     @property
-    def policy(self) -> nn.Module:
+    def policy(self) -> PreTrainedModel | PeftModel:
         return self.accelerator.unwrap_model(self.actor).policy
 
     def collect_rollout(self) -> Rollout:
@@ -271,6 +279,7 @@ class PPOTrainer:
                 forward = None
                 if epoch == 0 and self.first_epoch_forward is not None:  # the rollout's pass, graph kept
                     forward, self.first_epoch_forward = self.first_epoch_forward, None
+                    assert forward.values is not None  # the rollout's pass keeps the values with the logits
                     forward = PolicyOutput(logits=forward.logits[idx], values=forward.values[idx])
                 with self.strategy.sync_gradients(m + micro >= mb, self.actor, self.critic):  # all-reduce: last one
                     loss = self.micro_batch_loss(
@@ -281,7 +290,7 @@ class PPOTrainer:
             self.optimizer_step(acc.reduce(torch.stack(losses).sum(), "sum"), stats)
             if update.went_too_far(stats, len(losses), cfg.ppo.target_kl, self.strategy):
                 break  # ppo.target_kl: the rest of this iteration's epochs are skipped
-        self.update_lr = self.scheduler.get_last_lr()[0]  # the rate this iteration's updates used
+        self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
         self.scheduler.step()
 
     def micro_batch_loss(
@@ -378,7 +387,7 @@ class PPOTrainer:
         self.callbacks.call("on_evaluate", self, dict(metrics))
         return metrics
 
-    def sample_rows(self, batch: Rollout, scored: ScoredRollout, rewards: TokenRewards) -> list[dict[str, Any]]:
+    def sample_rows(self, batch: Rollout, scored: ScoredRollout, rewards: TokenRewards) -> list[dict[str, object]]:
         log = self.config.log
         return report.sample_rows(batch, scored, rewards, self.tokenizer, log.num_samples, log.token_stats)
 
@@ -421,8 +430,8 @@ class PPOTrainer:
         *,
         config: Optional[Config] = None,
         overrides: Optional[dict] = None,
-        console: Any = None,
-        **kwargs: Any,
+        console: Optional[Console] = None,
+        **kwargs: Unpack[TrainerObjects],
     ) -> "PPOTrainer":
         """A trainer that continues the run in `output_dir` from its latest complete checkpoint; call `train()`.
 
