@@ -146,6 +146,7 @@ def from_dict(cls: type[T], data: object, prefix: str = "") -> T:
     """Section `cls` built from a nested mapping (converted and checked by pydantic); one ConfigError naming the
     first bad field, with a did-you-mean for unknown ones."""
     try:
+        # pydantic adds __pydantic_validator__ when it decorates the class: not on `type[T]`
         return cls.__pydantic_validator__.validate_python({} if data is None else data)  # type: ignore[attr-defined]
     except ValidationError as err:
         raise config_error(err, cls, prefix + "." if prefix else "") from None

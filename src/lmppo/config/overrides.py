@@ -33,7 +33,7 @@ def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, object, 
             doc = docs.get(f.name, "")
             allowed = [
                 f"{sign} {getattr(m, bound)}"
-                for m in cls.__pydantic_fields__[f.name].metadata  # type: ignore[attr-defined]
+                for m in cls.__pydantic_fields__[f.name].metadata  # type: ignore[attr-defined]  # set by pydantic
                 for bound, sign in (("gt", ">"), ("ge", ">="), ("le", "<="))
                 if hasattr(m, bound)
             ]
