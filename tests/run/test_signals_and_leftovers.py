@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 from test_real_faults import SRC, base_config, cli_process, finish, wait_for_file
 
 import lmppo.run.lock as lock
@@ -182,3 +183,33 @@ def test_exit_codes_and_advice_without_a_checkpoint(tmp_path):
     assert not signals.has_checkpoint(out)  # no manifest: not a published checkpoint
     open(os.path.join(out, "checkpoints", "iter-00000001", "manifest.json"), "w").close()
     assert signals.next_step(out, ["cfg.yaml"]).endswith(f"`lmppo train --resume {out}`")
+
+
+def test_a_signal_waits_for_a_rename_or_removal_under_way(tmp_path):
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        assert signals.terminate_like_interrupt()
+        reached_end = False
+        with pytest.raises(signals.Terminated):
+            with storage.uninterrupted():
+                os.kill(os.getpid(), signal.SIGTERM)  # a real signal, delivered inside the step
+                for _ in range(1000):  # the handler runs between bytecodes: it has run by now
+                    pass
+                reached_end = True
+        assert reached_end and storage.interruptible()
+    finally:
+        signal.signal(signal.SIGTERM, before[0])
+        signal.signal(signal.SIGINT, before[1])
+
+
+def test_a_kill_between_the_two_renames_of_a_publish_brings_the_old_folder_back(tmp_path):
+    out = tmp_path / "run"
+    (out / ".final.old-0123abcd" / "policy").mkdir(parents=True)  # final/ renamed aside, the new one not yet in
+    (out / ".final.old-0123abcd" / "policy" / "my_eval_results.md").write_text("x")
+    (out / ".final.tmp-89abcdef" / "policy").mkdir(parents=True)
+    lock.acquire(str(out))
+    try:
+        assert (out / "final" / "policy" / "my_eval_results.md").read_text() == "x"
+        assert storage.temporaries(str(out)) == []
+    finally:
+        lock.release(str(out))

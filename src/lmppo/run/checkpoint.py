@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Optional, cast
@@ -164,7 +163,7 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
     try:
         if main:
             os.makedirs(root, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
+            storage.discard(tmp)
             os.makedirs(tmp)
         acc.wait_for_everyone()
         # every process writes its own part: RNG streams, reference shards (ZeRO-3), model and optimizer shards
@@ -201,7 +200,7 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
     except BaseException as err:  # the real writers raise OSError, RuntimeError (torch), SafetensorError, ...
         why = os_reason(err, root) if storage.is_write_failure(err) else ""  # before the clean-up frees space
         if main:
-            shutil.rmtree(tmp, ignore_errors=True)
+            storage.discard(tmp)
         if not why:
             raise
         keep = f"the previous checkpoint {previous[0]} is intact" if previous else "there is no earlier checkpoint"

@@ -10,7 +10,6 @@ import contextlib
 import hashlib
 import json
 import os
-import shutil
 import warnings
 from typing import Optional
 
@@ -190,4 +189,4 @@ def prune_checkpoints(output_dir: str, keep_last: int, newest: str) -> None:
                 storage.remove_tree(path, f"the old checkpoint {os.path.basename(path)}")
     for name in os.listdir(root):
         if name.startswith(".iter-") and (".tmp" in name or ".old-" in name or ".del-" in name):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            storage.discard(os.path.join(root, name))

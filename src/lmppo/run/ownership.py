@@ -222,7 +222,7 @@ def remove_keeping(path: str, what: str) -> list[str]:
                 write_listing(path, [])  # lmppo owns nothing left here
             storage.publish(tmp, path)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            storage.discard(tmp)
             raise
     return foreign
 

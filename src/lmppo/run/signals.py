@@ -18,6 +18,8 @@ import threading
 from types import FrameType
 from typing import Optional, Sequence
 
+import lmppo.run.storage as storage
+
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 _CHECKPOINT = re.compile(r"^iter-\d+$")
@@ -29,14 +31,28 @@ class Terminated(KeyboardInterrupt):
 
 def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up: a second SIGTERM does not interrupt it
-    raise Terminated()
+    _stop(Terminated())
+
+
+def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
+    _stop(KeyboardInterrupt())
+
+
+def _stop(exc: BaseException) -> None:
+    """Raise `exc` now, or when the rename or removal under way ends (`lmppo.run.storage.uninterrupted`)."""
+    if storage.interruptible():
+        raise exc
+    storage.defer(exc)
 
 
 def terminate_like_interrupt() -> bool:
-    """Make SIGTERM raise `Terminated` in this process (main thread only); returns whether it was installed."""
+    """Make SIGTERM raise `Terminated` in this process (main thread only), and both SIGTERM and Ctrl-C wait for
+    a rename or removal under way; returns whether it was installed."""
     if threading.current_thread() is not threading.main_thread():
         return False
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_sigint)
     return True
 
 

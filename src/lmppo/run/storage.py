@@ -15,6 +15,7 @@ It imports only the standard library and lmppo.errors (torch and safetensors err
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -119,14 +120,45 @@ def writing(what: str, where: str, keep: str = "") -> Iterator[None]:
         raise
 
 
+_section = {"depth": 0, "deferred": None}
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A step a signal must not cut in two (renames, removals): a handler that finds one under way (`interruptible`
+    is False) hands its exception to `defer`, and it is raised when the step ends."""
+    _section["depth"] += 1
+    try:
+        yield
+    finally:
+        _section["depth"] -= 1
+        if _section["depth"] == 0 and _section["deferred"] is not None:
+            exc, _section["deferred"] = _section["deferred"], None
+            raise exc
+
+
+def interruptible() -> bool:
+    return _section["depth"] == 0
+
+
+def defer(exc: BaseException) -> None:
+    _section["deferred"] = exc
+
+
 def _remove(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    with uninterrupted():
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+
+def discard(path: str) -> None:
+    """Remove file or folder `path` if it exists (a temporary), not cut short by a signal."""
+    _remove(path)
 
 
 def fsync_dir(path: str) -> None:
@@ -163,6 +195,7 @@ _TEMPORARY = re.compile(r"^\..+\.(tmp|old|del)-[0-9a-f]{8}$|^\.iter-\d+\.tmp$|^.
 writer's `.iter-N.tmp` and the plot's `NAME.tmp-PID.png`. A user's own `notes.tmp` does not match."""
 
 
+_OLD = re.compile(r"^\.(.+)\.old-[0-9a-f]{8}$")
 _DEPTH = 4
 """How deep below a run folder lmppo writes (`final/policy/.README.md.tmp-*` is 3): no deeper walk (an output_dir
 of `.` would otherwise walk all below it)."""
@@ -187,6 +220,12 @@ def remove_temporaries(folder: str) -> list[str]:
     Called by the process that takes the run lock (`lmppo.run.lock.acquire`), so no writer of them is alive."""
     left = temporaries(folder)
     for path in left:
+        parent, name = os.path.split(path)
+        old = _OLD.match(name)
+        if old and not os.path.lexists(os.path.join(parent, old.group(1))):  # killed between publish's renames
+            with contextlib.suppress(OSError):
+                os.rename(path, os.path.join(parent, old.group(1)))  # the complete older version comes back
+                continue
         _remove(path)
     return left
 
@@ -197,13 +236,14 @@ def publish(tmp: str, final_path: str) -> None:
     parent = os.path.dirname(os.path.abspath(final_path))
     if os.path.isdir(tmp):
         fsync_tree(tmp)
-    if os.path.isdir(final_path):
-        old = temp_name(final_path, "old")
-        os.rename(final_path, old)
-        os.rename(tmp, final_path)
-        _remove(old)
-    else:
-        os.replace(tmp, final_path)
+    with uninterrupted():  # a signal waits: the two renames are one step
+        if os.path.isdir(final_path):
+            old = temp_name(final_path, "old")
+            os.rename(final_path, old)
+            os.rename(tmp, final_path)
+            _remove(old)
+        else:
+            os.replace(tmp, final_path)
     fsync_dir(parent)
 
 
@@ -323,6 +363,7 @@ def remove_tree(path: str, what: str) -> None:
     if not os.path.lexists(path):
         return
     aside = temp_name(path, "del")
-    with writing(f"(removing) {what}", path):
-        os.rename(path, aside)
-    _remove(aside)
+    with uninterrupted():
+        with writing(f"(removing) {what}", path):
+            os.rename(path, aside)
+        _remove(aside)
