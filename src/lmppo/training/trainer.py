@@ -279,8 +279,7 @@ class PPOTrainer:
                 forward = None
                 if epoch == 0 and self.first_epoch_forward is not None:  # the rollout's pass, graph kept
                     forward, self.first_epoch_forward = self.first_epoch_forward, None
-                    assert forward.values is not None  # the rollout's pass keeps the values with the logits
-                    forward = PolicyOutput(logits=forward.logits[idx], values=forward.values[idx])
+                    forward = PolicyOutput(forward.logits[idx], None if forward.values is None else forward.values[idx])
                 with self.strategy.sync_gradients(m + micro >= mb, self.actor, self.critic):  # all-reduce: last one
                     loss = self.micro_batch_loss(
                         batch.select(idx), advantages[idx], returns[idx], train_mask[idx], num_tokens, stats, forward
