@@ -23,7 +23,7 @@ import re
 import shutil
 import uuid
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional, TypedDict
 
 from lmppo.errors import LmppoError, StorageError
 
@@ -120,7 +120,12 @@ def writing(what: str, where: str, keep: str = "") -> Iterator[None]:
         raise
 
 
-_section = {"depth": 0, "deferred": None}
+class _Section(TypedDict):
+    depth: int  # steps under way (nested)
+    deferred: Optional[BaseException]  # a signal's exception, raised when the last step ends
+
+
+_section: _Section = {"depth": 0, "deferred": None}
 
 
 @contextmanager
