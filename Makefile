@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   installs everything into .venv, then runs the main job (`lmppo train`, built-in default recipe)
 #   make test    installs everything into .venv, then runs `make lint` and the test suite
+#   make test-fast  the same without the tests marked `slow` (several real processes or a model conversion each)
 #   make lint    ruff format --check, ruff check (line length, import order), lint-imports (the layer and no-cycle contracts
 #                in pyproject.toml) and mypy (the packages [tool.mypy] lists, no explicit Any in them)
 PYTHON ?= python3
@@ -8,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train lint test bench bench-equivalence bench-llama-venv bench-anchors clean
+.PHONY: setup train lint test test-fast bench bench-equivalence bench-llama-venv bench-anchors clean
 
 setup: $(STAMP)
 
@@ -34,6 +35,9 @@ lint: $(STAMP)
 
 test: $(STAMP) lint
 	$(PY) -m pytest $(ARGS)
+
+test-fast: $(STAMP) lint
+	$(PY) -m pytest -m "not slow" $(ARGS)
 
 # TRL 1.12 lives in its own venv: it is a benchmark opponent, never a dependency of lmppo
 TRL_VENV ?= .venv-trl

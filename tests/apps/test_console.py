@@ -15,9 +15,9 @@ print("bars", hf_logging.is_progress_bar_enabled(), "debug", os.environ.get("LMP
 """
 
 
-def _run(debug: bool) -> subprocess.CompletedProcess:
+def _run(debug: bool, then: str = "") -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", SCRIPT.format(debug=debug)],
+        [sys.executable, "-c", SCRIPT.format(debug=debug) + then],
         capture_output=True,
         text=True,
         timeout=300,
@@ -30,6 +30,12 @@ def test_without_debug_library_notices_and_bars_are_off():
     assert done.returncode == 0, done.stderr
     assert "FutureWarning" not in done.stderr and "library notice" not in done.stderr
     assert "bars False debug None" in done.stdout
+
+
+def test_lmppos_own_warnings_are_one_line():
+    done = _run(debug=False, then="warnings.warn('kept 2 file(s) lmppo did not write: a, b', UserWarning)\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == "warning: kept 2 file(s) lmppo did not write: a, b\n"
 
 
 def test_debug_shows_the_notices():

@@ -174,7 +174,7 @@ def test_no_checkpoint_advice_says_what_overwrite_removes(env, capsys):
     shutil.rmtree(os.path.join(base["output_dir"], "checkpoints"))
     code, err = run_cli(["train", "--resume", base["output_dir"]], capsys)
     assert_one_clean_line(
-        code, err, "stopped before its first checkpoint", "overwrite: true (which removes", "metrics.jsonl"
+        code, err, "stopped before its first checkpoint", "`--overwrite true`) (which removes", "metrics.jsonl"
     )
 
 
@@ -199,7 +199,7 @@ def test_overwrite_removes_only_the_old_runs_files(env, capsys):
     out = tmp_path / "run"
     (out / "notes.txt").write_text("mine")
     code, err = run_cli(["train", path], capsys)
-    assert_one_clean_line(code, err, "already holds a run", "overwrite: true (removes those files")
+    assert_one_clean_line(code, err, "already holds a run", "`--overwrite true`: removes those files")
     assert run_cli(["train", path, "--overwrite", "true"], capsys)[0] == 0
     assert (out / "notes.txt").read_text() == "mine"
 
@@ -238,12 +238,14 @@ def test_reward_module_that_exits_at_import(env, capsys):
     )
 
 
-def test_ctrl_c_in_a_reward_function_names_the_run_folder(env, capsys):
+def test_ctrl_c_in_a_reward_function_says_how_to_start_again(env, capsys):
+    """Interrupted before the first checkpoint: nothing to resume, so the advice is the command that works."""
     tmp_path, base = env
     (tmp_path / "ctrl_c.py").write_text("def stop(p, c):\n    raise KeyboardInterrupt\n")
     cfg = changed(base, reward__sources=[{"kind": "function", "path": f"{tmp_path / 'ctrl_c.py'}:stop"}])
-    code, err = run_cli(["train", write(tmp_path, "c.yaml", data=cfg)], capsys)
-    assert code == 130 and f"lmppo train --resume {base['output_dir']}`" in err and "OUTPUT_DIR" not in err
+    path = write(tmp_path, "c.yaml", data=cfg)
+    code, err = run_cli(["train", path], capsys)
+    assert code == 130 and "nothing to resume" in err and f"`lmppo train {path} --overwrite true`" in err
 
 
 # ----------------------------------------------------------------------------- HTTP reward servers

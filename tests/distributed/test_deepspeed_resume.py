@@ -37,6 +37,8 @@ from train_worker import comparable, read_jsonl
 sys.path.insert(0, os.path.join(TESTS, "..", "benchmarks", "tools"))
 from fault_injection import process_tree  # noqa: E402  (torchrun starts its workers in sessions of their own)
 
+pytestmark = pytest.mark.slow  # real processes, each training a model: minutes in all (make test-fast skips them)
+
 HERE = TESTS
 WORKER = os.path.join(HERE, "zero_worker.py")
 ITERATIONS = 4

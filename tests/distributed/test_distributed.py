@@ -20,6 +20,8 @@ import pytest
 
 from conftest import TESTS  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real processes, each training a model: minutes in all (make test-fast skips them)
+
 HERE = TESTS
 SKIP = {"eps", "tokens_per_s", "val/ratio_var"}
 

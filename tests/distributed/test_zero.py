@@ -23,6 +23,8 @@ from test_distributed import assert_close, run_workers
 from lmppo.config import Config
 from lmppo.errors import ConfigError
 
+pytestmark = pytest.mark.slow  # real processes, each training a model: minutes in all (make test-fast skips them)
+
 try:
     import deepspeed  # noqa: F401
 

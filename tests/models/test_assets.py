@@ -47,6 +47,7 @@ def smollm2_dir(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_converted_folder_is_plain_fp32_safetensors(smollm2_dir, tmp_path):
     from pathlib import Path
@@ -224,6 +225,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @needs_smollm2
 def test_a_rank_other_than_0_converts_inside_a_process_group(tmp_path):
     import os

@@ -118,6 +118,7 @@ def zygote(tmp_path):
     z.close()
 
 
+@pytest.mark.slow
 def test_sigkill_at_many_moments_then_resume_to_the_exact_end(tmp_path, tokenizer, zygote):
     out = str(tmp_path / "run")
     root = os.path.join(out, "checkpoints")

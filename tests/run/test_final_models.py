@@ -77,6 +77,7 @@ def test_merged_folder_computes_the_adapter_model(lora_run, tokenizer):
     torch.testing.assert_close(merged_logits[real], adapter_logits[real], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_merged_folder_loads_without_peft(lora_run):
     """A fresh interpreter in which `import peft` fails loads the merged folder with transformers alone."""
     _trainer_, final = lora_run

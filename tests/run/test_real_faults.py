@@ -330,6 +330,7 @@ def gated_config(tmp_path, tiny_model_dir, out: str) -> str:
     )
 
 
+@pytest.mark.slow
 def test_second_process_is_refused_while_a_run_holds_the_folder_and_a_dead_holder_is_taken_over(
     tmp_path, tiny_model_dir
 ):
@@ -354,6 +355,7 @@ def test_second_process_is_refused_while_a_run_holds_the_folder_and_a_dead_holde
     assert [r["iteration"] for r in assert_whole_lines(os.path.join(out, "metrics.jsonl"))] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_two_runs_started_at_once_into_one_folder(tmp_path, tiny_model_dir):
     out = str(tmp_path / "run")
     cfg = base_config(tmp_path, tiny_model_dir, out, iterations=2)

@@ -179,6 +179,7 @@ def test_a_pad_token_added_beyond_the_models_vocabulary(tmp_path, tokenizer):
     assert len(trainer.state.log_history) == 1 and len(trainer.generate_completions()) == 2
 
 
+@pytest.mark.slow
 def test_the_trl_style_example_script_runs_with_the_drop_in(tmp_path):
     """examples/trl_ppo_script.py (only its import line differs from its TRL 1.12 form) finishes under lmppo and its
     log_history has TRL's metric names."""

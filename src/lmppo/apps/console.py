@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 from transformers.utils import logging as hf_logging
 
@@ -19,3 +20,11 @@ def quiet_console(debug: bool) -> None:
         os.environ.setdefault("TQDM_DISABLE", "1")  # read by tqdm when it is imported (with transformers)
     hf_logging.disable_progress_bar()
     quiet_libraries(all_warnings=True)
+    if not debug:
+        warnings.formatwarning = one_line_warning
+
+
+def one_line_warning(message, category, filename, lineno, line=None) -> str:  # noqa: ANN001 - warnings' signature
+    """A warning on the console as one line, like lmppo's `error:` lines (Python's default adds the file, the
+    line number and the source line that raised it, which a user cannot act on); `--debug` keeps the default."""
+    return f"warning: {message}\n"

@@ -75,31 +75,7 @@ class PPOTrainer:
         from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
         from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 
-        if not isinstance(args, TrainingArguments):
-            raise LmppoError(f"args must be an lmppo.trl.PPOConfig, got a {type(args).__name__}")
-        if train_dataset is None:
-            raise ConfigError("train_dataset", None, "is required")
-        if ref_model is not None and ref_model is model:
-            raise ConfigError(
-                "ref_model",
-                "the policy model",
-                "must not be `model` itself: pass a copy, or None (a "
-                "copy of the initial policy; with peft_config, the policy with its adapters off)",
-            )
-        if data_collator is not None:
-            raise ConfigError(
-                "data_collator",
-                type(data_collator).__name__,
-                f"lmppo left-pads the `input_ids` column itself; pass data_collator=None (see {DOCS})",
-            )
-        if optimizers is not None and any(o is not None for o in optimizers):
-            raise ConfigError(
-                "optimizers",
-                optimizers,
-                "lmppo builds its own AdamW and schedule from the PPOConfig; pass (None, None)",
-            )
-        if value_model is None or reward_model is None:
-            raise ConfigError("value_model" if value_model is None else "reward_model", None, "is required, as in TRL")
+        _check_arguments(args, model, ref_model, reward_model, value_model, train_dataset, data_collator, optimizers)
         self.args = args
         self.processing_class = processing_class
         self.reward_model = reward_model
@@ -107,38 +83,12 @@ class PPOTrainer:
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.data_collator = None
-        if peft_config is not None:
-            from peft import PeftModel, get_peft_model
-
-            if isinstance(model, PeftModel):
-                raise ConfigError(
-                    "peft_config",
-                    type(peft_config).__name__,
-                    "was given with a model that is already "
-                    "a PeftModel: merge and unload the adapter first, or pass peft_config=None",
-                )
-            model = get_peft_model(model, peft_config)
+        model = _with_adapters(model, peft_config)
         self.policy_model = model
         self.ref_model = ref_model
 
-        # -- sizes, as TRL computes them (and writes them into args)
         world = PartialState().num_processes
-        args.world_size = world
-        args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
-        args.micro_batch_size = args.per_device_train_batch_size * world
-        args.batch_size = args.local_batch_size * world
-        if args.local_batch_size % args.num_mini_batches:
-            raise ConfigError(
-                "num_mini_batches",
-                args.num_mini_batches,
-                f"must divide local_batch_size "
-                f"({args.local_batch_size} = per_device_train_batch_size x gradient_accumulation_steps)",
-            )
-        args.mini_batch_size = args.batch_size // args.num_mini_batches
-        args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
-        if args.total_episodes is None:
-            args.total_episodes = int(args.num_train_epochs * len(train_dataset))
-        args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
+        _set_trl_sizes(args, world, len(train_dataset))  # as TRL computes them, written into args
 
         # -- lmppo's config and trainer, with the objects as given
         records = _input_ids(train_dataset)
@@ -353,6 +303,80 @@ class PPOTrainer:
     def lmppo_history(self) -> list[dict[str, float]]:
         """lmppo's own metrics of every iteration (a superset of TRL's, see docs/metrics.md)."""
         return self.lmppo.history
+
+
+def _check_arguments(
+    args: Any,
+    model: nn.Module,
+    ref_model: nn.Module | None,
+    reward_model: nn.Module,
+    value_model: nn.Module,
+    train_dataset: Any,
+    data_collator: Any,
+    optimizers: tuple | None,
+) -> None:
+    """TRL's constructor arguments that lmppo cannot take, each refused in one line."""
+    if not isinstance(args, TrainingArguments):
+        raise LmppoError(f"args must be an lmppo.trl.PPOConfig, got a {type(args).__name__}")
+    if train_dataset is None:
+        raise ConfigError("train_dataset", None, "is required")
+    if ref_model is not None and ref_model is model:
+        raise ConfigError(
+            "ref_model",
+            "the policy model",
+            "must not be `model` itself: pass a copy, or None (a "
+            "copy of the initial policy; with peft_config, the policy with its adapters off)",
+        )
+    if data_collator is not None:
+        raise ConfigError(
+            "data_collator",
+            type(data_collator).__name__,
+            f"lmppo left-pads the `input_ids` column itself; pass data_collator=None (see {DOCS})",
+        )
+    if optimizers is not None and any(o is not None for o in optimizers):
+        raise ConfigError(
+            "optimizers",
+            optimizers,
+            "lmppo builds its own AdamW and schedule from the PPOConfig; pass (None, None)",
+        )
+    if value_model is None or reward_model is None:
+        raise ConfigError("value_model" if value_model is None else "reward_model", None, "is required, as in TRL")
+
+
+def _with_adapters(model: nn.Module, peft_config: Any) -> nn.Module:
+    """`model` with peft's adapters of `peft_config` (None: as it is), as TRL's constructor wraps it."""
+    if peft_config is None:
+        return model
+    from peft import PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        raise ConfigError(
+            "peft_config",
+            type(peft_config).__name__,
+            "was given with a model that is already "
+            "a PeftModel: merge and unload the adapter first, or pass peft_config=None",
+        )
+    return get_peft_model(model, peft_config)
+
+
+def _set_trl_sizes(args: Any, world: int, num_prompts: int) -> None:
+    """The batch sizes and counts TRL's PPOTrainer derives from its config and writes into `args`."""
+    args.world_size = world
+    args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    args.micro_batch_size = args.per_device_train_batch_size * world
+    args.batch_size = args.local_batch_size * world
+    if args.local_batch_size % args.num_mini_batches:
+        raise ConfigError(
+            "num_mini_batches",
+            args.num_mini_batches,
+            f"must divide local_batch_size "
+            f"({args.local_batch_size} = per_device_train_batch_size x gradient_accumulation_steps)",
+        )
+    args.mini_batch_size = args.batch_size // args.num_mini_batches
+    args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
+    if args.total_episodes is None:
+        args.total_episodes = int(args.num_train_epochs * num_prompts)
+    args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
 
 
 def _trl_logs(metrics: dict[str, float]) -> dict[str, float]:
