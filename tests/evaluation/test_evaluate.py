@@ -18,6 +18,7 @@ from conftest import (
 from lmppo.apps.cli import main as cli_main
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.errors import LmppoError
+from lmppo.evaluation.evaluate import eval_device
 from lmppo.evaluation.evaluate import main as eval_main
 from lmppo.evaluation.heldout import repeat_prompts, sample_and_score, win_rate
 from lmppo.evaluation.summary import SAMPLES_PER_PROMPT, print_summary, summarize
@@ -317,3 +318,23 @@ def test_a_watch_metric_is_never_the_judge_nor_called_a_win():
     labelled = {r[0] for r in metric_rows({}, {}, weights, watch)}
     assert "reward/self_similarity (weight 0, watch: higher is worse)" in labelled
     assert "reward/length (weight 0)" in labelled
+
+
+def test_a_run_without_a_final_model_gets_advice_that_works_in_its_state(tmp_path):
+    """No checkpoint yet: nothing to resume, so the advice is `--overwrite true`, not `--resume`."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    with pytest.raises(LmppoError, match="did not finish; start it again with the same `lmppo train` command and "):
+        eval_main([str(run)])
+    (run / "checkpoints" / "iter-2").mkdir(parents=True)
+    (run / "checkpoints" / "iter-2" / "manifest.json").write_text("{}")
+    with pytest.raises(LmppoError, match=f"did not finish; continue with `lmppo train --resume {run}`"):
+        eval_main([str(run)])
+
+
+def test_eval_refuses_cuda_on_a_machine_without_one():
+    if torch.cuda.is_available():
+        return  # the refusal is for machines without a GPU
+    with pytest.raises(LmppoError, match="device.*no CUDA GPU"):
+        eval_device(Config(device="cuda"))

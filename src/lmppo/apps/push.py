@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 
 from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError, LmppoError, bounded_repr
+from lmppo.run.signals import go_on
 
 FOLDERS = ("policy-merged", "policy", "value")
 
@@ -39,8 +40,7 @@ def push_folder(run: str, folder: Optional[str] = None) -> str:
         return run
     if os.path.isfile(os.path.join(run, "config.yaml")):
         raise LmppoError(
-            f"lmppo push: {run} is a run without a final model (final/policy): the run did not finish; "
-            f"resume it with `lmppo train --resume {run}`"
+            f"lmppo push: {run} is a run without a final model (final/policy): the run did not finish; {go_on(run)}"
         )
     raise LmppoError(
         f"lmppo push: {run} holds neither a run's final model (final/policy) nor a model "

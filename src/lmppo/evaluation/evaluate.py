@@ -19,7 +19,7 @@ from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
-from lmppo.errors import LmppoError
+from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.heldout import (
     PolicyEval,
     RefLogits,
@@ -33,6 +33,7 @@ from lmppo.models.files import is_adapter_folder
 from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
 from lmppo.rewards import SourceContext, build_reward_sources
+from lmppo.run.signals import go_on
 from lmppo.run.storage import write_json
 from lmppo.sampling.stop import stop_token_ids
 
@@ -74,7 +75,7 @@ def _check_model_folder(path: str, what: str) -> None:
         if os.path.isfile(os.path.join(path, "metrics.jsonl")):
             raise LmppoError(
                 f"{what} {path!r} is a run folder without a final model (final/policy): the run did not "
-                "finish; resume it with `lmppo train --resume` or evaluate one of its checkpoints"
+                f"finish; {go_on(path)}, or evaluate one of its checkpoints"
             )
         raise LmppoError(f"{what} {path!r} holds no model (neither config.json nor adapter_config.json)")
 
@@ -266,7 +267,10 @@ def main(argv: Sequence[str], console: Any = None) -> int:
 
 
 def eval_device(cfg: Any) -> torch.device:
-    """Where evaluation runs: CUDA when there is one and `device` does not say `cpu`."""
+    """Where evaluation runs: CUDA when there is one and `device` does not say `cpu`; `device: cuda` on a machine
+    without one is refused before a model loads (as `lmppo train` refuses it)."""
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "cuda", "this machine has no CUDA GPU that torch can use; use `cpu` or `auto`")
     return torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
 
 

@@ -11,7 +11,19 @@ import lmppo.run.storage as storage
 from lmppo.config import Config
 from lmppo.redact import _SECRET_KEY, MASK, is_env_template, redact_text
 
-CONFIG_HEADER = "# lmppo run config (secrets masked); resume with: lmppo train --resume OUTPUT_DIR\n"
+CONFIG_HEADER_START = "# lmppo run config (secrets masked); resume with: "
+CONFIG_HEADER = CONFIG_HEADER_START + "lmppo train --resume OUTPUT_DIR\n"
+"""The first line of a run's config.yaml (a TRL drop-in run says there how to resume it instead)."""
+
+
+def is_run_config(path: str) -> bool:
+    """Whether `path` is a config.yaml that lmppo wrote (its first line is lmppo's header, whatever way to resume
+    it names)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.readline().startswith(CONFIG_HEADER_START)
+    except OSError:
+        return False
 
 
 def _config_field_names() -> frozenset[str]:

@@ -24,21 +24,13 @@ import shutil
 import warnings
 
 import lmppo.run.storage as storage
+from lmppo.run.config_file import is_run_config
 
 OWNED = ".lmppo-owned.json"
 ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "checkpoints", "final", "tensorboard", "summary.json", "config.yaml")
 """Names a run writes at the top of its output_dir (besides the lock file and this record)."""
-CONFIG_FIRST_LINE = "# lmppo run config (secrets masked); resume with: lmppo train --resume OUTPUT_DIR\n"
 _CHECKPOINT_ENTRY = re.compile(r"^(iter-\d+|\.iter-\d+\..*|corrupt-iter-\d+-\w+)$")
 _PUBLISHED_CHECKPOINT = re.compile(r"^iter-\d+$")
-
-
-def _is_own_config(path: str) -> bool:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.readline() == CONFIG_FIRST_LINE
-    except OSError:
-        return False
 
 
 def _record(output_dir: str) -> dict:
@@ -63,7 +55,7 @@ def recorded(output_dir: str) -> set[str] | None:
 def _looks_own(output_dir: str, name: str) -> bool:
     """For a folder without a record: does `name` have the shape of what lmppo writes?"""
     path = os.path.join(output_dir, name)
-    own_config = _is_own_config(os.path.join(output_dir, "config.yaml"))
+    own_config = is_run_config(os.path.join(output_dir, "config.yaml"))
     try:
         if name == "checkpoints":
             return os.path.isdir(path) and all(_CHECKPOINT_ENTRY.match(e) for e in os.listdir(path))
@@ -86,7 +78,7 @@ def survey(output_dir: str) -> tuple[list[str], list[str]]:
     foreign: list[str] = []
     for name in present:
         is_own = name in mine if mine is not None else _looks_own(output_dir, name)
-        if name == "config.yaml" and not is_own and _is_own_config(os.path.join(output_dir, name)):
+        if name == "config.yaml" and not is_own and is_run_config(os.path.join(output_dir, name)):
             is_own = True  # lmppo's header: written by some lmppo run
         (own if is_own else foreign).append(name)
     if own == ["config.yaml"]:
@@ -102,7 +94,7 @@ def claim(output_dir: str) -> None:
         for n in ARTIFACTS
         if n in mine
         or not os.path.lexists(os.path.join(output_dir, n))
-        or (n == "config.yaml" and _is_own_config(os.path.join(output_dir, n)))
+        or (n == "config.yaml" and is_run_config(os.path.join(output_dir, n)))
     )
     _write_record(output_dir, {**_record(output_dir), "files": names})  # (`inside` kept: what final/ holds of ours)
 
