@@ -107,22 +107,7 @@ class PIKLController:
     Which batch the new beta penalises is the trainer's choice (`kl.react`): the batch just read (`now`, one
     iteration less delay around the loop) or the next one (`next`, Ziegler's and TRL's timing).
 
-    Response time, in iterations: with the KL a factor x above target and staying there (e = log x, |e| <= 1),
-    beta moves at once by x**kp (x**(kp + ki) once the error integrates) and then by a further x**ki every
-    iteration. With the defaults (kp 1, ki 0.5) a KL stuck at twice the target multiplies beta by 2.8 within an
-    iteration and by 2 more every 2 iterations; a KL of e times the target or more multiplies it by 4.5 and then
-    e-fold every 2 iterations. A KL rising by d nats per iteration counts as kd * d nats higher.
-    Ziegler's controller moves beta by at most 0.2 * batch / horizon per iteration, whatever the error.
-    Why not a pure integral (Ziegler, Lagrangian): the KL itself integrates the policy's updates, and
-    integral-on-integral control overshoots; the proportional and look-ahead terms damp it (Stooke et al. 2020,
-    PID Lagrangian methods). Why the integral is conditional below the target: while the KL climbs from 0 at the
-    start of a run every iteration is "below target", and a plain integral would wind beta down to its floor just
-    before the KL arrives, so the KL would shoot past the target. Even so, a climb that stalls now and then (the
-    KL of a batch is a noisy reading) gathers a negative integral, and a policy arriving with beta still wound
-    down runs on past the target (issue 13: 8 nats for a target of 5). So the integral gathered on the way up is
-    dropped when the KL, read ahead, first reaches the target: beta is then `coef * (ahead / target)**(kp+ki)`,
-    and the integral learns the equilibrium from there. Above the target it always integrates: a KL that hovers
-    above the target, drifting down a little now and then, must still see beta rise.
+    Response time and the reasons for each term: docs/design.md, `lmppo.core.kl_control.PIKLController`.
     """
 
     def __init__(

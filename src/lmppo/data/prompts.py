@@ -1,24 +1,6 @@
 """Prompts: reading them, tokenizing them, and the seeded order in which they are drawn.
 
-* ``load_prompt_records`` reads a local ``.jsonl`` / ``.csv`` / ``.txt`` file, a built-in set, a Python list, or a
-  Hugging Face dataset (a ``datasets.Dataset``, a ``save_to_disk`` folder, Parquet / Arrow files:
-  ``lmppo.data.hf_datasets``).
-  A record is a string, a list of chat messages (``{"role", "content"}``) or a list of token ids. Every problem
-  is a one-line ``DataError`` naming the file, the line, the value and what is allowed. The other fields of a
-  JSONL line or CSV row (a reference answer, metadata), and of a dict record passed through the API, are kept
-  as the prompt's *columns*: they travel with the prompt to every reward function that asks for them by name.
-* ``tokenize_prompts`` turns records into token ids the policy is conditioned on (``PromptSet``).
-* ``PromptStream`` yields batches of prompt indices: a seeded permutation per pass over the data, wrapping around
-  across passes, resumable exactly from ``state_dict()``, and split into disjoint per-rank slices of one global
-  batch for multi-process runs.
-
-Tokenization choices: a plain string is tokenized with ``tokenizer(text)["input_ids"]``, i.e. with the tokenizer's
-default special tokens (a BOS for Llama-like tokenizers, nothing for GPT-2/SmolLM-like ones): the same ids the
-model saw in pretraining for a text at the start of a document. Message lists (and plain strings when
-``data.chat_template`` is set) go through ``apply_chat_template(..., add_generation_prompt=True)``, which adds what
-the template writes and nothing else. Token-id records are used as given. When a prompt is cut on the left and it
-starts with the BOS token, the BOS is kept.
-"""
+Design notes: docs/design.md, `lmppo.data.prompts`."""
 
 from __future__ import annotations
 

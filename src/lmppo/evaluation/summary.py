@@ -1,23 +1,6 @@
 """The end-of-training summary: what training changed, measured on the held-out prompts (`data.holdout`).
 
-``summarize(trainer, console)`` (what `lmppo train` prints at the end) samples responses to every held-out prompt
-(``SAMPLES_PER_PROMPT`` of them) from the initial policy and from the trained one, by pure sampling at the training
-temperature with the run's
-seed (both use the same per-response random streams, so the comparison is paired), and reports
-
-- the training score (the weighted sum of the reward sources, before normalisation and the truncation policy)
-  and every source's mean (the judge of weight 0 included), before and after, with the win rate of each;
-- the KL to the reference policy per response (k1 and k3, nats), before (0: the initial policy is the frozen
-  reference) and after;
-- the response length, and a few held-out prompts with their response before and after;
-- the first and last iteration's training score and KL.
-
-It is printed as rich tables and written to ``OUTPUT_DIR/summary.json``. The initial policy is the frozen
-reference: with LoRA the base model with the adapters off (or the kept initial adapter, see
-``lmppo.models.reference``), otherwise ``trainer.reference.model``. With a moving reference (`sync`, `ema`) the initial
-weights are gone: a LoRA run is compared with its adapter-free base model (its starting point when the adapter
-started at zero, as lmppo's do); a full-weights run gets no "before" column.
-"""
+Design notes: docs/design.md, `lmppo.evaluation.summary`."""
 
 from __future__ import annotations
 

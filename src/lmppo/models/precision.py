@@ -1,18 +1,6 @@
 """Which precision a run computes in. `precision: auto` takes bf16 autocast only where the machine runs it faster.
 
-Why this matters: on a CPU with native bf16 (AVX-512 BF16 or AMX) bf16 autocast makes a training iteration 3-5x
-faster than fp32; on a CPU without it (AVX2 only, the kind most laptops and many cloud machines have) oneDNN falls
-back to slow paths and the same iteration runs about 17x slower than in fp32 (docs/performance.md has both figures).
-
-How `auto` decides, in this order:
-- a CUDA device: bf16 when `torch.cuda.is_bf16_supported()` (Ampere and newer), else fp32 (never run on a GPU here);
-- a CPU whose capabilities settle it (`cpu_bf16_support`, the one place that reads the machine): x86 with torch's
-  AVX-512 kernels and the AVX-512 BF16 or AMX instructions -> bf16; x86 with only AVX2 (or less) kernels -> fp32;
-- anything else (AVX-512 without BF16, ARM, oneDNN limited by `ONEDNN_MAX_CPU_ISA`): a probe of well under a second
-  times one bf16-autocast layer against fp32 and bf16 is taken only when it is clearly faster; the result is cached
-  per machine and torch version in lmppo's cache folder.
-An explicit `precision: bf16` runs as asked; on a CPU without native bf16 it warns once with the measured slowdown.
-"""
+Design notes: docs/design.md, `lmppo.models.precision`."""
 
 from __future__ import annotations
 

@@ -1,21 +1,6 @@
 """Reward from an HTTP service: JSON over POST, standard library only.
 
-Request: ``POST <url>`` with body ``{"prompts": [...], "completions": [...]}`` (``Content-Type:
-application/json``) and the source's ``headers`` (``${NAME}`` taken from the environment). Answer: HTTP 200 with
-``{"scores": [...]}`` or a plain JSON list, one output per response, each in any form
-``lmppo.rewards.placement`` accepts (a number, per-token numbers, [start, end, value] spans).
-
-One HTTP/1.1 connection is kept alive for the whole run and opened again when the server closes it (a server
-that closes an idle connection gets the request again at once on a new one, outside the retry count).
-``timeout`` is a total deadline per request (connecting, sending and the whole answer: a server that trickles its
-answer byte by byte cannot hold a run beyond it). Timeouts, refused connections, answers cut off before their
-announced length, HTTP 429 and 5xx are retried ``retries`` times with exponential backoff; a 429 or 503 with
-``Retry-After`` (seconds or an HTTP date) waits what it asks instead, up to ``max_retry_after`` (asking for
-longer ends the run with a message). Other failures (4xx, an answer that is not JSON or has the wrong shape) are
-not retried, since asking again gives the same. Credentials written in the URL (``https://user:pass@host/...``)
-are sent as HTTP basic auth; they and the values of header variables are masked in every message.
-The ``http_proxy`` / ``https_proxy`` / ``no_proxy`` environment variables are honoured as by urllib.
-"""
+Design notes: docs/design.md, `lmppo.rewards.http`."""
 
 from __future__ import annotations
 

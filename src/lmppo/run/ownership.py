@@ -1,19 +1,6 @@
 """Which files of a run folder lmppo wrote: it removes or replaces those and nothing else.
 
-A run records the names it owns in `OUTPUT_DIR/.lmppo-owned.json` when it starts (the artifacts that did not
-exist before it: metrics, samples, checkpoints, final, tensorboard, summary, config). A folder written before
-this record existed is recognised by its shape: `checkpoints/` holding only checkpoint folders, `final/` holding
-only `policy/` and `value/`, logs beside a config.yaml lmppo wrote. Anything else with one of those names is
-foreign: a run never writes into it nor removes it, and the refusal names it.
-
-Inside lmppo's own folders the rule is file by file (`own_files`): a checkpoint's files are the ones its
-manifest lists, `final/`'s the ones the ownership record lists for it (`inside`, written just before it is
-published), tensorboard's its event files. A file lmppo did not write there (your `final/policy/eval_notes.md`,
-`checkpoints/NOTES.txt`) is kept where it is whenever lmppo removes or replaces the folder (`overwrite: true`, a
-new `final/` at the end of a resumed run; a pruned checkpoint holding one is not removed): the folder is replaced
-by one holding hard links to those files (atomic: a kill at any moment leaves either the old folder or the new
-one, and the file in both), and one warning line names them.
-"""
+Design notes: docs/design.md, `lmppo.run.ownership`."""
 
 from __future__ import annotations
 

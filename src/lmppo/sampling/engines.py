@@ -1,20 +1,6 @@
 """Sampling engines: how phase 1 draws the responses (`rollout.backend`). One interface, one registry.
 
-Every engine turns a batch of prompts into responses the same way:
-
-    engine.sample(policy, prompts) -> response_ids (B, T), response_mask (B, T) bool, terminated (B,) bool,
-                                      truncated (B,) bool
-
-with padding after the stop token, `terminated` when a stop token was produced and `truncated` when the length
-limit cut the response. `prompts` is a `PromptBatch`: the left-padded ids and mask, the same prompts as unpadded
-id lists, and one seed per response (`lmppo.sampling.native.response_seed`: run seed, iteration, position in the global
-batch), so an engine may sample each response from its own random stream.
-
-Engines register under their `rollout.backend` name (`register_sampling_engine`, duplicate names refused):
-`native` (lmppo's Gumbel-max loop, `lmppo.sampling.native`), `hf` (transformers' `generate` with a pure-sampling config,
-`lmppo.sampling.hf`), `vllm` (a colocated vLLM engine, `lmppo.sampling.vllm`). A new engine is a class here (or in its
-own module that registers it) and its name in the allowed values of `rollout.backend`; the trainer does not change.
-"""
+Design notes: docs/design.md, `lmppo.sampling.engines`."""
 
 from __future__ import annotations
 

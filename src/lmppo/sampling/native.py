@@ -1,23 +1,6 @@
 """lmppo's own sampling loop (`rollout.backend: native`): pure sampling with per-response random streams.
 
-Each response draws its randomness from its own counter-based stream (`lmppo.sampling.noise`: SplitMix64 keyed by a
-seed mixed from run seed, iteration and the response's position in the global batch, evaluated on the device). The
-same response therefore comes out whatever the micro-batching, the number of processes, or an interruption and
-resume: a 2-process run samples what a 1-process run samples. Sampling is Gumbel-max, argmax(logits / T + G) with
-G ~ Gumbel(0, 1), which draws exactly from softmax(logits / T): no logits processor, nothing that bends the
-distribution. The loop runs the HF model with its KV cache, computing logits only for the last position: on the CPU
-the dynamic cache (eager, as before), on CUDA a static cache with the step replayed from a CUDA graph
-(`lmppo.sampling.static_decoding`, `lmppo.sampling.cuda_graphs`). The noise stream changed in November 2026 (it was
-one CPU `torch.Generator` per response, copied to the device at every step): the same seeds give other tokens than
-before (docs/performance.md, "Native sampler noise").
-
-`SamplingWeights` gives the loop a sampling copy of a LoRA policy on CPU: the adapters folded into plain linear
-layers (W + scale * B @ A, computed once per rollout instead of two extra matmuls per layer per token), stored in
-the autocast dtype when autocast is on. Everything else (embeddings, norms, LM head, buffers) is shared with the
-policy, not copied; the frozen LM head keeps one cast to the autocast dtype (`lmppo.models.frozen_casts`) instead of
-being cast at every decoding step. The copy is refreshed from the policy's weights at every rollout, so it never
-samples from stale weights.
-"""
+Design notes: docs/design.md, `lmppo.sampling.native`."""
 
 from __future__ import annotations
 

@@ -1,37 +1,6 @@
 """`rollout.backend: vllm`: sampling with a vLLM engine colocated with training (same process, same GPU).
 
-Written against vLLM's documented Python API of the 0.10 / 0.11 series (`vllm.LLM`, `vllm.SamplingParams`,
-`LLM.generate`, `LLM.collective_rpc`, `LLM.sleep` / `LLM.wake_up`, `LLM.reset_prefix_cache`). It has not been run
-with vLLM: no GPU was available to this project's sessions (see docs/distributed.md, "vLLM generation").
-
-What the engine does, per rollout (`VLLMSampler.sample`):
-1. wake up (when `rollout.vllm_sleep`): first the weights, then the KV cache, as vLLM's sleep-mode guide describes
-   for RLHF weight updates;
-2. receive the policy's weights (`engine_weights`): all of them at the first rollout, afterwards only what training
-   changes: every trainable parameter when training all weights; with LoRA, the *merged* weight W + scale * B @ A of
-   each adapted layer (computed out of place: the training model's weights are never merged and unmerged, so the
-   frozen base weights keep their exact values) and any other trainable parameter. Names are the Hugging Face
-   checkpoint names (`model.layers.0.self_attn.q_proj.weight`, no PEFT prefixes), which vLLM's `load_weights`
-   maps onto its own fused layers. Merging was chosen over vLLM's LoRA support (a `LoRARequest` per update): no
-   adapter files written every iteration, no `enable_lora` / `max_lora_rank` limits, and the engine samples from
-   the same matrices the training model's forward pass multiplies, up to rounding;
-3. drop the prefix cache (its KV entries were computed with the old weights);
-4. generate with pure sampling (`pure_sampling_kwargs`): the temperature, top_p = 1, top_k = 0 (off), no penalties,
-   no minimum length, `ignore_eos` so that only the configured stop ids end a response (vLLM would otherwise also
-   stop at the model's own EOS ids), max_tokens = rollout.max_new_tokens, and one `seed` per request: the same
-   seed lmppo's native sampler uses for that response (run seed, iteration, position in the global batch);
-5. go back to sleep (level 1: weights offloaded to CPU memory, KV cache freed) so training has the GPU memory.
-
-The engine's logprobs are never requested: the PPO ratio and the KL use the training model's logprobs of the
-sampled tokens at the same temperature, as with the other backends. vLLM's kernels compute slightly different
-logits than the training model (another implementation, usually bf16), so responses are sampled from a
-distribution that is close to, not bit-identical with, the one whose logprobs are measured.
-
-The engine is built with `distributed_executor_backend="external_launcher"`, which keeps vLLM's engine core and its
-worker in this process (vLLM then disables its V1 multiprocessing), as TRL's colocate mode does. That is what lets
-`collective_rpc` hand the weight tensors to the worker without copying them through another process. Each
-training process runs its own engine (tensor parallel size 1) on its own GPU.
-"""
+Design notes: docs/design.md, `lmppo.sampling.vllm`."""
 
 from __future__ import annotations
 
