@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from lmppo.errors import LmppoError
+from lmppo.run.metrics_file import read_jsonl
 
 DEFAULT_KEYS = (
     "objective/scores",
@@ -56,20 +57,7 @@ def read_metrics(run_dir: str) -> tuple[list[dict], int]:
         path = path / "metrics.jsonl"
     if not path.is_file():
         raise LmppoError(f"no metrics file at {path}; give a run directory that holds metrics.jsonl")
-    rows, bad = [], 0
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for line in fh:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                bad += 1
+    rows, bad = read_jsonl(str(path))
     if not rows:
         raise LmppoError(f"the metrics file {path} holds no metrics" + (f" ({bad} malformed lines)" if bad else ""))
     return rows, bad

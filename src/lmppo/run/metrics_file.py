@@ -10,14 +10,11 @@ import warnings
 METRICS = "metrics.jsonl"
 
 
-def read_rows(output_dir: str) -> tuple[list[dict], int]:
-    """(the rows of `OUTPUT_DIR/metrics.jsonl` that have an integer `iteration`, in file order; the number of
-    lines that are not JSON objects: torn, cut or edited). ([], 0) when there is no file."""
-    try:
-        with open(os.path.join(output_dir, METRICS), encoding="utf-8", errors="replace") as fh:
-            lines = fh.read().split("\n")
-    except OSError:
-        return [], 0
+def read_jsonl(path: str) -> tuple[list[dict], int]:
+    """(the JSON objects of the lines of `path`, in file order; the number of lines that are not JSON objects:
+    torn, cut or edited). Blank lines are skipped; OSError when the file cannot be read."""
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        lines = fh.read().split("\n")
     rows, bad = [], 0
     for line in lines:
         if not line.strip():
@@ -27,9 +24,22 @@ def read_rows(output_dir: str) -> tuple[list[dict], int]:
         except ValueError:
             bad += 1
             continue
-        if not isinstance(row, dict):
+        if isinstance(row, dict):
+            rows.append(row)
+        else:
             bad += 1
-            continue
+    return rows, bad
+
+
+def read_rows(output_dir: str) -> tuple[list[dict], int]:
+    """(the rows of `OUTPUT_DIR/metrics.jsonl` that have an integer `iteration`, in file order; the number of
+    lines that are not JSON objects: torn, cut or edited). ([], 0) when there is no file."""
+    try:
+        objects, bad = read_jsonl(os.path.join(output_dir, METRICS))
+    except OSError:
+        return [], 0
+    rows = []
+    for row in objects:
         it = row.get("iteration")
         if isinstance(it, (int, float)) and not isinstance(it, bool) and float(it).is_integer():
             rows.append({**row, "iteration": int(it)})
