@@ -171,13 +171,7 @@ def build_components(
         reference.model.to(device)
     if device.type == "cpu":  # freed memory reused, not faulted in again every iteration (lmppo.models.cpu_memory)
         keep_freed_memory()
-    for model in (hf_model(policy), critic.model if critic is not None else None, reference.model):
-        if model is None:
-            continue
-        if cfg.model.attn_implementation != "auto":  # the user's kernel for every model
-            hf_model(model).set_attn_implementation(cfg.model.attn_implementation)
-        elif device.type == "cpu":  # eager attention for short bf16 passes (lmppo.models.attention)
-            use_cpu_attention(model)
+    _choose_attention(cfg, device, [hf_model(policy), critic.model if critic is not None else None, reference.model])
     strategy.models_built()  # (DeepSpeed: reward models load whole, never partitioned)
 
     # --- data and rewards
@@ -205,8 +199,7 @@ def build_components(
     params = [p for p in actor.parameters() if p.requires_grad]
     if critic is not None:
         params += [p for p in critic.parameters() if p.requires_grad]
-    optimizer = make_adamw(params, cfg.ppo.learning_rate, cfg.ppo.adam_eps, cfg.ppo.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.ppo, cfg.num_iterations))
+    optimizer, scheduler = _optimizer_and_schedule(cfg, params)
     actor, critic, optimizer = strategy.prepare(actor, critic, optimizer)
     if cfg.model.gradient_checkpointing:  # after every .eval() (DeepSpeed's prepare has some)
         enable_gradient_checkpointing(accelerator.unwrap_model(actor).policy)
@@ -237,6 +230,27 @@ def build_components(
         else str(getattr(hf_model(given_policy), "name_or_path", "") or ""),
         prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)",
     )
+
+
+def _choose_attention(cfg: Config, device: torch.device, models: Sequence[Optional[nn.Module]]) -> None:
+    """The user's attention kernel for every model; with `auto` on a CPU, eager attention for short bf16 passes
+    (`lmppo.models.attention`)."""
+    for model in models:
+        if model is None:
+            continue
+        if cfg.model.attn_implementation != "auto":
+            hf_model(model).set_attn_implementation(cfg.model.attn_implementation)
+        elif device.type == "cpu":
+            use_cpu_attention(model)
+
+
+def _optimizer_and_schedule(
+    cfg: Config, params: list[nn.Parameter]
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over `params` and the learning-rate schedule of `ppo` over the run's iterations."""
+    optimizer = make_adamw(params, cfg.ppo.learning_rate, cfg.ppo.adam_eps, cfg.ppo.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg.ppo, cfg.num_iterations))
+    return optimizer, scheduler
 
 
 def prompts_per_iteration(cfg: Config) -> int:
