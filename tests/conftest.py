@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 import pytest
 import torch
@@ -17,6 +18,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(1)
 
 from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _cli_settings_do_not_leak():
+    """`lmppo.apps.cli.main` called in-process sets process-wide console settings (LMPPO_DEBUG for `--debug`, the
+    one-line warning format): each test gets them back as they were, so a later subprocess test is not changed."""
+    env = {k: os.environ.get(k) for k in ("LMPPO_DEBUG", "TQDM_DISABLE")}
+    formatwarning = warnings.formatwarning
+    yield
+    warnings.formatwarning = formatwarning
+    for key, value in env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
