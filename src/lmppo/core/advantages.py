@@ -2,8 +2,12 @@
 
 Signature: fn(rewards (B, T), values (B, T), mask (B, T) bool, *, gamma, lam, group_ids (B,) | None)
            -> (advantages (B, T), returns (B, T)), both 0 at masked positions.
-The mask must be a prefix mask (real tokens first, then padding): the value after the last real token is 0
-(a bootstrap, if wanted, is already in the last reward, see `core.rewards.bootstrap_truncated`).
+The mask selects the tokens the policy chose: a prefix mask for a single response (real tokens, then padding), or
+an episode's action mask with the environment's observation spans False between the turns. Masked positions are
+skipped, not stepped through: the recursion runs over the selected tokens as one sequence (veRL's multi-turn GAE),
+so the last token of turn k bootstraps from the first token of turn k + 1 with one gamma, and inserting observation
+tokens changes no advantage. The value after the last selected token is 0 (a bootstrap, if wanted, is already in
+the last reward, see `core.rewards.bootstrap_truncated`).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from typing import Callable, Optional, Protocol, TypeVar
 
 import torch
 
+from lmppo.core.masking import compaction_order
 from lmppo.registry import ADVANTAGE_ESTIMATORS
 
 
@@ -52,8 +57,23 @@ def gae(
 
     delta_t = r_t + gamma * V_{t+1} - V_t  (V_{t+1} = 0 after the last real token)
     A_t = delta_t + gamma * lam * A_{t+1};  returns R_t = A_t + V_t.
-    Naive equivalent: the same recursion in Python over each row's real tokens (see tests).
+    t and t + 1 are consecutive *selected* tokens: an episode's observation tokens are squeezed out first
+    (`masking.compaction_order`, the identity for a prefix mask) and the results put back in place.
+    Naive equivalent: the same recursion in Python over each row's selected tokens (see tests).
     """
+    order = compaction_order(mask)  # (B, T)
+    packed = [x.gather(1, order) for x in (rewards, values)]
+    packed_mask = mask.gather(1, order)  # (B, T) a prefix mask
+    adv_packed, ret_packed = _gae_prefix(packed[0], packed[1], packed_mask, gamma, lam)
+    advantages = torch.zeros_like(adv_packed).scatter(1, order, adv_packed)
+    returns = torch.zeros_like(ret_packed).scatter(1, order, ret_packed)
+    return advantages, returns
+
+
+def _gae_prefix(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`gae` over a prefix mask (B, T): every selected token is followed by the next one."""
     zeros = torch.zeros_like(values)
     values = torch.where(mask, values, zeros)
     rewards = torch.where(mask, rewards, zeros)

@@ -1,6 +1,8 @@
-"""Masked statistics and response masks.
+"""Masked statistics, response masks and the action mask of multi-turn episodes.
 
 Masks are boolean tensors the shape of the values; positions where the mask is False never change a result.
+An episode's response holds the policy's turns with the environment's observations between them; its action mask
+is True on the policy's tokens only (`action_mask`), and a single-turn response is the case of one turn.
 """
 
 from __future__ import annotations
@@ -77,5 +79,28 @@ def stop_token_mask(response_ids: torch.Tensor, stop_ids: torch.Tensor) -> tuple
 
 
 def last_true_index(mask: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool prefix mask -> (B,) index of the last True (the last real response token); -1 if none."""
-    return mask.long().sum(dim=-1) - 1
+    """(B, T) bool -> (B,) index of the last True (the last real response token, or an episode's last policy
+    token); -1 if none. For a prefix mask this is its length - 1."""
+    T = mask.shape[-1]
+    positions = torch.arange(T, device=mask.device).expand_as(mask)
+    return torch.where(mask, positions, torch.full_like(positions, -1)).max(dim=-1).values
+
+
+def action_mask(turn_starts: torch.Tensor, turn_ends: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T=width) bool, True on the policy's tokens of each episode: the union of its turns' spans.
+
+    turn_starts, turn_ends: (B, K) long, the first and last response position of each policy turn (inclusive);
+    -1 in both for the turns a row does not have. Every other position (observations, chat-template glue between
+    turns, padding) is False: context only, never trained on."""
+    positions = torch.arange(width, device=turn_starts.device)  # (T,)
+    inside = (positions[None, None, :] >= turn_starts[:, :, None]) & (positions[None, None, :] <= turn_ends[:, :, None])
+    return (inside & (turn_starts[:, :, None] >= 0)).any(dim=1)
+
+
+def compaction_order(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (B, T) long permutation of each row: the selected positions first, in order, then the rest.
+
+    Gathering with it squeezes out unselected positions (an episode's observation tokens), so a recursion over time
+    sees the policy's tokens as one unbroken sequence; scattering with it puts results back where they came from.
+    For a prefix mask it is the identity."""
+    return torch.sort((~mask).long(), dim=-1, stable=True).indices

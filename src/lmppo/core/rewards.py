@@ -20,8 +20,21 @@ def kl_penalized_rewards(
     return torch.where(mask, rewards, torch.zeros_like(rewards))
 
 
+def place_turn_rewards(turn_ends: torch.Tensor, turn_rewards: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, T=width) the rewards an environment gave each turn of an episode, each on its turn's last policy token.
+
+    turn_ends: (B, K) long, the response position of each turn's last policy token, -1 for the turns a row does not
+    have; turn_rewards: (B, K), ignored where turn_ends is -1. The reward of step k answers the action of turn k, so
+    it sits where that action ended, never on the observation that follows it."""
+    present = turn_ends >= 0
+    rewards = torch.zeros(turn_ends.shape[0], width, dtype=turn_rewards.dtype, device=turn_rewards.device)
+    amounts = torch.where(present, turn_rewards, torch.zeros_like(turn_rewards))
+    return rewards.scatter_add_(1, turn_ends.clamp(min=0), amounts)
+
+
 def _add_at_last(rewards: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, amount: torch.Tensor) -> torch.Tensor:
-    """Add `amount` (B,) to the last real token of the rows where `rows` (B,) is True."""
+    """Add `amount` (B,) to the last token of `mask` (an episode's: its last policy token) of the rows where `rows`
+    (B,) is True."""
     last = last_true_index(mask).clamp(min=0)  # (B,)
     add = torch.zeros_like(rewards)
     add.scatter_(1, last[:, None], torch.where(rows, amount, torch.zeros_like(amount))[:, None].to(rewards.dtype))
