@@ -10,6 +10,12 @@ modules (and torch); the target is imported on first `get`. Three ways in, one r
 - an installed plug-in: an entry point in the registry's group (e.g. `lmppo.sampling_engines`), found on demand.
 
 Config validation and `lmppo train --help` read the allowed values of each option from here.
+
+Traits: what a variant needs from the rest of the run (an advantage estimator's groups of responses, a KL
+estimator's full logits, a controller's timing), declared with it where it is registered, so no caller tests a
+name. A registry names its traits and their defaults; a built-in declares its own with `builtin(target, **traits)`,
+code with `register(name, **traits)`, and a plug-in (or an object registered without them) as attributes of the
+implementation of the same names. `trait(name, key)` reads them in that order.
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from __future__ import annotations
 import difflib
 import functools
 import importlib
+from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, Generic, Iterator, TypeVar
+from typing import Any, Callable, Generic, Iterator, Mapping, TypeVar
 
 from lmppo.errors import ConfigError, LmppoError
 
@@ -36,15 +43,41 @@ class DuplicateNameError(LmppoError, ValueError):
     """A name registered twice."""
 
 
+@dataclass(frozen=True)
+class Builtin:
+    """A built-in's declaration: its `module:attribute` target and its traits (`builtin(...)`)."""
+
+    target: str
+    traits: Mapping[str, object] = field(default_factory=dict)
+
+
+def builtin(target: str, **traits: object) -> Builtin:
+    """A built-in at `target` (`module:attribute`) with `traits` (names the registry declares)."""
+    return Builtin(target, traits)
+
+
 class Registry(Generic[T]):
     """Named implementations of one extension point.
 
     `what`: what an entry is ("sampling engine"); `option`: the config field that names one ("rollout.backend");
-    `builtins`: name -> `module:attribute`; `group`: the entry-point group of installed plug-ins."""
+    `builtins`: name -> `module:attribute` (or `builtin(target, **traits)`); `group`: the entry-point group of
+    installed plug-ins; `traits`: the traits an entry may declare -> the value of one that does not."""
 
-    def __init__(self, what: str, option: str, builtins: dict[str, str], group: str = "") -> None:
+    def __init__(
+        self,
+        what: str,
+        option: str,
+        builtins: Mapping[str, str | Builtin],
+        group: str = "",
+        traits: Mapping[str, object] | None = None,
+    ) -> None:
         self.what, self.option, self.group = what, option, group
-        self._targets: dict[str, str] = dict(builtins)
+        self.trait_defaults: dict[str, object] = dict(traits or {})
+        declared = {name: b if isinstance(b, Builtin) else Builtin(b) for name, b in builtins.items()}
+        self._targets: dict[str, str] = {name: b.target for name, b in declared.items()}
+        self._traits: dict[str, dict[str, object]] = {
+            name: self._checked_traits(name, b.traits) for name, b in declared.items()
+        }
         self._builtins = tuple(builtins)
         self._loaded: dict[str, T] = {}
         self._plugins_scanned = not group
@@ -61,17 +94,46 @@ class Registry(Generic[T]):
     def __contains__(self, name: object) -> bool:
         return name in self.names()
 
-    def register(self, name: str) -> Callable[[T], T]:
-        """Add `obj` under `name` (as `register(name)(obj)` or as a decorator); a name already taken is an error."""
+    def register(self, name: str, **traits: object) -> Callable[[T], T]:
+        """Add `obj` under `name` (as `register(name)(obj)` or as a decorator) with its `traits`; a name already
+        taken is an error (a built-in's own module confirming its declaration is not)."""
+        checked = self._checked_traits(name, traits)
 
         def add(obj: T) -> T:
             declared = self._targets.get(name) == f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', '')}"
             if name in self.names() and not (declared and name not in self._loaded):
                 raise DuplicateNameError(f"{self.what} `{name}` is already registered; choose another name")
             self._loaded[name] = obj
+            if checked or not declared:
+                self._traits[name] = checked
             return obj
 
         return add
+
+    def trait(self, name: str, key: str) -> Any:
+        """The trait `key` of `name`: as declared with it, else the implementation's attribute `key` (a plug-in's
+        way; imports it), else the registry's default. ConfigError (naming the option) for an unknown `name`."""
+        if key not in self.trait_defaults:
+            raise KeyError(f"{self.what} has no trait `{key}` (it declares {sorted(self.trait_defaults)})")
+        declared = self._traits.get(name, {})
+        if key in declared:
+            return declared[key]
+        self.check(name)
+        if name in self._traits and name in self._builtins:  # a built-in without it: the default, no import
+            return self.trait_defaults[key]
+        return getattr(self.get(name), key, self.trait_defaults[key])
+
+    def with_trait(self, key: str, value: object = True) -> tuple[str, ...]:
+        """The registered names whose trait `key` is `value` (imports the plug-ins that declare it as an attribute)."""
+        return tuple(name for name in self.names() if self.trait(name, key) == value)
+
+    def _checked_traits(self, name: str, traits: Mapping[str, object]) -> dict[str, object]:
+        unknown = sorted(set(traits) - set(self.trait_defaults))
+        if unknown:
+            raise TypeError(
+                f"{self.what} `{name}`: unknown trait(s) {unknown}; {self.what}s declare {sorted(self.trait_defaults)}"
+            )
+        return dict(traits)
 
     def get(self, name: str, default: Any = _MISSING) -> T:
         """The implementation called `name`, imported on first use; `default` (if given) or ConfigError naming the
@@ -112,6 +174,7 @@ class Registry(Generic[T]):
         """Remove an entry added by code (not a built-in declaration)."""
         del self._loaded[name]
         self._targets.pop(name, None)
+        self._traits.pop(name, None)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
@@ -148,34 +211,44 @@ KL_CONTROLLERS: Registry[Any] = Registry(
     "KL controller",
     "kl.controller",
     {
-        "pi": "lmppo.core.kl_control:PIKLController",
+        "pi": builtin("lmppo.core.kl_control:PIKLController", react="now"),
         "adaptive": "lmppo.core.kl_control:AdaptiveKLController",
         "fixed": "lmppo.core.kl_control:FixedKLController",
     },
     group="lmppo.kl_controllers",
+    traits={"react": "next"},
 )
+"""Trait `react`: the `kl.react` that `auto` means for this controller: `now` (beta answers a batch's KL before
+that batch's rewards) or `next` (after its update, from the next batch on: Ziegler's and TRL's timing)."""
 KL_ESTIMATORS: Registry[Any] = Registry(
     "KL estimator",
     "kl.estimator",
-    {"k1": "lmppo.core.kl:kl_k1", "k2": "lmppo.core.kl:kl_k2", "k3": "lmppo.core.kl:kl_k3"},
+    {
+        "k1": "lmppo.core.kl:kl_k1",
+        "k2": "lmppo.core.kl:kl_k2",
+        "k3": "lmppo.core.kl:kl_k3",
+        "exact": builtin("lmppo.core.kl:exact_kl", full_logits=True),
+    },
     group="lmppo.kl_estimators",
+    traits={"full_logits": False},
 )
-"""Per-token estimators from the sampled token's logprobs; `kl.estimator` also takes `exact` (KL_EXACT)."""
-KL_EXACT = "exact"
-"""The `kl.estimator` that is not an estimator: the KL over the whole vocabulary (`lmppo.core.kl.exact_kl`)."""
+"""Trait `full_logits`: False: `fn(logprobs, ref_logprobs)` (B, T) of the sampled tokens, a per-token estimate;
+True: `fn(logits, ref_logits)` (..., V) -> (...), the divergence of each next-token distribution over the whole
+vocabulary, a function of the state, not of the sampled token (the rollout then keeps the reference's logits)."""
 ADVANTAGE_ESTIMATORS: Registry[Any] = Registry(
     "advantage estimator",
     "ppo.advantage_estimator",
     {
         "gae": "lmppo.core.advantages:gae",
-        "rloo": "lmppo.core.advantages:rloo",
-        "grpo": "lmppo.core.advantages:grpo",
+        "rloo": builtin("lmppo.core.advantages:rloo", needs_groups=True),
+        "grpo": builtin("lmppo.core.advantages:grpo", needs_groups=True),
         "reinforce_pp": "lmppo.core.advantages:reinforce_pp",
     },
     group="lmppo.advantage_estimators",
+    traits={"needs_groups": False},
 )
-GROUP_ADVANTAGE_ESTIMATORS = ("rloo", "grpo")
-"""Estimators that compare the responses to one prompt (need rollout.num_samples_per_prompt >= 2)."""
+"""Trait `needs_groups`: the estimator compares the responses to one prompt (`group_ids`), so it needs
+rollout.num_samples_per_prompt >= 2."""
 TRACKERS: Registry[Any] = Registry(
     "tracker",
     "log.trackers",

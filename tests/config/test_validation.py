@@ -10,7 +10,7 @@ import pytest
 from lmppo.config import Config, KLConfig
 from lmppo.config.validation import check_kl, validate_config
 from lmppo.errors import ConfigError
-from lmppo.registry import KL_CONTROLLERS, SAMPLING_ENGINES, TRACKERS
+from lmppo.registry import ADVANTAGE_ESTIMATORS, KL_CONTROLLERS, SAMPLING_ENGINES, TRACKERS
 
 
 def test_kl_target_bounds_live_in_its_type():
@@ -54,3 +54,39 @@ def test_registries_list_their_names_without_importing_the_implementations():
     assert KL_CONTROLLERS.names()[:3] == ("pi", "adaptive", "fixed")
     assert TRACKERS.builtins()[:3] == ("tensorboard", "wandb", "trackio")
     assert KL_CONTROLLERS.get("fixed").__name__ == "FixedKLController"  # imported on first use
+
+
+def _outcome_advantage(rewards, values, mask, *, gamma, lam, group_ids=None):
+    return rewards, rewards
+
+
+class _GroupedAdvantage:
+    """An entry-point plug-in's way: the trait as an attribute of the implementation."""
+
+    needs_groups = True
+
+    def __call__(self, rewards, values, mask, *, gamma, lam, group_ids=None):
+        return rewards, rewards
+
+
+@pytest.mark.parametrize("how", ["declared", "attribute", "none"])
+def test_a_plugin_advantage_estimator_that_needs_groups_is_refused_without_them(how):
+    register = {
+        "declared": lambda: ADVANTAGE_ESTIMATORS.register("mine", needs_groups=True)(_outcome_advantage),
+        "attribute": lambda: ADVANTAGE_ESTIMATORS.register("mine")(_GroupedAdvantage()),
+        "none": lambda: ADVANTAGE_ESTIMATORS.register("mine")(_outcome_advantage),
+    }[how]
+    register()
+    try:
+        cfg = Config()
+        cfg.ppo.advantage_estimator = "mine"
+        cfg.rollout.num_samples_per_prompt = 1
+        if how == "none":
+            cfg.validate()  # no groups needed: one response per prompt is fine
+        else:
+            with pytest.raises(ConfigError, match=r"`ppo.advantage_estimator` = 'mine'.*num_samples_per_prompt >= 2"):
+                cfg.validate()
+        cfg.rollout.num_samples_per_prompt = 2
+        cfg.validate()
+    finally:
+        del ADVANTAGE_ESTIMATORS["mine"]

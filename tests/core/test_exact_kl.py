@@ -13,6 +13,7 @@ from lmppo.config import Config
 from lmppo.core.kl import exact_kl, kl_k1, next_state_kl
 from lmppo.core.masking import masked_sum
 from lmppo.errors import ConfigError
+from lmppo.registry import KL_ESTIMATORS
 from lmppo.training.trainer import PPOTrainer
 
 
@@ -169,3 +170,31 @@ def test_exact_and_k1_agree_on_the_sampled_distribution(tmp_path, tokenizer):
     assert exact.mean() > 0.05  # a KL worth comparing
     assert abs(diff.mean()) < 4 * diff.std() / len(diff) ** 0.5, (k1.mean(), exact.mean())
     assert exact.std() < k1.std()  # the per-response reading varies less than k1's (the tokens' own noise is gone)
+
+
+def _double_exact(logits, ref_logits):
+    return 2.0 * exact_kl(logits, ref_logits)
+
+
+def test_a_plugin_full_logits_estimator_is_used_where_exact_is(tmp_path, tokenizer):
+    """An estimator registered with the trait `full_logits` gets both models' logits in the rollout, the rewards and
+    the loss term, and the placement check, as `exact` does (a per-token call would get (B, T) logprobs instead)."""
+    KL_ESTIMATORS.register("double_exact", full_logits=True)(_double_exact)
+    try:
+        cfg = Config()
+        cfg.kl.estimator, cfg.kl.placement = "double_exact", "both"
+        with pytest.raises(ConfigError, match="with kl.estimator `double_exact`"):
+            cfg.validate()
+        # beta 0: the KL acts nowhere, so both runs train alike and every KL reading is exactly doubled
+        exact = _trainer(tmp_path, tokenizer, "exact", kl__estimator="exact", kl__coef=0.0).train()
+        trainer = _trainer(tmp_path, tokenizer, "double", kl__estimator="double_exact", kl__coef=0.0)
+        double = trainer.train()
+        rollout = trainer.collect_rollout()
+        rewards = trainer.token_rewards(rollout, trainer.score(rollout))
+    finally:
+        del KL_ESTIMATORS["double_exact"]
+    assert exact[-1]["objective/kl"] > 0.0 and exact[-1]["loss/kl_avg"] > 0.0
+    for e, d in zip(exact, double):
+        assert d["objective/kl"] == pytest.approx(2 * e["objective/kl"], rel=1e-5, abs=1e-12)  # rollout -> rewards
+        assert d["loss/kl_avg"] == pytest.approx(2 * e["loss/kl_avg"], rel=1e-5, abs=1e-12)  # the loss term
+    assert rollout.ref_logits is not None and torch.equal(rewards.kl, rollout.exact_kl)

@@ -12,6 +12,7 @@ from conftest import PROMPTS, small_config, tiny_llama
 from lmppo.config import Config
 from lmppo.core.kl_control import AdaptiveKLController, FixedKLController, PIKLController, make_kl_controller
 from lmppo.errors import ConfigError
+from lmppo.registry import KL_CONTROLLERS
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.trainer import PPOTrainer
 
@@ -289,3 +290,45 @@ def test_recent_mean_reads_only_the_last_values():
         acc.add("x", torch.tensor(v))
     assert acc.recent_mean("x", 3) == pytest.approx(2.0)
     assert acc.mean("x") == pytest.approx(4.0)
+
+
+class _HalvingController:
+    """A plug-in controller: beta halves at every reading, whatever the KL."""
+
+    def __init__(self, coef: float) -> None:
+        self.coef = coef
+
+    @classmethod
+    def from_settings(cls, k, batch_size):
+        return cls(k.coef)
+
+    def update(self, kl: float) -> None:
+        self.coef /= 2
+
+    def state_dict(self) -> dict:
+        return {"value": self.coef}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.coef = state["value"]
+
+
+class _HalvingNow(_HalvingController):
+    react = "now"  # an entry-point plug-in's way to declare it: an attribute
+
+
+@pytest.mark.parametrize("how", ["declared now", "declared next", "attribute now", "undeclared"])
+def test_a_plugin_controller_declares_when_it_reacts(tmp_path, tokenizer, how):
+    """`kl.react: auto` follows the controller's trait `react` (the registry's default: `next`)."""
+    register = {
+        "declared now": lambda: KL_CONTROLLERS.register("halving", react="now")(_HalvingController),
+        "declared next": lambda: KL_CONTROLLERS.register("halving", react="next")(_HalvingController),
+        "attribute now": lambda: KL_CONTROLLERS.register("halving")(_HalvingNow),
+        "undeclared": lambda: KL_CONTROLLERS.register("halving")(_HalvingController),
+    }[how]
+    register()
+    try:
+        run = _tiny_run(tmp_path, tokenizer, "halving", iterations=2, kl__controller="halving", kl__coef=0.08)
+    finally:
+        del KL_CONTROLLERS["halving"]
+    first = 0.04 if how.endswith(" now") else 0.08  # now: the first batch already carries the halved beta
+    assert [m["objective/kl_coef"] for m in run] == [first, first / 2]

@@ -13,7 +13,7 @@ from conftest import PROMPTS, small_config, tiny_gpt2, tiny_llama
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.training.trainer import PPOTrainer
-from lmppo.training.update import trim
+from lmppo.training.update import MEAN_STATS, trim
 
 TRL_METRICS = [
     "eps",
@@ -220,6 +220,7 @@ def test_entropy_bonus_and_kl_loss_change_the_update(tmp_path, tokenizer):
         finals[name] = torch.cat([p.detach().flatten() for p in trainer.policy.parameters()])
         if name == "kl_loss":
             assert "loss/kl_avg" in h[-1] and h[-1]["objective/kl_coef"] == 0.0
+            assert set(MEAN_STATS) <= set(h[-1])  # every statistic of the objective (and the grad norm) reported
     assert not torch.equal(finals["plain"], finals["entropy"])
     assert not torch.equal(finals["plain"], finals["kl_loss"])
 

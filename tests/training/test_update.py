@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from lmppo.config import Config
+from lmppo.core.objective import STAT_NAMES
 from lmppo.errors import TrainingError
 from lmppo.training.metrics import MetricsAccumulator
-from lmppo.training.update import checked_step, loss_kl_estimator, minibatches, went_too_far
+from lmppo.training.update import MEAN_STATS, checked_step, loss_kl_estimator, minibatches, went_too_far
 
 
 def test_minibatches_cover_the_batch_once_per_epoch_in_a_fresh_order():
@@ -70,3 +71,8 @@ def test_a_non_finite_step_is_skipped_counted_and_stops_the_run_at_the_limit():
     assert opt.steps == 1 and stats.count("update/skipped_nonfinite") == 3
     with pytest.raises(TrainingError, match="3 updates in a row"):
         checked_step(opt, lambda: 1.0, torch.tensor(float("nan")), stats, 2, 3)
+
+
+def test_the_reported_update_statistics_are_the_objectives_and_the_gradient_norm():
+    """One list of the loss statistics (`STAT_NAMES`): a new one is reported without a second list to edit."""
+    assert MEAN_STATS == (*STAT_NAMES.values(), "policy/grad_norm")

@@ -26,7 +26,6 @@ from lmppo.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
-    KL_EXACT,
     REWARD_SOURCES,
     SAMPLING_ENGINES,
     TRACKERS,
@@ -284,7 +283,7 @@ class RewardConfig(_Section):
 class KLConfig(_Section):
     coef: NonNegativeFloat = 0.05
     """KL coefficient beta (the starting value with the adaptive controller)."""
-    estimator: Annotated[str, registered(KL_ESTIMATORS, KL_EXACT)] = "k1"
+    estimator: Annotated[str, registered(KL_ESTIMATORS)] = "k1"
     """Per-token KL estimator: `k1` (log p - log p_ref, unbiased, can be negative per token), `k2`
     (0.5 * (log ratio)^2), `k3` ((r - 1) - log r with r = p_ref / p; unbiased and never negative), or `exact`:
     the KL of each next-token distribution summed over the whole vocabulary, what the others estimate from the

@@ -15,7 +15,7 @@ from lmppo.config.fields import from_dict, type_hints
 from lmppo.config.model_names import check_model_path, is_hub_repo_id
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.errors import ConfigError
-from lmppo.registry import GROUP_ADVANTAGE_ESTIMATORS, KL_EXACT
+from lmppo.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -149,11 +149,11 @@ def check_rollout(c: Config) -> None:
 def check_kl(c: Config) -> None:
     """The estimator's placement; the controller's gains (names and kl.target's bounds are checked by their types)."""
     k = c.kl
-    if k.estimator == KL_EXACT and k.placement == "both":
+    if k.placement == "both" and KL_ESTIMATORS.trait(k.estimator, "full_logits"):
         raise ConfigError(
             "kl.placement",
             k.placement,
-            "with kl.estimator `exact`, use `reward` (the exact gradient "
+            f"with kl.estimator `{k.estimator}` (over the whole vocabulary), use `reward` (the exact gradient "
             "of the response's KL, through the rewards and a loss term) or `loss` (the loss term only)",
         )
     if k.controller == "adaptive":
@@ -180,7 +180,7 @@ def check_ppo(c: Config) -> None:
             f"must divide the minibatch size ({c.minibatch_size} = rollout.batch_size "
             f"{r.batch_size} / ppo.num_minibatches {p.num_minibatches})",
         )
-    if p.advantage_estimator in GROUP_ADVANTAGE_ESTIMATORS and r.num_samples_per_prompt < 2:
+    if r.num_samples_per_prompt < 2 and ADVANTAGE_ESTIMATORS.trait(p.advantage_estimator, "needs_groups"):
         raise ConfigError(
             "ppo.advantage_estimator",
             p.advantage_estimator,

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from lmppo.core.kl import KL_ESTIMATORS, exact_kl
+from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
 from lmppo.core.masking import masked_mean
@@ -58,8 +58,9 @@ def ppo_objective(
 
     logits (B, T, V): the current policy at the response positions; values (B, T): V(s_t) now; response_ids (B, T);
     old_logprobs, old_values (B, T): the rollout's; advantages, returns (B, T); mask (B, T) bool: the tokens that
-    train; num_tokens: real tokens of the whole minibatch. `kl_estimator`: None (no KL term in the loss), a name of
-    `lmppo.core.kl.KL_ESTIMATORS` (needs ref_logprobs (B, T)) or `exact` (needs ref_logits (B, T, V)).
+    train; num_tokens: real tokens of the whole minibatch. `kl_estimator`: None (no KL term in the loss) or a name of
+    `lmppo.core.kl.KL_ESTIMATORS`: one with the trait `full_logits` (`exact`) needs ref_logits (B, T, V), the others
+    ref_logprobs (B, T).
     Statistics: name of `STAT_NAMES` -> the masked mean over the micro-batch's tokens (0-dim, no graph); `loss/kl_avg`
     only with a KL term. Values at positions outside `mask` never change a result.
     """
@@ -75,11 +76,12 @@ def ppo_objective(
             entropy = entropy_from_logits(logits.detach())
     stats: dict[str, torch.Tensor] = {}
     if kl_estimator is not None:
-        if kl_estimator == "exact":  # the KL of the next-token distribution of the state each token is chosen in
-            assert ref_logits is not None, "kl_estimator `exact` needs ref_logits"
-            kl_term = exact_kl(logits, ref_logits)
+        estimator = KL_ESTIMATORS[kl_estimator]
+        if KL_ESTIMATORS.trait(kl_estimator, "full_logits"):  # the KL of the state each token is chosen in
+            assert ref_logits is not None, f"kl_estimator `{kl_estimator}` (full_logits) needs ref_logits"
+            kl_term = estimator(logits, ref_logits)
         else:
-            kl_term = KL_ESTIMATORS[kl_estimator](logprobs, ref_logprobs)
+            kl_term = estimator(logprobs, ref_logprobs)
         per_token = per_token + kl_coef * kl_term
         stats[STAT_NAMES["kl"]] = masked_mean(kl_term.detach(), mask)
     for key, value in (

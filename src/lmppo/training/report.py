@@ -16,6 +16,7 @@ from lmppo.data.prompts import PromptSet
 from lmppo.evaluation.heldout import sample_and_score
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import ScoredRollout, TokenRewards
+from lmppo.training.update import MEAN_STATS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -23,19 +24,6 @@ if TYPE_CHECKING:
     from lmppo.distributed.strategy import Strategy
     from lmppo.models.reference import ReferencePolicy
     from lmppo.rewards import RewardSource
-
-UPDATE_STATS = (
-    "loss/policy_avg",
-    "loss/value_avg",
-    "policy/clipfrac_avg",
-    "val/clipfrac_avg",
-    "policy/approxkl_avg",
-    "policy/entropy_avg",
-    "val/ratio",
-    "policy/grad_norm",
-    "loss/kl_avg",
-)
-"""The update's statistics reported as their mean over the iteration's micro-batches (and processes)."""
 
 
 def iteration_metrics(
@@ -82,7 +70,7 @@ def iteration_metrics(
     }
     for name, per_response in scored.per_source.items():
         m[f"reward/{name}"] = gather(per_response)
-    for name in UPDATE_STATS:
+    for name in MEAN_STATS:
         if name in stats:
             m[name] = procs.process_mean(stats.mean(name))
     if "ppo/updates" in stats:  # ppo.target_kl: optimizer steps taken, and whether the brake stopped them

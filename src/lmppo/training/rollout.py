@@ -9,7 +9,7 @@ import torch
 
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
-from lmppo.core.kl import exact_kl
+from lmppo.core.kl import KL_ESTIMATORS, in_row_chunks
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.data.prompts import PromptSet
 from lmppo.models.loading import PolicyOutput
@@ -83,9 +83,10 @@ def rollout_passes(
 ) -> RolloutPasses:
     """The rollout's forward passes over chunks of `chunk` rows: `logprobs`, `ref_logprobs` (B, R), `values`
     (B, R + 1), `entropy` (B, R) with `log.token_stats`, and `ref_logits` (B, R, V) and `exact_kl` (B, R) with
-    `kl.estimator: exact`, each None when not computed. R: the response width; P = input width - R."""
+    a `kl.estimator` with the trait `full_logits` (`exact`: `exact_kl` is its per-state value), each None when not
+    computed. R: the response width; P = input width - R."""
     P = input_ids.shape[1] - response_ids.shape[1]
-    exact = cfg.kl.estimator == "exact"
+    exact = bool(KL_ESTIMATORS.trait(cfg.kl.estimator, "full_logits"))
     logprobs: list[torch.Tensor] = []
     ref_logprobs: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
@@ -105,7 +106,7 @@ def rollout_passes(
                 entropies.append(entropy_from_logits(out.logits))
             if exact:
                 ref_logits.append(ref)
-                exact_kls.append(exact_kl(out.logits, ref, chunk_size=64))
+                exact_kls.append(in_row_chunks(KL_ESTIMATORS[cfg.kl.estimator], out.logits, ref, chunk_size=64))
             assert out.values is not None, "policy_and_values returns values"
             values.append(out.values)
         del ref

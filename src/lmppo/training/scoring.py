@@ -100,9 +100,10 @@ def score(
 
 
 def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
-    """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end."""
-    if estimator == "exact":
-        assert rollout.exact_kl is not None, "kl.estimator `exact`: the rollout holds exact_kl"
+    """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end; a `full_logits` estimator's
+    (`exact`) was taken by the rollout, which held both models' logits."""
+    if KL_ESTIMATORS.trait(estimator, "full_logits"):
+        assert rollout.exact_kl is not None, f"kl.estimator `{estimator}`: the rollout holds its per-state KL"
         return rollout.exact_kl
     kl = KL_ESTIMATORS[estimator](rollout.logprobs, rollout.ref_logprobs)
     return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
@@ -114,8 +115,8 @@ def token_rewards(rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef:
     mask = rollout.response_mask
     kl = batch_kl(rollout, cfg.kl.estimator)
     beta = kl_coef if cfg.kl.placement in ("reward", "both") else 0.0
-    # exact: a token's reward carries the KL of the state it leads into; its own state's KL is a loss term
-    penalized = next_state_kl(kl, mask) if cfg.kl.estimator == "exact" else kl
+    # full logits (exact): a token's reward carries the KL of the state it leads into; its own state's is a loss term
+    penalized = next_state_kl(kl, mask) if KL_ESTIMATORS.trait(cfg.kl.estimator, "full_logits") else kl
     rewards = kl_penalized_rewards(scored.token_scores, penalized, beta, mask)
     if cfg.reward.truncation == "bootstrap":
         rewards = bootstrap_truncated(rewards, mask, rollout.truncated, rollout.final_values, cfg.ppo.gamma)

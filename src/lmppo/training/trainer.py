@@ -26,6 +26,7 @@ from torch import nn
 import lmppo.run.lock as lock
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
+from lmppo.core.kl_control import KL_CONTROLLERS
 from lmppo.core.masking import masked_sum
 from lmppo.core.rewards import RunningMoments
 from lmppo.models.loading import PolicyOutput
@@ -238,9 +239,9 @@ class PPOTrainer:
 
     @property
     def kl_reacts_now(self) -> bool:
-        """`kl.react`: whether beta answers a batch's KL before that batch's rewards (else after its update)."""
+        """`kl.react` (`auto`: the controller's trait `react`): whether beta answers a batch's KL before its rewards."""
         k = self.config.kl
-        return k.react == "now" or (k.react == "auto" and k.controller == "pi")
+        return (KL_CONTROLLERS.trait(k.controller, "react") if k.react == "auto" else k.react) == "now"
 
     def mean_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> float:
         """The batch's mean KL per response over all processes (`objective/kl`): what the KL controller reads."""

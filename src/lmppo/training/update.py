@@ -10,13 +10,21 @@ import torch
 
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
-from lmppo.core.objective import ppo_objective
+from lmppo.core.kl import KL_ESTIMATORS
+from lmppo.core.objective import STAT_NAMES, ppo_objective
 from lmppo.errors import TrainingError
 from lmppo.models.loading import PolicyOutput
 from lmppo.training.metrics import MetricsAccumulator
 
 if TYPE_CHECKING:
     from lmppo.distributed.strategy import Strategy
+
+
+GRAD_NORM = "policy/grad_norm"
+"""Each optimizer step's gradient norm before clipping (`checked_step`)."""
+MEAN_STATS = (*STAT_NAMES.values(), GRAD_NORM)
+"""The update's statistics that an iteration reports as their mean over its micro-batches (and processes): every
+statistic of `ppo_objective` (`lmppo.core.objective.STAT_NAMES`, the one list of them) and the gradient norm."""
 
 
 def minibatches(
@@ -48,10 +56,11 @@ def trim(batch: Rollout) -> tuple[Rollout, int]:
 
 
 def loss_kl_estimator(cfg: Config) -> str | None:
-    """The KL term of the loss: `exact` with either placement, else `kl.loss_estimator` with placement loss / both,
-    else None (no term)."""
-    if cfg.kl.estimator == "exact":
-        return "exact"
+    """The KL term of the loss: `kl.estimator` itself with either placement when it reads full logits (`exact`:
+    the state's own KL is a loss term, `lmppo.core.kl.next_state_kl`), else `kl.loss_estimator` with placement
+    loss / both, else None (no term)."""
+    if KL_ESTIMATORS.trait(cfg.kl.estimator, "full_logits"):
+        return cfg.kl.estimator
     return cfg.kl.loss_estimator if cfg.kl.placement in ("loss", "both") else None
 
 
@@ -130,7 +139,7 @@ def checked_step(
             )
         return nonfinite_in_a_row + 1
     stats.add("update/skipped_nonfinite", 0.0)
-    stats.add("policy/grad_norm", grad_norm)
+    stats.add(GRAD_NORM, grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return 0
