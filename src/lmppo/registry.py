@@ -279,6 +279,24 @@ REWARD_SOURCES: Registry[Any] = Registry(
     },
     group="lmppo.reward_sources",
 )
+ENVIRONMENTS: Registry[Any] = Registry(
+    "environment",
+    "environment.path",
+    {
+        "tools": "lmppo.environments.tools:ToolEnvironment",
+        "guess_number": "lmppo.environments.games:GuessNumber",
+    },
+    group="lmppo.environments",
+)
+"""Built-in environments; `environment.path` also takes `module:Class` or `path/to/file.py:Class`."""
 
-EXTENSION_POINTS = (SAMPLING_ENGINES, KL_CONTROLLERS, KL_ESTIMATORS, ADVANTAGE_ESTIMATORS, TRACKERS, REWARD_SOURCES)
+EXTENSION_POINTS = (
+    SAMPLING_ENGINES,
+    KL_CONTROLLERS,
+    KL_ESTIMATORS,
+    ADVANTAGE_ESTIMATORS,
+    TRACKERS,
+    REWARD_SOURCES,
+    ENVIRONMENTS,
+)
 """Every registry, for `--help` (`option` names the config field each one fills)."""

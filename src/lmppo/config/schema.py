@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import field
-from functools import wraps
-from typing import Annotated, Literal, TypeVar, cast
+from typing import Annotated, Literal
 
 import pydantic
-from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError
-from typing_extensions import dataclass_transform
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from lmppo.config.fields import config_error, section_prefixes
+from lmppo.config.sections import _Section, section, set_root
 from lmppo.config.types import Fraction, Seed, registered
 from lmppo.config.validation import validate_config
 from lmppo.registry import (
@@ -30,48 +28,6 @@ from lmppo.registry import (
     SAMPLING_ENGINES,
     TRACKERS,
 )
-
-_SETTINGS = pydantic.ConfigDict(
-    validate_assignment=True, extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False
-)
-"""pydantic's lax conversion ("2" -> 2, "false" -> False, 2.0 -> 2, 3 -> "3") on construction and on every
-assignment; unknown fields, non-finite floats and values of another type are refused."""
-
-
-@pydantic.dataclasses.dataclass(config=_SETTINGS)
-class _Section:
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _empty_is_default(cls, data: object) -> object:
-        return {} if data is None else data  # `ppo:` with nothing under it in YAML
-
-
-S = TypeVar("S")
-
-
-@dataclass_transform(field_specifiers=(field, pydantic.Field))
-def section(cls: type[S]) -> type[S]:
-    """A config section: a pydantic dataclass whose construction and assignments raise one ConfigError."""
-    made = cast("type[S]", pydantic.dataclasses.dataclass(cls, config=_SETTINGS))
-    init, assign = made.__init__, made.__setattr__
-
-    @wraps(init)
-    def __init__(self: object, *args: object, **kwargs: object) -> None:
-        try:
-            init(self, *args, **kwargs)
-        except ValidationError as err:
-            raise config_error(err, made, section_prefixes(Config).get(made, "")) from None
-
-    @wraps(assign)
-    def __setattr__(self: object, name: str, value: object) -> None:
-        try:
-            assign(self, name, value)
-        except ValidationError as err:
-            raise config_error(err, made, section_prefixes(Config).get(made, "")) from None
-
-    setattr(made, "__init__", __init__)
-    setattr(made, "__setattr__", __setattr__)
-    return made
 
 
 @section
@@ -280,6 +236,32 @@ class RewardConfig(_Section):
 
 
 @section
+class EnvironmentConfig(_Section):
+    path: str = ""
+    """Multi-turn episodes (docs/environments.md): the environment class, a built-in name (`tools`: runs the
+    functions of `tools` called by the model; `guess_number`: a higher/lower guessing game), `module:Class` or
+    `path/to/file.py:Class`. Empty: one response per prompt, no environment. One instance per episode, built with
+    the prompt row's columns (and `prompt`) as keyword arguments; `reset()` gives the opening observation (a string
+    or chat messages; None: the row's prompt), `step(action_text)` gives `(observation, reward, done)`."""
+    max_turns: PositiveInt = 4
+    """The most policy turns of an episode; an episode the environment has not ended by then is truncated
+    (`reward.truncation` applies). Each turn is at most `rollout.max_new_tokens` tokens."""
+    max_episode_tokens: PositiveInt = 256
+    """The most tokens after the prompt: the policy's turns and the observations between them. An episode whose
+    next turn or observation would not fit ends there, truncated."""
+    max_observation_tokens: PositiveInt = 128
+    """The longest one observation may be in tokens (chat-template glue included); a longer one stops the run
+    with an error naming the environment and the turn (an environment bug, not an episode ending)."""
+    tools: list[str] = field(default_factory=list)
+    """Tool functions (`module:function` or `file.py:function`, with type hints and a docstring) offered to the
+    model through the chat template's tool format; for `path: tools`, or any environment that reads them."""
+    render: Literal["auto", "chat", "text"] = "auto"
+    """How observations become tokens: `chat` (chat messages through the tokenizer's chat template, only the new
+    messages are encoded and appended), `text` (the observation's text encoded as it is), `auto` (chat when the
+    tokenizer has a chat template)."""
+
+
+@section
 class KLConfig(_Section):
     coef: NonNegativeFloat = 0.05
     """KL coefficient beta (the starting value with the adaptive controller)."""
@@ -470,6 +452,8 @@ class Config(_Section):
     """Metrics, trackers and sample tables."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """Checkpoints."""
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    """Multi-turn episodes with an environment (and tools)."""
 
     # ---- derived sizes (never user fields) ----
     @property
@@ -497,3 +481,6 @@ class Config(_Section):
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+set_root(Config)

@@ -15,7 +15,7 @@ from lmppo.config.fields import from_dict, type_hints
 from lmppo.config.model_names import check_model_path, is_hub_repo_id
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.errors import ConfigError
-from lmppo.registry import ADVANTAGE_ESTIMATORS, KL_ESTIMATORS
+from lmppo.registry import ADVANTAGE_ESTIMATORS, ENVIRONMENTS, KL_ESTIMATORS
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -34,7 +34,8 @@ def validate_config(c: Config) -> None:
         check_models,
         check_data,
         check_rollout,
-        lambda c: check_reward(c.reward),
+        lambda c: check_reward(c.reward, with_environment=bool(c.environment.path)),
+        check_environment,
         check_kl,
         check_ppo,
         check_log,
@@ -146,6 +147,38 @@ def check_rollout(c: Config) -> None:
         raise ConfigError("rollout.stop_token", r.stop_token, "use `eos`, a token string, or `none`")
 
 
+def check_environment(c: Config) -> None:
+    """The environment's name or import path, its tools, and what episodes cannot be combined with."""
+    e = c.environment
+    if not e.path:
+        if e.tools:
+            raise ConfigError("environment.tools", e.tools, "need an environment: set environment.path (e.g. `tools`)")
+        return
+    if e.path not in ENVIRONMENTS.builtins() and ":" not in e.path:
+        raise ConfigError(
+            "environment.path",
+            e.path,
+            f"must be a built-in environment ({', '.join(ENVIRONMENTS.builtins())}), `module:Class` or `file.py:Class`",
+        )
+    for i, tool in enumerate(e.tools):
+        if ":" not in tool:
+            raise ConfigError(f"environment.tools[{i}]", tool, "must look like `module:function` or `file.py:function`")
+    if e.path == "tools" and not e.tools:
+        raise ConfigError("environment.tools", e.tools, "is empty; environment `tools` needs at least one function")
+    if KL_ESTIMATORS.trait(c.kl.estimator, "full_logits"):
+        raise ConfigError(
+            "kl.estimator",
+            c.kl.estimator,
+            "an estimator over the whole vocabulary is not available with an environment; use k1, k2 or k3",
+        )
+    if e.max_episode_tokens < c.rollout.max_new_tokens:
+        raise ConfigError(
+            "environment.max_episode_tokens",
+            e.max_episode_tokens,
+            f"must be at least rollout.max_new_tokens ({c.rollout.max_new_tokens}): one whole turn",
+        )
+
+
 def check_kl(c: Config) -> None:
     """The estimator's placement; the controller's gains (names and kl.target's bounds are checked by their types)."""
     k = c.kl
@@ -197,10 +230,13 @@ def check_log(c: Config) -> None:
         )
 
 
-def check_reward(rc: RewardConfig) -> None:
-    """At least one source; each source's kind, path, input, weight and headers."""
-    if not rc.sources:
-        raise ConfigError("reward.sources", rc.sources, "needs at least one reward source")
+def check_reward(rc: RewardConfig, with_environment: bool = False) -> None:
+    """At least one source (none with an environment: its step rewards are the reward); each source's kind, path,
+    input, weight and headers."""
+    if not rc.sources and not with_environment:
+        raise ConfigError(
+            "reward.sources", rc.sources, "needs at least one reward source (or an environment: environment.path)"
+        )
     for i, s in enumerate(rc.sources):
         where = f"reward.sources[{i}]"
         if not s.path:

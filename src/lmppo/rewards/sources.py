@@ -230,16 +230,17 @@ def check_source_arguments(sources: Sequence[RewardSource], column_names: Sequen
             s.check_arguments(column_names)
 
 
-def import_callable(spec: str) -> Callable:
-    """Resolve `module:function` or `path/to/file.py:function` (RewardError when it cannot)."""
+def import_callable(spec: str, what: str = "reward function") -> Callable:
+    """Resolve `module:function` or `path/to/file.py:function` (RewardError when it cannot; `what` names the object
+    in the message: an environment class and tools are imported the same way)."""
     if ":" not in spec:
-        raise RewardError(f"reward function `{spec}`: must look like `module:function` or `file.py:function`")
+        raise RewardError(f"{what} `{spec}`: must look like `module:function` or `file.py:function`")
     target, attr = spec.rsplit(":", 1)  # rsplit: a Windows path keeps its drive letter
     if not target or not attr:
-        raise RewardError(f"reward function `{spec}`: must look like `module:function` or `file.py:function`")
+        raise RewardError(f"{what} `{spec}`: must look like `module:function` or `file.py:function`")
     if target.endswith(".py") or os.sep in target or "/" in target:
         if not os.path.isfile(target):
-            raise RewardError(f"reward function `{spec}`: no such file `{target}`")
+            raise RewardError(f"{what} `{spec}`: no such file `{target}`")
         mod_name = "lmppo_reward_" + re.sub(r"\W", "_", os.path.abspath(target))
         try:
             loader_spec = importlib.util.spec_from_file_location(mod_name, target)
@@ -248,30 +249,30 @@ def import_callable(spec: str) -> Callable:
             loader_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except (Exception, SystemExit) as err:  # SystemExit: a module that exits when imported
             sys.modules.pop(mod_name, None)
-            raise RewardError(f"reward function `{spec}`: loading `{target}` failed with {_raised(err)}") from err
+            raise RewardError(f"{what} `{spec}`: loading `{target}` failed with {_raised(err)}") from err
     else:
         try:
             module = importlib.import_module(target)
         except ModuleNotFoundError as err:
             if err.name and target != err.name and not target.startswith(err.name + "."):
                 raise RewardError(
-                    f"reward function `{spec}`: importing `{target}` failed: it needs module "
+                    f"{what} `{spec}`: importing `{target}` failed: it needs module "
                     f"`{err.name}`, which is not installed"
                 ) from err
             raise RewardError(
-                f"reward function `{spec}`: no module named `{target}` (is it installed, or on "
+                f"{what} `{spec}`: no module named `{target}` (is it installed, or on "
                 "PYTHONPATH? a file can be given as `path/to/file.py:function`)"
             ) from err
         except (Exception, SystemExit) as err:
-            raise RewardError(f"reward function `{spec}`: importing `{target}` failed with {_raised(err)}") from err
+            raise RewardError(f"{what} `{spec}`: importing `{target}` failed with {_raised(err)}") from err
     if not hasattr(module, attr):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n, None))]
         hint = difflib.get_close_matches(attr, names, n=1)
         extra = f" (did you mean `{hint[0]}`?)" if hint else ""
-        raise RewardError(f"reward function `{spec}`: `{target}` has no attribute `{attr}`{extra}")
+        raise RewardError(f"{what} `{spec}`: `{target}` has no attribute `{attr}`{extra}")
     fn = getattr(module, attr)
     if not callable(fn):
-        raise RewardError(f"reward function `{spec}`: `{attr}` is a {type(fn).__name__}, not callable")
+        raise RewardError(f"{what} `{spec}`: `{attr}` is a {type(fn).__name__}, not callable")
     return fn
 
 
