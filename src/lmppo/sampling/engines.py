@@ -14,8 +14,9 @@ import lmppo.sampling.vllm as vllm_backend
 from lmppo.config import Config
 from lmppo.registry import SAMPLING_ENGINES
 from lmppo.sampling.cuda_graphs import DecodeGraphs
-from lmppo.sampling.hf import pure_sampling_config, sample_responses
+from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, sample_native
+from lmppo.sampling.turns import CachedTurns, RepeatedPrefill, TurnSampler
 
 Responses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """response_ids (B, T), response_mask (B, T) bool, terminated (B,) bool, truncated (B,) bool."""
@@ -46,6 +47,18 @@ class SamplingEngine:
 
     def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
         raise NotImplementedError
+
+    def turn_sampler(self, policy: nn.Module) -> TurnSampler:
+        """The turns of multi-turn episodes (`lmppo.sampling.turns`). Here: `sample` on each episode's whole
+        history every turn (token ids, re-encoded by the model each turn); an engine that can continue from its
+        cache overrides this."""
+        device = self.accelerator.device
+
+        def sample(histories: list[list[int]], seeds: list[int]) -> Responses:
+            ids, mask = left_pad(histories, self.pad_id)
+            return self.sample(policy, PromptBatch(ids.to(device), mask.to(device), histories, seeds))
+
+        return RepeatedPrefill(sample)
 
 
 def register_sampling_engine(name: str) -> Callable[[type[SamplingEngine]], type[SamplingEngine]]:
@@ -86,6 +99,12 @@ class NativeEngine(SamplingEngine):
             model, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id,
             prompts.seeds, graphs=self.graphs,
         )  # fmt: skip
+
+    def turn_sampler(self, policy: nn.Module) -> TurnSampler:
+        """One KV cache kept across the turns (`lmppo.sampling.turns.CachedTurns`; the dynamic loop, no CUDA graphs)."""
+        r = self.config.rollout
+        model = self.weights.model_for(policy) if self.copies else policy
+        return CachedTurns(model, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id)
 
 
 @register_sampling_engine("hf")
