@@ -74,3 +74,48 @@ def test_version_and_help_import_no_torch():
     )
     assert out.returncode == 0 and out.stdout.startswith("lmppo ")
     assert not re.search(r"\|\s+torch$", out.stderr, re.M)
+
+
+def test_every_commands_help_and_argument_errors_import_no_torch():
+    """`lmppo eval|merge|plot|push|warp --help` and their argument mistakes answer before torch, transformers,
+    accelerate or rich load (each command's parser lives in lmppo.apps.arguments / lmppo.evaluation.arguments)."""
+    code = (
+        "import sys\n"
+        "from lmppo.apps.cli import main\n"
+        "for name in ('eval', 'merge', 'plot', 'push', 'warp'):\n"
+        "    assert main([name, '--help']) == 0, name\n"
+        "assert main(['merge', 'run_a']) == 2  # --output missing\n"
+        "assert main(['push', 'run_a']) == 2  # --repo-id missing\n"
+        "assert main(['plot']) == 2  # no run folder\n"
+        "assert main(['eval', 'run_a', '--samples-per-prompt', 'many']) == 2\n"
+        "assert main(['eval', 'run_a', '--rollout.temprature', '1']) == 2  # an unknown override\n"
+        "assert main(['warp', '--members', '3']) == 2  # --kl-budget missing\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'accelerate', 'rich'))\n"
+        "assert not heavy, heavy[:5]\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "usage: lmppo eval" in out.stdout and "usage: lmppo warp" in out.stdout
+    assert "lmppo merge: error: the following arguments are required: --output/-o" in out.stderr
+    assert "error: unknown option `--rollout.temprature` (did you mean `--rollout.temperature`?)" in out.stderr
+
+
+def test_an_unknown_option_is_named_with_the_closest_one(capsys):
+    assert main(["train", "--ppo.num_epoch", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: unknown option `--ppo.num_epoch` (did you mean `--ppo.num_epochs`?); see `lmppo train --help`"
+
+
+def test_train_help_lists_every_value_a_registry_option_takes(capsys):
+    out = _out(["train", "--help"], capsys)
+    assert "--kl.estimator {k1,k2,k3,exact}   (default: k1)" in out  # `exact` is accepted, so it is listed
+
+
+def test_the_old_module_name_lmppo_cli_still_runs_the_command():
+    """`python -m lmppo.cli` (the documented launch before the command moved to lmppo.apps.cli) still works, as
+    does `python -m lmppo`, the name the docs now give."""
+    for module in ("lmppo.cli", "lmppo"):
+        out = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.startswith("lmppo "), (module, out.stderr)
+    out = subprocess.run([sys.executable, "-m", "lmppo.cli", "trian"], capture_output=True, text=True)
+    assert out.returncode == 2 and "did you mean `train`?" in out.stderr

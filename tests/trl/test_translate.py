@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from conftest import PROMPTS
@@ -54,7 +56,6 @@ def test_fsdp_is_refused_by_name():
         ({"lr_scheduler_type": "polynomial"}, "lr_scheduler_type"),
         ({"optim": "sgd"}, "optim"),
         ({"save_strategy": "epoch"}, "save_strategy"),
-        ({"missing_eos_penalty": 1.0}, "missing_eos_penalty"),  # no stop token
         ({"stop_token": "eos", "stop_token_id": 3}, "stop_token_id"),
     ],
 )
@@ -210,9 +211,48 @@ def test_resume_from_checkpoint_names_this_runs_folder(tmp_path):
     from lmppo.trl.translate import resume_folder
 
     out = str(tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"`resume_from_checkpoint` = 'true': no such folder: .*run"):
+        args(output_dir=out, resume_from_checkpoint="true")  # refused when the arguments are parsed
+    os.makedirs(out)
     assert resume_folder(args(output_dir=out)) is None
     assert resume_folder(args(output_dir=out, resume_from_checkpoint="false")) is None
     assert resume_folder(args(output_dir=out, resume_from_checkpoint="true")) == out
     assert resume_folder(args(output_dir=out, resume_from_checkpoint=out + "/")) == out
     with pytest.raises(ConfigError, match=r"`resume_from_checkpoint` = .*other.*must be this run's output_dir"):
         check_fields(args(output_dir=out, resume_from_checkpoint=str(tmp_path / "other")))
+
+
+def test_refused_fields_are_refused_when_the_arguments_are_parsed():
+    """HfArgumentParser builds the PPOConfig before a script loads any model: the refusal comes then."""
+    from transformers import HfArgumentParser
+
+    from lmppo.trl import PPOConfig
+
+    parser = HfArgumentParser(PPOConfig)
+    with pytest.raises(ConfigError, match=r"`whiten_rewards` = True: lmppo does not whiten"):
+        parser.parse_args_into_dataclasses(["--output_dir", "x", "--use_cpu", "--whiten_rewards", "true"])
+
+
+def test_missing_eos_penalty_without_a_stop_token_is_trls_rule():
+    """No stop token: no truncation policy (responses run to response_length); the trainer adds the penalty as a
+    reward source, -penalty for each response with no eos token (TRL 1.12: scores[~contain_eos_token] -= penalty)."""
+    from lmppo.trl.trainer import MissingEosPenalty
+
+    c = lmppo_config(args(missing_eos_penalty=1.5), world_size=1, num_prompts=8, max_prompt_length=4)
+    assert (c.rollout.stop_token, c.reward.truncation) == ("none", "none")
+    eos = 2
+    assert MissingEosPenalty(eos, 1.5)([[5, 6, 7], [5, 2, 7], [2], [9, 9, 2]]) == [-1.5, 0.0, 0.0, 0.0]
+    with_stop = lmppo_config(
+        args(missing_eos_penalty=1.5, stop_token="eos"),
+        world_size=1,
+        num_prompts=8,
+        max_prompt_length=4,
+        stop_token="eos",
+    )
+    assert (with_stop.reward.truncation, with_stop.reward.penalty, with_stop.reward.penalty_mode) == (
+        "penalty",
+        -1.5,
+        "add",
+    )
+    with pytest.raises(ConfigError, match="`missing_eos_penalty` = 1.5: needs a tokenizer with an eos token"):
+        MissingEosPenalty(None, 1.5)

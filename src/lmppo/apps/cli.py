@@ -36,6 +36,37 @@ COMMANDS = {
 }
 
 
+PARSERS = {name: f"{name}_parser" for name in ("eval", "plot", "push", "merge", "warp")}
+"""The commands whose arguments are parsed before their imports (`lmppo.apps.arguments`): --help, a mistake."""
+TAKE_OVERRIDES = ("eval", "warp")
+"""Commands whose other options are config overrides (`--section.field VALUE`)."""
+
+
+def check_arguments(command: str, argv: Sequence[str]) -> Optional[int]:
+    """Parse a command's arguments before torch and transformers load: `--help` prints its help (exit code 0), a
+    mistake one usage line and one `error:` line (2); None when they parse and the command should run."""
+    from lmppo.apps import arguments
+
+    parser = getattr(arguments, PARSERS[command])()
+    argv = list(argv)
+    try:
+        if command not in TAKE_OVERRIDES:
+            parser.parse_args(argv)
+            return None
+        if command == "warp" and argv and not argv[0].startswith("-"):
+            argv = argv[1:]  # the config file
+        _, rest = parser.parse_known_args(argv)
+        from lmppo.config import parse_overrides
+
+        parse_overrides(rest)
+    except SystemExit as done:  # argparse: --help (0) or a usage error (2), already printed
+        return int(done.code or 0)
+    except LmppoError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return None
+
+
 def main_help() -> str:
     lines = ["usage: lmppo COMMAND [ARGS ...] [--debug]   (lmppo --version; lmppo COMMAND --help)", "", "commands:"]
     lines += [f"  {name:<7} {what}" for name, (_, what) in COMMANDS.items()]
@@ -45,17 +76,10 @@ def main_help() -> str:
 
 # The commands other than `train` import their modules here, when they run (start-up: see the module docstring).
 def cmd_plot(argv: Sequence[str], console: Any) -> int:
-    import argparse
-
+    from lmppo.apps.arguments import plot_parser
     from lmppo.evaluation.plot import plot_runs
 
-    parser = argparse.ArgumentParser(
-        prog="lmppo plot",
-        description="PNG of the key training curves from OUTPUT_DIR/metrics.jsonl; several runs are overlaid.",
-    )
-    parser.add_argument("run_dirs", nargs="+", help="output_dir of one or more runs")
-    parser.add_argument("-o", "--output", default=None, help="PNG path (default: FIRST_RUN/curves.png)")
-    args = parser.parse_args(argv)
+    args = plot_parser().parse_args(argv)
     out = args.output or os.path.join(args.run_dirs[0], "curves.png")
     console.print(f"wrote {plot_runs(args.run_dirs, out)}")
     return 0
@@ -111,6 +135,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         print(train_help())
         return 0
+    if command in PARSERS:
+        code = check_arguments(command, rest)
+        if code is not None:
+            return code
     if not debug:
         os.environ.setdefault("TQDM_DISABLE", "1")  # read by tqdm when it is imported (with transformers)
     # the heavy imports (torch, transformers, rich) happen from here on, for the command that runs

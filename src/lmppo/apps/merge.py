@@ -5,7 +5,6 @@ Design notes: docs/design.md, `lmppo.apps.merge`."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmppo.apps.arguments import merge_parser
 from lmppo.config import load_config
 from lmppo.core.kl_budget import BudgetStep, search_lambda
 from lmppo.errors import LmppoError, StorageError
@@ -336,59 +336,9 @@ def merge_to_budget(
     return output, chosen, steps
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lmppo merge", description=__doc__.split("\n\n")[0])
-    p.add_argument("inputs", nargs="+", help="runs (their final/policy) or model folders, all from one start model")
-    p.add_argument("--output", "-o", required=True, help="a new folder for the merged policy")
-    p.add_argument(
-        "--toward-start",
-        type=float,
-        default=None,
-        metavar="LAMBDA",
-        help="scale the averaged weight change by LAMBDA (default 1; 0 gives the start model back)",
-    )
-    p.add_argument(
-        "--kl-budget",
-        type=float,
-        default=None,
-        metavar="NATS",
-        help="choose LAMBDA so that the merged policy's held-out KL to the start (per response, as lmppo "
-        "eval measures it) is NATS; measured on the runs' held-out prompts",
-    )
-    p.add_argument(
-        "--start",
-        default=None,
-        help="full-weight models only: the model the runs started from "
-        "(needed with --toward-start; with --kl-budget, default the runs' model.policy)",
-    )
-    p.add_argument(
-        "--config",
-        default=None,
-        help="with --kl-budget: the runs' config (prompts, held-out split, "
-        "sampling, rewards); default the first run's config.yaml",
-    )
-    p.add_argument(
-        "--tolerance",
-        type=float,
-        default=0.1,
-        help="with --kl-budget: accept a KL within this fraction of the budget (default 0.1)",
-    )
-    p.add_argument(
-        "--max-evals", type=int, default=5, help="with --kl-budget: at most this many LAMBDAs measured (default 5)"
-    )
-    p.add_argument(
-        "--samples-per-prompt",
-        type=int,
-        default=4,
-        help="with --kl-budget: responses per held-out prompt for each measurement (default 4)",
-    )
-    p.add_argument("--seed", type=int, default=None, help="with --kl-budget: sampling seed (default the run's)")
-    return p
-
-
 def main(argv: Sequence[str], console: Any = None) -> int:
     """`lmppo merge`; returns the exit code. Mistakes raise LmppoError (one line from the CLI)."""
-    args = _parser().parse_args(list(argv))
+    args = merge_parser().parse_args(list(argv))
     say = console.print if console is not None else print
     if args.kl_budget is None:
         toward = 1.0 if args.toward_start is None else args.toward_start

@@ -9,15 +9,15 @@ token) is one `error:` line; the token never appears in a message.
 
 from __future__ import annotations
 
-import argparse
 import os
 from typing import Any, Optional, Sequence
 
+from lmppo.apps.arguments import PUSH_FOLDERS, push_parser
 from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError, LmppoError, bounded_repr
 from lmppo.run.signals import go_on
 
-FOLDERS = ("policy-merged", "policy", "value")
+FOLDERS = PUSH_FOLDERS
 
 
 def push_folder(run: str, folder: Optional[str] = None) -> str:
@@ -137,30 +137,9 @@ def _say(line: str, console: Any) -> None:
         print(line)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lmppo push",
-        description="Upload a run's final model (with its model card) to the Hugging Face Hub. "
-        "Log in first (`hf auth login`, or HF_TOKEN); HF_ENDPOINT selects another Hub.",
-    )
-    p.add_argument("run", help="a run's output_dir (its final/ model is uploaded) or a model folder")
-    p.add_argument("--repo-id", required=True, help="the Hub model repo, ORG/NAME (created if missing)")
-    p.add_argument(
-        "--folder",
-        choices=FOLDERS,
-        default=None,
-        help="which folder of RUN/final to upload (default: "
-        "policy-merged when the run has it, a LoRA run's full weights; else policy)",
-    )
-    p.add_argument("--private", action="store_true", default=None, help="create the repo private")
-    p.add_argument("--revision", default=None, help="branch to commit to (default: main)")
-    p.add_argument("--commit-message", default=None, help="the commit's message")
-    return p
-
-
 def main(argv: Sequence[str], console: Any = None) -> int:
     """`lmppo push`; returns the exit code. Mistakes and Hub failures raise LmppoError (one line from the CLI)."""
-    args = _parser().parse_args(list(argv))
+    args = push_parser().parse_args(list(argv))
     check_hub_login(args.repo_id, "--repo-id")  # before any request: without a token the Hub would answer 401
     path, info = push(
         args.run,

@@ -6,12 +6,12 @@ Design notes: docs/design.md, `lmppo.apps.warp`."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
 from typing import Any, Optional, Sequence
 
+from lmppo.apps.arguments import warp_parser
 from lmppo.apps.merge import check_budget_options, merge_to_budget
 from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.errors import ConfigError, LmppoError
@@ -175,34 +175,11 @@ def _say(console: Any, line: str) -> None:
         print(line)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="lmppo warp",
-        allow_abbrev=False,
-        description="Train K runs of one config, seeds apart on one held-out split, and merge "
-        "them at a held-out KL budget (WARP: `lmppo train` K times, then `lmppo merge "
-        "--kl-budget`). Run it again to continue a killed run or to merge at another budget.",
-        usage="lmppo warp [CONFIG] --kl-budget NATS [--members K] [--section.field VALUE ...]",
-        epilog="Any other option is a config override, as for `lmppo train` (--kl.target 20).",
-    )
-    p.add_argument(
-        "--kl-budget",
-        type=float,
-        required=True,
-        metavar="NATS",
-        help="the merged policy's held-out KL to the start, per response (as lmppo eval measures it)",
-    )
-    p.add_argument("--members", type=int, default=2, help="runs to train and merge (default 2)")
-    p.add_argument("--tolerance", type=float, default=0.1, help="accept a KL within this fraction of the budget")
-    p.add_argument("--max-evals", type=int, default=5, help="at most this many lambdas measured")
-    return p
-
-
 def main(argv: Sequence[str], console: Any = None) -> int:
     """`lmppo warp`; returns the exit code. Mistakes raise LmppoError (one line from the CLI)."""
     argv = list(argv)
     config = argv.pop(0) if argv and not argv[0].startswith("-") else recipe_path("sentiment")
-    args, rest = _parser().parse_known_args(argv)
+    args, rest = warp_parser().parse_known_args(argv)
     overrides = parse_overrides(rest)
     warp(config, overrides, args.kl_budget, args.members, console, tolerance=args.tolerance, max_evals=args.max_evals)
     return 0

@@ -10,7 +10,7 @@ import typing
 from typing import Literal
 
 from lmppo.config.fields import field_docs, type_hints
-from lmppo.config.overrides import REGISTRY_OPTIONS, all_fields
+from lmppo.config.overrides import REGISTRY_OPTIONS, all_fields, registered_choices
 from lmppo.config.schema import Config
 
 WIDTH = 100
@@ -45,7 +45,7 @@ def type_name(tp: object, name: str = "") -> str:
         item = typing.get_args(tp)[0]
         return "LIST[" + ("SECTION" if dataclasses.is_dataclass(item) else type_name(item, name)) + "]"
     if name in REGISTRY_OPTIONS:
-        return "{" + ",".join(REGISTRY_OPTIONS[name].names()) + "}"
+        return "{" + ",".join(registered_choices(name)) + "}"
     if typing.get_origin(tp) is Literal:
         return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
     if typing.get_origin(tp) is dict:

@@ -40,11 +40,37 @@ def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, object, 
             if name in FLOAT_RANGES:
                 allowed.append(f"[{FLOAT_RANGES[name][0]:g}, {FLOAT_RANGES[name][1]:g}]")
             if name in REGISTRY_OPTIONS:
-                allowed.append("one of " + ", ".join(REGISTRY_OPTIONS[name].names()))
+                allowed.append("one of " + ", ".join(registered_choices(name)))
             if allowed:
                 doc += " Allowed: " + ", ".join(allowed) + "."
             out.append((name, tp, getattr(default, f.name), doc))
     return out
+
+
+def registered_choices(dotted: str) -> tuple[str, ...]:
+    """The values of an option a registry checks: the registry's names and the extras its field also takes
+    (`kl.estimator`: the estimators and `exact`). List items are named without the index (`reward.sources.kind`)."""
+    cls: object = Config
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        cls = type_hints(cls)[part]  # type: ignore[arg-type]
+        if typing.get_origin(cls) is list:
+            cls = typing.get_args(cls)[0]
+    for meta in cls.__pydantic_fields__[leaf].metadata:  # type: ignore[attr-defined]  # set by pydantic
+        names = getattr(getattr(meta, "func", None), "allowed_names", None)
+        if names is not None:
+            return tuple(names())
+    return tuple(REGISTRY_OPTIONS[dotted].names())
+
+
+class UnknownOption(ConfigError):
+    """A command-line option that is no field of the config: named, with the closest one."""
+
+    def __init__(self, option: str, known: Sequence[str]):
+        close = difflib.get_close_matches(option.lstrip("-"), known, n=1)
+        hint = f" (did you mean `--{close[0]}`?)" if close else ""
+        self.field, self.value, self.allowed = option, None, "is not a known option" + hint
+        Exception.__init__(self, f"unknown option `{option}`{hint}; see `lmppo train --help`")
 
 
 def apply_override(cfg: Config, dotted: str, raw: object) -> None:
@@ -95,14 +121,7 @@ def parse_overrides(args: Sequence[str]) -> dict[str, str]:
         key, eq, value = arg[2:].partition("=")
         key = key.replace("-", "_")
         if key not in known:
-            hint = difflib.get_close_matches(key, known, n=1)
-            raise ConfigError(
-                f"--{key}",
-                value or None,
-                "is not a known option"
-                + (f" (did you mean `--{hint[0]}`?)" if hint else "")
-                + "; see `lmppo train --help`",
-            )
+            raise UnknownOption(f"--{key}", known)
         if not eq:
             if i + 1 >= len(args):
                 raise ConfigError(f"--{key}", None, "needs a value")

@@ -34,6 +34,7 @@ def registered(registry: Registry, *extra: str) -> pydantic.AfterValidator:
             )
         return value
 
+    check.allowed_names = lambda: (*registry.names(), *extra)  # type: ignore[attr-defined]  # read by --help
     return pydantic.AfterValidator(check)
 
 

@@ -81,8 +81,8 @@ def accelerator_kwargs(cfg) -> dict:
         raise ConfigError(
             "deepspeed",
             cfg.deepspeed or "(set by the launcher)",
-            "needs a distributed launcher: `torchrun --nproc_per_node N -m lmppo.apps.cli train ...` or "
-            "`accelerate launch --config_file examples/deepspeed/zero3.yaml -m lmppo.apps.cli train ...`",
+            "needs a distributed launcher: `torchrun --nproc_per_node N -m lmppo train ...` or "
+            "`accelerate launch --config_file examples/deepspeed/zero3.yaml -m lmppo train ...`",
         )
     kwargs: dict[str, Any] = {"cpu": False}
     if cfg.deepspeed:

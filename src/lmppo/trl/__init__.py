@@ -10,7 +10,7 @@ argument class (lmppo's model section is ``lmppo.config.ModelConfig``).
 - ``fields``: how each PPOConfig field is treated (translated, without effect, refused unless default)
 - ``translate``: the checks and the translation to lmppo's ``Config``
 - ``trainer``: TRL's ``PPOTrainer`` on lmppo's trainer
-- ``scripts``: ``TrlParser``, ``get_peft_config``, ``get_quantization_config``
+- ``scripts``: ``TrlParser``, ``get_peft_config``, ``get_quantization_config``, ``get_kbit_device_map``
 
 How lmppo departs from TRL, field by field: docs/migrating_from_trl.md. The main ones: the score sits on the stop
 token (TRL puts it one past it); ``max_grad_norm`` is applied (TRL 1.12 never clips); with gradient accumulation the
@@ -20,7 +20,7 @@ random streams differ, so one seed does not give TRL's samples.
 
 from lmppo.trl.config import ModelConfig, PPOConfig, ScriptArguments
 from lmppo.trl.fields import TRL_LOG_KEYS
-from lmppo.trl.scripts import TrlParser, get_peft_config, get_quantization_config
+from lmppo.trl.scripts import TrlParser, get_kbit_device_map, get_peft_config, get_quantization_config
 from lmppo.trl.trainer import PPOTrainer
 from lmppo.trl.translate import check_fields, lmppo_config
 
@@ -32,6 +32,7 @@ __all__ = [
     "TrlParser",
     "get_peft_config",
     "get_quantization_config",
+    "get_kbit_device_map",
     "lmppo_config",
     "check_fields",
     "TRL_LOG_KEYS",

@@ -60,8 +60,8 @@ class PPOConfig(TrainingArguments):
     """-> rollout.temperature = temperature + 1e-7, as TRL samples and divides the logits (0 is refused: lmppo
     samples at a temperature)."""
     missing_eos_penalty: float | None = None
-    """-> reward.truncation `penalty` with penalty = -missing_eos_penalty, penalty_mode `add`: subtracted from the
-    score of a response without the stop token (TRL: without the eos token). Needs a stop token."""
+    """Subtracted from the score of each response with no eos token, as in TRL. With a stop token -> reward.truncation
+    `penalty`, penalty = -missing_eos_penalty, penalty_mode `add`; without one, a reward source of its own."""
     sft_model_path: str = "EleutherAI/pythia-160m"
     """Read by scripts to load the policy; not by TRL 1.12's PPOTrainer, nor by lmppo."""
     world_size: int | None = None
@@ -108,10 +108,18 @@ class PPOConfig(TrainingArguments):
     """True: lmppo's ZeRO-3 support always gathers the policy for generation. False is refused."""
 
     def __post_init__(self):
+        from lmppo.trl.translate import check_fields, check_resume_folder_exists, resume_folder
+
         self.bf16 = not self.fp16 if self.bf16 is None else self.bf16  # as TRL's base config
         with warnings.catch_warnings():  # "`gradient_checkpointing` is deprecated": TRL's field name, not the user's
             warnings.simplefilter("ignore", FutureWarning)
             super().__post_init__()
+        # refused here, when a script parses its arguments, before it loads any model (PPOTrainer checks again)
+        check_fields(self)
+        check_resume_folder_exists(self)
+        self._resume_folder_seen = resume_folder(self) is not None
+        """The folder to resume existed when the arguments were parsed (a later "no such folder" means the script
+        removed it)."""
 
 
 def _docs_as_help(cls: type) -> None:
@@ -153,6 +161,8 @@ class ModelConfig:
     """Specific model version to use (branch name, tag name or commit id)."""
     dtype: str | None = field(default="float32", metadata={"choices": ["auto", "bfloat16", "float16", "float32"]})
     """Load the model under this dtype."""
+    trust_remote_code: bool = False
+    """Whether to trust remote code when loading a model (read by scripts; lmppo.trl.PPOTrainer takes the objects)."""
     attn_implementation: str | None = None
     """Which attention implementation to use."""
     use_peft: bool = False

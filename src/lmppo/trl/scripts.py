@@ -1,5 +1,6 @@
-"""TRL 1.12's script helpers: `TrlParser` (HfArgumentParser plus `--config file.yaml`), `get_peft_config` and
-`get_quantization_config`, so a script's `from trl import ...` line can point at lmppo.trl when TRL is not installed."""
+"""TRL 1.12's script helpers: `TrlParser` (HfArgumentParser plus `--config file.yaml`), `get_peft_config`,
+`get_quantization_config` and `get_kbit_device_map`, so a script's `from trl import ...` line can point at lmppo.trl
+when TRL is not installed."""
 
 import os
 from typing import Any
@@ -28,6 +29,15 @@ def get_peft_config(model_args: ModelConfig) -> Any:
         use_dora=model_args.use_dora,
         modules_to_save=model_args.lora_modules_to_save,
     )
+
+
+def get_kbit_device_map() -> dict[str, int] | None:
+    """TRL 1.12's get_kbit_device_map: this process's device for a quantized model (scripts call it only when
+    get_quantization_config returned a config, which lmppo's never does)."""
+    import torch
+    from accelerate import PartialState
+
+    return {"": PartialState().local_process_index} if torch.cuda.is_available() else None
 
 
 def get_quantization_config(model_args: ModelConfig) -> None:

@@ -22,14 +22,35 @@ from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.tables import make_console
 from lmppo.models.loading import hf_model
 from lmppo.quiet import quiet_libraries
-from lmppo.rewards import ModelSource, SourceContext
+from lmppo.rewards import FunctionSource, ModelSource, SourceContext
 from lmppo.run.config_file import write_run_config
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed, sample_native
 from lmppo.training.trainer import PPOTrainer as LmppoTrainer
 from lmppo.trl.config import PPOConfig
 from lmppo.trl.fields import DOCS, REFUSED_UNLESS_DEFAULT, TRL_LOG_KEYS
-from lmppo.trl.translate import ignored_fields, lmppo_config, refuse, resume_folder, stop_token_name
+from lmppo.trl.translate import (
+    check_resume_folder_kept,
+    ignored_fields,
+    lmppo_config,
+    refuse,
+    resume_folder,
+    stop_token_name,
+)
+
+
+class MissingEosPenalty:
+    """TRL's `missing_eos_penalty` without a stop token, a reward source added to the reward model's score:
+    -penalty for each response that holds no eos token (the responses run to response_length; TRL 1.12 subtracts
+    the penalty from the score of those without one)."""
+
+    def __init__(self, eos_token_id: int | None, penalty: float):
+        if eos_token_id is None:
+            raise ConfigError("missing_eos_penalty", penalty, "needs a tokenizer with an eos token")
+        self.eos_token_id, self.penalty = int(eos_token_id), penalty
+
+    def __call__(self, completion_ids: list[list[int]]) -> list[float]:
+        return [0.0 if self.eos_token_id in ids else -self.penalty for ids in completion_ids]
 
 
 class PolicyAndValueWrapper(nn.Module):
@@ -76,6 +97,7 @@ class PPOTrainer:
         from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 
         _check_arguments(args, model, ref_model, reward_model, value_model, train_dataset, data_collator, optimizers)
+        check_resume_folder_kept(args, getattr(args, "_resume_folder_seen", False))
         self.args = args
         self.processing_class = processing_class
         self.reward_model = reward_model
@@ -117,11 +139,15 @@ class PPOTrainer:
             name="reward_model",
             ctx=SourceContext(device=device, batch_size=self.config.rollout.forward_batch_size),
         )
+        rewards: list = [self.reward_source]
+        if args.missing_eos_penalty is not None and self.config.rollout.stop_token == "none":
+            penalty = MissingEosPenalty(processing_class.eos_token_id, float(args.missing_eos_penalty))
+            rewards.append(FunctionSource.from_callable(penalty, name="missing_eos_penalty"))
         objects = dict(
             policy=model,
             tokenizer=tokenizer,
             prompts=list(records),
-            reward_functions=[self.reward_source],
+            reward_functions=rewards,
             value_model=value_model,
             ref_model=ref_model,
         )

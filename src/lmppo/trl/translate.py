@@ -1,19 +1,23 @@
 """lmppo's Config for a TRL PPOConfig: the fields checked (`check_fields`), then translated (`lmppo_config`); the
 fields set without effect (`ignored_fields`); the run folder to resume (`resume_folder`)."""
 
+from __future__ import annotations
+
 import dataclasses
 import math
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lmppo.config import Config
 from lmppo.errors import ConfigError
-from lmppo.trl.config import PPOConfig
 from lmppo.trl.fields import DOCS, IGNORED, OPTIMIZERS, REFUSED_UNLESS_DEFAULT, SCHEDULES
 
+if TYPE_CHECKING:  # PPOConfig checks itself with this module when built: no import of it at run time
+    from lmppo.trl.config import PPOConfig
 
-def _default(name: str) -> Any:
-    f = PPOConfig.__dataclass_fields__[name]
+
+def _default(args: PPOConfig, name: str) -> Any:
+    f = type(args).__dataclass_fields__[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
@@ -24,7 +28,7 @@ def refuse(name: str, value: Any, why: str) -> ConfigError:
 def check_fields(args: PPOConfig) -> None:
     """ConfigError for the first field set to a value lmppo cannot honour."""
     for name, why in REFUSED_UNLESS_DEFAULT.items():
-        value, default = getattr(args, name), _default(name)
+        value, default = getattr(args, name), _default(args, name)
         if name == "include_num_input_tokens_seen":
             default = "no"  # TrainingArguments turns False into "no"
         if value != default and not (value in (None, {}, "") and default in (None, {}, "")):
@@ -51,20 +55,13 @@ def check_fields(args: PPOConfig) -> None:
         raise refuse("stop_token", args.stop_token, "must be `eos` or None")
     if args.kl_estimator not in ("k1", "k3"):
         raise refuse("kl_estimator", args.kl_estimator, "must be `k1` or `k3`, as in TRL")
-    if args.missing_eos_penalty is not None and not args.stop_token and args.stop_token_id is None:
-        raise refuse(
-            "missing_eos_penalty",
-            args.missing_eos_penalty,
-            "needs stop_token `eos` (or a stop_token_id) "
-            "in lmppo: the penalty goes to responses that end without the stop token",
-        )
     resume_folder(args)  # refuses a folder other than output_dir
 
 
 def ignored_fields(args: PPOConfig) -> list[str]:
     """One line per group of `fields.IGNORED` naming the fields `args` sets to another value than TRL's default
     (`name=value`), then why they change nothing; [] when there are none."""
-    default = PPOConfig(output_dir=args.output_dir, use_cpu=args.use_cpu, bf16=args.bf16, report_to="none")
+    default = type(args)(output_dir=args.output_dir, use_cpu=args.use_cpu, bf16=args.bf16, report_to="none")
     lines = []
     for group, (why, names) in IGNORED.items():
         changed = [n for n in names if getattr(args, n) != getattr(default, n)]
@@ -87,6 +84,31 @@ def resume_folder(args: PPOConfig) -> str | None:
         f"must be this run's output_dir ({args.output_dir}) or `true`: lmppo continues a run folder from its latest "
         "complete checkpoint (run the same script again with --resume_from_checkpoint OUTPUT_DIR)",
     )
+
+
+REMOVED_BY_SCRIPT = (
+    "{folder} held a run when the script's arguments were parsed and was removed before PPOTrainer started "
+    "(TRL's example scripts remove output_dir at start: `shutil.rmtree(training_args.output_dir)`); to resume, "
+    "guard that line with `if not training_args.resume_from_checkpoint:`"
+)
+"""Why a resume found no folder that existed when the PPOConfig was built."""
+
+
+def check_resume_folder_exists(args: PPOConfig) -> None:
+    """At PPOConfig time (before a script loads any model): a resume needs its run folder to exist."""
+    folder = resume_folder(args)
+    if folder is not None and not os.path.isdir(folder):
+        raise refuse("resume_from_checkpoint", args.resume_from_checkpoint, f"no such folder: {folder}")
+
+
+def check_resume_folder_kept(args: PPOConfig, folder_seen: bool) -> None:
+    """At PPOTrainer time: the folder to resume is still there; when it existed at PPOConfig time (`folder_seen`)
+    and is gone now, the script removed it: say so and what to change."""
+    folder = resume_folder(args)
+    if folder is None or os.path.isdir(folder):
+        return
+    why = REMOVED_BY_SCRIPT.format(folder=folder) if folder_seen else f"no such folder: {folder}"
+    raise refuse("resume_from_checkpoint", args.resume_from_checkpoint, why)
 
 
 def _steps(value: float, total: int) -> int:
@@ -128,13 +150,13 @@ def lmppo_config(
     r.stop_token, r.backend = stop_token, "native"
     r.forward_batch_size = args.local_rollout_forward_batch_size
     c.reward.sources = []  # the reward model object is the one source (PPOTrainer)
-    if args.missing_eos_penalty is not None:
+    if args.missing_eos_penalty is not None and stop_token != "none":
         c.reward.truncation, c.reward.penalty, c.reward.penalty_mode = (
             "penalty",
             -float(args.missing_eos_penalty),
             "add",
         )
-    else:
+    else:  # without a stop token the penalty is a reward source of its own (`trainer.MissingEosPenalty`), as TRL
         c.reward.truncation = "none"
     c.kl.coef, c.kl.controller, c.kl.estimator, c.kl.placement = (
         float(args.kl_coef),
