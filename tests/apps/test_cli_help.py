@@ -77,12 +77,13 @@ def test_version_and_help_import_no_torch():
 
 
 def test_every_commands_help_and_argument_errors_import_no_torch():
-    """`lmppo eval|merge|plot|push|warp --help` and their argument mistakes answer before torch, transformers,
-    accelerate or rich load (each command's parser lives in lmppo.apps.arguments / lmppo.evaluation.arguments)."""
+    """`lmppo eval|merge|plot|push|warp|reward-model --help` and their argument mistakes answer before torch,
+    transformers, accelerate or rich load (each command's parser lives in lmppo.apps.arguments or
+    lmppo.evaluation.arguments)."""
     code = (
         "import sys\n"
         "from lmppo.apps.cli import main\n"
-        "for name in ('eval', 'merge', 'plot', 'push', 'warp'):\n"
+        "for name in ('eval', 'merge', 'plot', 'push', 'warp', 'reward-model'):\n"
         "    assert main([name, '--help']) == 0, name\n"
         "assert main(['merge', 'run_a']) == 2  # --output missing\n"
         "assert main(['push', 'run_a']) == 2  # --repo-id missing\n"
@@ -90,6 +91,7 @@ def test_every_commands_help_and_argument_errors_import_no_torch():
         "assert main(['eval', 'run_a', '--samples-per-prompt', 'many']) == 2\n"
         "assert main(['eval', 'run_a', '--rollout.temprature', '1']) == 2  # an unknown override\n"
         "assert main(['warp', '--members', '3']) == 2  # --kl-budget missing\n"
+        "assert main(['reward-model', '--epochs', 'two']) == 2\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'accelerate', 'rich'))\n"
         "assert not heavy, heavy[:5]\n"
     )

@@ -1,12 +1,20 @@
-"""The command lines of `lmppo plot`, `merge`, `push` and `warp` (`eval`'s: `lmppo.evaluation.arguments`), apart
-from the commands: only argparse here, so `--help` and argument errors answer without importing torch or
-transformers (`lmppo.apps.cli.check_arguments` parses them first)."""
+"""The command lines of `lmppo plot`, `merge`, `push`, `warp` and `reward-model` (`eval`'s:
+`lmppo.evaluation.arguments`), apart from the commands: only argparse here, so `--help` and argument errors answer
+without importing torch or transformers (`lmppo.apps.cli.check_arguments` parses them first)."""
 
 import argparse
 
 from lmppo.evaluation.arguments import eval_parser
 
-__all__ = ["eval_parser", "merge_parser", "plot_parser", "push_parser", "warp_parser", "PUSH_FOLDERS"]
+__all__ = [
+    "eval_parser",
+    "merge_parser",
+    "plot_parser",
+    "push_parser",
+    "warp_parser",
+    "reward_model_parser",
+    "PUSH_FOLDERS",
+]
 
 MERGE_WHAT = (
     "`lmppo merge RUN RUN [...] --output DIR [--toward-start LAMBDA | --kl-budget NATS]`: average the policies of "
@@ -118,4 +126,34 @@ def warp_parser() -> argparse.ArgumentParser:
     p.add_argument("--members", type=int, default=2, help="runs to train and merge (default 2)")
     p.add_argument("--tolerance", type=float, default=0.1, help="accept a KL within this fraction of the budget")
     p.add_argument("--max-evals", type=int, default=5, help="at most this many lambdas measured")
+    return p
+
+
+def reward_model_parser() -> argparse.ArgumentParser:
+    """Every option defaults to None: the command fills in RewardModelSettings' own defaults (which live with the
+    trainer, beside torch)."""
+    p = argparse.ArgumentParser(
+        prog="lmppo reward-model",
+        description="Train a reward model on preference pairs (TRL's format: `chosen`, `rejected`, optional "
+        "`prompt`; text or chat) with the Bradley-Terry loss; held-out pair accuracy and margin before, after each "
+        "epoch and at the end. With no option: the built-in pairs of positive over negative movie-review sentences "
+        "on SmolLM2-135M with LoRA, a few minutes on two CPU cores. The result, OUTPUT_DIR/model, is what "
+        "`reward.sources: [{kind: model, path: OUTPUT_DIR/model}]` takes.",
+    )
+    p.add_argument(
+        "--data", help="a .jsonl file, a datasets folder, a .parquet / .arrow file (default builtin:polarity)"
+    )
+    p.add_argument("--base", help="model to start from: a folder, a Hub id or a built-in name (default smollm2)")
+    p.add_argument("--output-dir", help="the run folder (default runs/reward-model)")
+    p.add_argument("--full", dest="lora", action="store_false", default=None, help="train every weight, not LoRA")
+    p.add_argument("--lora-r", type=int, help="LoRA rank (default 16)")
+    p.add_argument("--epochs", type=int, help="passes over the training pairs (default 2)")
+    p.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 2e-4)")
+    p.add_argument("--batch-size", type=int, help="pairs per optimizer step (default 8)")
+    p.add_argument("--held-out", type=int, help="pairs kept out for accuracy and margin (default 30)")
+    p.add_argument("--max-length", type=int, help="tokens per text at most, cut from the start (default 128)")
+    p.add_argument("--seed", type=int, help="seed of the split, the data order and the new head (default 0)")
+    p.add_argument("--checkpoint-every", type=int, help="optimizer steps between checkpoints (default 5)")
+    p.add_argument("--overwrite", action="store_true", default=None, help="replace an earlier reward-model run there")
+    p.add_argument("--resume", metavar="OUTPUT_DIR", help="continue that run from its latest complete checkpoint")
     return p

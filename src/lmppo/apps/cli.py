@@ -1,4 +1,4 @@
-"""The `lmppo` command: `train`, `eval`, `plot`, `push`, `merge`, `warp`.
+"""The `lmppo` command: `train`, `eval`, `plot`, `push`, `merge`, `warp`, `reward-model`.
 
     lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]
 
@@ -33,10 +33,13 @@ COMMANDS = {
     "push": ("lmppo.apps.cli:cmd_push", "upload a finished run's model to the Hugging Face Hub"),
     "merge": ("lmppo.apps.cli:cmd_merge", "average the policies of several runs into one model"),
     "warp": ("lmppo.apps.cli:cmd_warp", "train several runs and merge them (WARP), within a KL budget"),
+    "reward-model": ("lmppo.apps.reward_model:main", "train a reward model on preference pairs (Bradley-Terry)"),
 }
 
 
-PARSERS = {name: f"{name}_parser" for name in ("eval", "plot", "push", "merge", "warp")}
+PARSERS = {
+    name: f"{name.replace('-', '_')}_parser" for name in ("eval", "plot", "push", "merge", "warp", "reward-model")
+}
 """The commands whose arguments are parsed before their imports (`lmppo.apps.arguments`): --help, a mistake."""
 TAKE_OVERRIDES = ("eval", "warp")
 """Commands whose other options are config overrides (`--section.field VALUE`)."""
@@ -69,7 +72,7 @@ def check_arguments(command: str, argv: Sequence[str]) -> Optional[int]:
 
 def main_help() -> str:
     lines = ["usage: lmppo COMMAND [ARGS ...] [--debug]   (lmppo --version; lmppo COMMAND --help)", "", "commands:"]
-    lines += [f"  {name:<7} {what}" for name, (_, what) in COMMANDS.items()]
+    lines += [f"  {name:<12} {what}" for name, (_, what) in COMMANDS.items()]
     lines += ["", "  --debug  show tracebacks for errors", "  --version, -V  print the version"]
     return "\n".join(lines)
 
@@ -148,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     quiet_console(debug)
     console = make_console()
     module, _, function = COMMANDS[command][0].partition(":")
-    if command in ("train", "warp"):
+    if command in ("train", "warp", "reward-model"):
         signals.terminate_like_interrupt()  # SIGTERM (schedulers): cleaned up and explained like Ctrl-C, exit 143
     try:
         return getattr(importlib.import_module(module), function)(rest, console)

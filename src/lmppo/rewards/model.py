@@ -184,11 +184,17 @@ class ModelSource(RewardSource):
             return self._forward(input_ids, attention_mask).float().cpu()
 
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        if self.decoder_head:
-            hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
-            last = (attention_mask.sum(dim=-1) - 1).clamp(min=0)  # (N,) index of the last real token
-            hidden_last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (N, H)
-            scores = self.model.score(hidden_last)[:, 0]  # (N,)
-        else:
-            scores = self.model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]  # (N,)
-        return scores
+        return sequence_scores(self.model, input_ids, attention_mask, self.decoder_head)
+
+
+def sequence_scores(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, decoder_head: bool
+) -> torch.Tensor:
+    """(N,) score of each right-padded sequence (N, L): a decoder's `score` head read at the last real token
+    (`decoder_head`), else the classifier's `logits[:, 0]`. `lmppo reward-model` trains through this same read."""
+    if decoder_head:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
+        last = (attention_mask.sum(dim=-1) - 1).clamp(min=0)  # (N,) index of the last real token
+        hidden_last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (N, H)
+        return model.score(hidden_last)[:, 0]  # (N,)
+    return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]  # (N,)

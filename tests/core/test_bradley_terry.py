@@ -1,0 +1,29 @@
+"""lmppo.core.bradley_terry: the reward-model loss and its pair statistics, worked by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin
+
+
+def test_loss_by_hand():
+    # differences 2, 0, -1: -log sigmoid(d) = log(1 + e^-d) = 0.126928, 0.693147, 1.313262; mean 0.711113
+    chosen, rejected = torch.tensor([2.0, 0.5, 0.0]), torch.tensor([0.0, 0.5, 1.0])
+    expected = (math.log(1 + math.exp(-2)) + math.log(2) + math.log(1 + math.exp(1))) / 3
+    assert abs(float(bradley_terry_loss(chosen, rejected)) - expected) < 1e-6
+    assert abs(expected - 0.711113) < 1e-6
+
+
+def test_the_gradient_raises_chosen_and_lowers_rejected():
+    chosen, rejected = torch.tensor([0.0], requires_grad=True), torch.tensor([0.0], requires_grad=True)
+    bradley_terry_loss(chosen, rejected).backward()
+    assert float(chosen.grad) == -0.5 and float(rejected.grad) == 0.5  # d/dx of -log sigmoid(x) at 0: -1/2
+
+
+def test_accuracy_counts_ties_half_and_margin_is_the_mean_difference():
+    accuracy, margin = pair_accuracy_and_margin(torch.tensor([2.0, 0.5, 0.0]), torch.tensor([0.0, 0.5, 1.0]))
+    assert accuracy == pytest.approx((1 + 0.5 + 0) / 3) and margin == pytest.approx((2 + 0 - 1) / 3)

@@ -1,0 +1,72 @@
+"""lmppo.data.preference_pairs: TRL's preference format read from files, datasets and the built-in set; checked row
+by row; turned into the texts a reward model reads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lmppo.data.preference_pairs import PreferencePair, builtin_polarity_pairs, load_preference_pairs, pair_texts
+from lmppo.errors import DataError
+from lmppo.models.assets import polarity_sentences
+
+
+def test_the_builtin_set_prefers_each_positive_sentence_to_a_negative_one():
+    pairs = load_preference_pairs("builtin:polarity")
+    texts, labels = polarity_sentences()
+    label = dict(zip(texts, labels))
+    assert len(pairs) == 100 == len(builtin_polarity_pairs())
+    assert all(label[p.chosen] == 1 and label[p.rejected] == 0 and p.prompt is None for p in pairs)
+    used = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    assert len(set(used)) == 200  # each sentence in one pair only: a held-out split shares none with training
+
+
+def test_jsonl_text_and_chat_rows(tmp_path, tokenizer):
+    rows = [
+        {"prompt": "Q: ", "chosen": "yes", "rejected": "no"},
+        {"chosen": "only", "rejected": "pair"},
+        {
+            "prompt": [{"role": "user", "content": "hi"}],
+            "chosen": [{"role": "assistant", "content": "hello"}],
+            "rejected": [{"role": "assistant", "content": "go away"}],
+        },
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, second, chat = load_preference_pairs(str(path))
+    assert pair_texts(first, tokenizer) == ("Q: yes", "Q: no") and pair_texts(second, tokenizer) == ("only", "pair")
+    chosen, rejected = pair_texts(chat, tokenizer)
+    assert chosen == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+    assert rejected.endswith("<|im_start|>assistant\ngo away<|im_end|>\n")
+    implicit = PreferencePair(chosen=chat.prompt + chat.chosen, rejected=chat.prompt + chat.rejected)
+    assert pair_texts(implicit, tokenizer) == (chosen, rejected)  # TRL's implicit prompt: the same texts
+
+
+def test_a_datasets_folder(tmp_path):
+    import datasets
+
+    datasets.Dataset.from_dict({"chosen": ["a", "b"], "rejected": ["c", "d"]}).save_to_disk(str(tmp_path / "ds"))
+    assert load_preference_pairs(str(tmp_path / "ds")) == [PreferencePair("a", "c"), PreferencePair("b", "d")]
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ({"chosen": "a", "rejceted": "b"}, r"row 1: has no field `rejected` \(it has `chosen`, `rejceted`\)"),
+        ({"chosen": "", "rejected": "b"}, r"row 1: `chosen` must be a non-empty text or a list of chat messages"),
+        ({"chosen": [{"role": "assistant", "content": "x"}], "rejected": "b"}, "both be text or both chat"),
+    ],
+)
+def test_bad_rows_are_one_error_naming_the_row_and_field(tmp_path, row, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=message):
+        load_preference_pairs(str(path))
+
+
+def test_sources_that_are_not_there_or_not_known():
+    with pytest.raises(DataError, match="`builtin:nope`: the built-in sets are polarity"):
+        load_preference_pairs("builtin:nope")
+    with pytest.raises(DataError, match="does not exist"):
+        load_preference_pairs("no/such/file.jsonl")
