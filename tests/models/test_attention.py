@@ -158,3 +158,24 @@ def test_other_implementations_are_left_alone(tokenizer):
     model.set_attn_implementation("eager")  # e.g. chosen by the user
     use_cpu_attention(model)
     assert model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_padding_known_from_the_host_gives_the_masks_transformers_reads_itself(tokenizer, implementation):
+    """`run_trunk(..., padded=)`: the caller says whether the mask holds padding (no read of the device); the hidden
+    states are those of transformers' own check, with padding (a mask) and without (SDPA's is_causal)."""
+    from lmppo.models.loading import run_trunk
+
+    model = tiny_llama(tokenizer)
+    model.set_attn_implementation(implementation)
+    ids = torch.randint(5, len(tokenizer), (3, 7), generator=torch.Generator().manual_seed(0))
+    full = torch.ones(3, 7, dtype=torch.bool)
+    left_padded = full.clone()
+    left_padded[0, :2] = False
+    with torch.no_grad():
+        for mask, padded in ((full, False), (left_padded, True)):
+            assert torch.equal(run_trunk(model.model, ids, mask, padded), run_trunk(model.model, ids, mask))
+        # the flag is obeyed: said "no padding" over a padded mask, the padding is attended to (wrong on purpose)
+        wrong = run_trunk(model.model, ids, left_padded, padded=False)
+        if implementation == "sdpa":
+            assert not torch.equal(wrong[0], run_trunk(model.model, ids, left_padded)[0])

@@ -56,15 +56,28 @@ class Rollout:
         """(B,) number of real response tokens."""
         return self.response_mask.sum(dim=1)
 
-    def select(self, index: torch.Tensor | list[int]) -> "Rollout":
-        """The rollout restricted to rows `index` (tensors indexed, text lists picked)."""
+    def select(self, index: torch.Tensor | list[int], device_index: Optional[torch.Tensor] = None) -> "Rollout":
+        """The rollout restricted to rows `index` (tensors indexed, text lists picked). `device_index`: the same rows
+        as a tensor on the tensors' device, when the caller has it (no copy of the index per field)."""
         idx = index.tolist() if isinstance(index, torch.Tensor) else list(index)
-        t_idx = torch.as_tensor(idx, dtype=torch.long)
+        on_device = {} if device_index is None else {device_index.device: device_index}
+        host = torch.as_tensor(idx, dtype=torch.long)
         picked = copy.copy(self)
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, torch.Tensor):
-                setattr(picked, f.name, v[t_idx.to(v.device)])
+                if v.device not in on_device:
+                    on_device[v.device] = host.to(v.device)
+                setattr(picked, f.name, v[on_device[v.device]])
             elif v is not None:
                 setattr(picked, f.name, [v[i] for i in idx])
+        return picked
+
+    def rows(self, start: int, stop: int) -> "Rollout":
+        """Rows start .. stop - 1: tensors as views, text lists sliced."""
+        picked = copy.copy(self)
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                setattr(picked, f.name, v[start:stop])
         return picked

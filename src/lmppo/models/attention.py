@@ -4,6 +4,10 @@ Design notes: docs/design.md, `lmppo.models.attention`."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator, Optional
+
 import torch
 from torch import nn
 
@@ -85,3 +89,46 @@ def use_cpu_attention(model: nn.Module) -> nn.Module:
     _register()
     model.set_attn_implementation(IMPLEMENTATION)
     return model
+
+
+# ----------------------------------------------------------------------------- padding decided on the host
+_PADDED: ContextVar[Optional[bool]] = ContextVar("lmppo_padded", default=None)
+_SDPA_MASK: list = []  # transformers' own SDPA mask builder, wrapped by `_sdpa_mask_known_padding`
+
+
+def _sdpa_mask_known_padding(*args, **kwargs):
+    """transformers' SDPA mask, except that inside `padding_known(True/False)` it does not read the 2D mask to
+    decide whether SDPA's `is_causal` can replace it (a host sync per forward): the caller said."""
+    padded = _PADDED.get()
+    if padded is None or args:
+        return _SDPA_MASK[0](*args, **kwargs)
+    from transformers.masking_utils import causal_mask_function
+
+    q_offset = kwargs.get("q_offset", 0)
+    plain_causal = (
+        kwargs.get("mask_function", causal_mask_function) is causal_mask_function
+        and kwargs.get("local_size") is None
+        and isinstance(q_offset, int)
+        and q_offset == 0
+        and kwargs["q_length"] == kwargs["kv_length"]
+        and kwargs.get("allow_is_causal_skip", True)
+    )
+    if plain_causal and not padded:
+        return None  # what transformers returns for a mask without padding: SDPA's is_causal
+    return _SDPA_MASK[0](*args, **{**kwargs, "allow_is_causal_skip": False})
+
+
+@contextmanager
+def padding_known(padded: Optional[bool]) -> Iterator[None]:
+    """Forward passes inside see whether their attention mask holds padding from the caller (`padded`; None:
+    transformers reads the mask, as usual). The SDPA mask then never costs a host sync; the eager mask never did."""
+    if padded is not None and not _SDPA_MASK:
+        from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+        _SDPA_MASK[:] = [sdpa_mask]
+        AttentionMaskInterface.register("sdpa", _sdpa_mask_known_padding)
+    token = _PADDED.set(padded)
+    try:
+        yield
+    finally:
+        _PADDED.reset(token)

@@ -22,6 +22,7 @@ from torch import nn
 from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.assets import resolve_model
+from lmppo.models.attention import padding_known
 from lmppo.models.files import check_model_folder, check_tokenizer_folder, loading
 from lmppo.models.hub import download_model
 
@@ -283,9 +284,11 @@ class Critic(nn.Module):
                 "decoder *ForSequenceClassification model (Llama, GPT-2, Qwen, ...)"
             )
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int) -> torch.Tensor:
-        """(B, P + T) -> (B, T + 1) values V(s_0) .. V(s_T) of the response states."""
-        hidden = run_trunk(self.trunk, input_ids, attention_mask)[:, prompt_len - 1 :]
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, padded: Optional[bool] = None
+    ) -> torch.Tensor:
+        """(B, P + T) -> (B, T + 1) values V(s_0) .. V(s_T) of the response states (`padded`: `run_trunk`)."""
+        hidden = run_trunk(self.trunk, input_ids, attention_mask, padded)[:, prompt_len - 1 :]
         return self.head(hidden).squeeze(-1).float()
 
 
@@ -327,14 +330,18 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def run_trunk(trunk: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """(B, L) -> (B, L, H) last hidden states."""
-    out = trunk(
-        input_ids=input_ids,
-        attention_mask=attention_mask.long(),
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=False,
-    )
+def run_trunk(
+    trunk: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, padded: Optional[bool] = None
+) -> torch.Tensor:
+    """(B, L) -> (B, L, H) last hidden states. `padded`: whether `attention_mask` holds any padding, when the caller
+    knows it without reading the device (the update loop); None: transformers reads the mask to find out."""
+    with padding_known(padded):
+        out = trunk(
+            input_ids=input_ids,
+            attention_mask=attention_mask.long(),
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+        )
     return out.last_hidden_state
 
 
@@ -351,6 +358,7 @@ def policy_forward(
     prompt_len: int,
     temperature: float,
     value_head: Optional[ValueHead] = None,
+    padded: Optional[bool] = None,
 ) -> PolicyOutput:
     """One trunk pass over prompt + response; LM head only where response tokens are predicted.
 
@@ -358,7 +366,7 @@ def policy_forward(
     logits, and positions P-1 .. P+T-1 give the values of the T + 1 response states.
     """
     trunk, head = trunk_and_head(policy)
-    hidden = run_trunk(trunk, input_ids, attention_mask)  # (B, P + T, H)
+    hidden = run_trunk(trunk, input_ids, attention_mask, padded)  # (B, P + T, H)
     response_hidden = hidden[:, prompt_len - 1 :]  # (B, T + 1, H)
     logits = head(response_hidden[:, :-1]).float() / temperature  # (B, T, V)
     values = value_head(response_hidden).float() if value_head is not None else None
@@ -388,9 +396,16 @@ class Actor(nn.Module):
         self.value_head = value_head
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, temperature: float
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_len: int,
+        temperature: float,
+        padded: Optional[bool] = None,
     ) -> PolicyOutput:
-        return policy_forward(self.policy, input_ids, attention_mask, prompt_len, temperature, self.value_head)
+        """`policy_forward` (`padded`: `run_trunk`)."""
+        head = self.value_head
+        return policy_forward(self.policy, input_ids, attention_mask, prompt_len, temperature, head, padded)
 
 
 def is_peft_model(policy: nn.Module) -> bool:

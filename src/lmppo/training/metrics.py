@@ -39,12 +39,26 @@ class MetricsAccumulator:
 
     def __init__(self) -> None:
         self._values: dict[str, list[torch.Tensor]] = defaultdict(list)
+        self._kept: dict[str, list[torch.Tensor]] = defaultdict(list)  # names added with `add_where`
 
     def add(self, name: str, value: torch.Tensor | float) -> None:
         self._values[name].append(torch.as_tensor(value, dtype=torch.float32).detach().reshape(()))
 
+    def add_where(self, name: str, value: torch.Tensor, keep: torch.Tensor) -> None:
+        """`value` counts under `name` only where the 0-dim bool `keep` is True, decided on the device (no read):
+        `mean` and `in` see the kept values only."""
+        self.add(name, value)
+        self._kept[name].append(keep.detach().reshape(()))
+
+    def _kept_values(self, name: str) -> torch.Tensor:
+        values = torch.stack(self._values[name])
+        if name not in self._kept:
+            return values
+        keep = torch.stack(self._kept[name])
+        return values if bool(keep.all()) else values[keep]
+
     def mean(self, name: str) -> float:
-        return torch.stack(self._values[name]).mean().item()
+        return self._kept_values(name).mean().item()
 
     def recent_mean(self, name: str, n: int) -> float:
         """Mean of the last `n` values added under `name`."""
@@ -63,10 +77,12 @@ class MetricsAccumulator:
         return max(v.item() for v in self._values[name])
 
     def __contains__(self, name: str) -> bool:
+        if name in self._kept:
+            return bool(torch.stack(self._kept[name]).any())
         return name in self._values
 
     def means(self) -> dict[str, float]:
-        return {k: torch.stack(v).mean().item() for k, v in self._values.items()}
+        return {k: self._kept_values(k).mean().item() for k in self._values}
 
 
 # ----------------------------------------------------------------------------- trackers

@@ -266,30 +266,25 @@ class PPOTrainer:
         train_mask: torch.Tensor,
         stats: MetricsAccumulator,
     ) -> None:
-        """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each (`lmppo.training.update`)."""
-        cfg, acc = self.config, self.accelerator
-        W = acc.num_processes
-        B, mb, micro = batch.batch_size, cfg.minibatch_size // W, cfg.ppo.micro_batch_size
-        for epoch, minibatch in update.minibatches(cfg.ppo.num_epochs, B, mb, self.update_generator, self.device):
-            # DDP averages gradients over processes, so each divides by (global token count / W):
-            # the result is the token mean over the whole global minibatch
-            num_tokens = acc.reduce(train_mask[minibatch].sum().float(), "sum").clamp(min=1) / W
-            losses = []
-            for m in range(0, mb, micro):
-                idx = minibatch[m : m + micro]
-                forward = None
-                if epoch == 0 and self.first_epoch_forward is not None:  # the rollout's pass, graph kept
-                    forward, self.first_epoch_forward = self.first_epoch_forward, None
-                    forward = PolicyOutput(forward.logits[idx], None if forward.values is None else forward.values[idx])
-                with self.strategy.sync_gradients(m + micro >= mb, self.actor, self.critic):  # all-reduce: last one
-                    loss = self.micro_batch_loss(
-                        batch.select(idx), advantages[idx], returns[idx], train_mask[idx], num_tokens, stats, forward
-                    )
-                    acc.backward(loss, **self.strategy.backward_kwargs)
-                losses.append(loss.detach())
-            self.optimizer_step(acc.reduce(torch.stack(losses).sum(), "sum"), stats)
-            if update.went_too_far(stats, len(losses), cfg.ppo.target_kl, self.strategy):
-                break  # ppo.target_kl: the rest of this iteration's epochs are skipped
+        """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each (`lmppo.training.update`).
+
+        No host read inside the minibatch loop: the epoch's row order is drawn on the host and every field gathered
+        once per epoch (micro-batches are slices), the widths of each micro-batch come from the rows' widths read
+        once per iteration, non-finite steps are skipped on the device (`update.NonfiniteGuard`), metrics stay
+        tensors; `ppo.target_kl`, when set, reads one number per minibatch."""
+        cfg = self.config
+        widths = update.row_widths(batch)  # one read per iteration
+        guard = update.NonfiniteGuard(
+            self.optimizer, self.nonfinite_in_a_row, cfg.ppo.max_nonfinite_updates, self.device
+        )
+        whole = update.UpdateBatch(batch, advantages, returns, train_mask)
+        try:
+            for epoch, order in update.epoch_orders(cfg.ppo.num_epochs, batch.batch_size, self.update_generator):
+                shuffled = whole.shuffled(order)  # one index copy, every field gathered once
+                if not update.update_epoch(self, shuffled, order, widths, epoch, guard, stats):
+                    break  # ppo.target_kl: the rest of this iteration's epochs are skipped
+        finally:
+            self.nonfinite_in_a_row = guard.check()  # TrainingError at ppo.max_nonfinite_updates in a row
         self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
         self.scheduler.step()
 
@@ -302,27 +297,27 @@ class PPOTrainer:
         num_tokens: torch.Tensor,
         stats: MetricsAccumulator,
         forward: Optional[PolicyOutput] = None,
+        widths: Optional[update.TrimWidths] = None,
     ) -> torch.Tensor:
-        """The micro-batch's share of the minibatch loss; `forward`: its policy/value pass if already run."""
-        batch, keep = update.trim(batch)
+        """The micro-batch's share of the minibatch loss; `forward`: its policy/value pass if already run;
+        `widths`: its columns, taken on the host (None: read from the batch, `update.trim`)."""
+        batch, keep = update.trim(batch, widths)
         advantages, returns, mask = advantages[:, :keep], returns[:, :keep], mask[:, :keep]
         if forward is None:
             P, temperature = batch.prompt_ids.shape[1], self.config.rollout.temperature
+            ids, att, padded = batch.input_ids, batch.attention_mask, None if widths is None else widths.padded
             with self._autocast():
-                out = self.actor(batch.input_ids, batch.attention_mask, P, temperature)
-                values = out.values if self.critic is None else self.critic(batch.input_ids, batch.attention_mask, P)
+                out = self.actor(ids, att, P, temperature, padded)
+                values = out.values if self.critic is None else self.critic(ids, att, P, padded)
             forward = PolicyOutput(logits=out.logits, values=values)
         coef = self.kl_controller.coef
         return update.micro_batch_objective(
             batch, forward, advantages, returns, mask, num_tokens, self.config, coef, stats
         )
 
-    def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator) -> None:
-        ppo, streak = self.config.ppo, self.nonfinite_in_a_row
-        clip = partial(self.accelerator.clip_grad_norm_, self.trainable_params, ppo.max_grad_norm or float("inf"))
-        self.nonfinite_in_a_row = update.checked_step(
-            self.optimizer, clip, loss, stats, streak, ppo.max_nonfinite_updates
-        )
+    def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: update.NonfiniteGuard) -> None:
+        clip_args = (self.trainable_params, self.config.ppo.max_grad_norm, self.zero is not None)
+        guard.step(update.gradient_clipper(self.accelerator.clip_grad_norm_, *clip_args), loss, stats)
 
     # ------------------------------------------------------------------ 6. log, adapt, sync
     def finish_iteration(

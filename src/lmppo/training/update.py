@@ -1,10 +1,12 @@
-"""Phase 5 of an iteration, the PPO epochs: minibatch order, a micro-batch's objective, the `ppo.target_kl` brake
-and the non-finite guard of an optimizer step. The loop itself is `PPOTrainer.ppo_update`."""
+"""Phase 5 of an iteration, the PPO epochs: minibatch order, the rows gathered once per epoch, micro-batch widths
+taken on the host, a micro-batch's objective, the `ppo.target_kl` brake and the non-finite guard of an optimizer
+step. The epochs are `PPOTrainer.ppo_update`; the minibatches of one, `update_epoch`."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Sequence
 
 import torch
 
@@ -17,30 +19,116 @@ from lmppo.models.loading import PolicyOutput
 from lmppo.training.metrics import MetricsAccumulator
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
+
     from lmppo.distributed.strategy import Strategy
 
 
 GRAD_NORM = "policy/grad_norm"
-"""Each optimizer step's gradient norm before clipping (`checked_step`)."""
+"""Each optimizer step's gradient norm before clipping (`NonfiniteGuard.step`)."""
 MEAN_STATS = (*STAT_NAMES.values(), GRAD_NORM)
 """The update's statistics that an iteration reports as their mean over its micro-batches (and processes): every
 statistic of `ppo_objective` (`lmppo.core.objective.STAT_NAMES`, the one list of them) and the gradient norm."""
 
 
-def minibatches(
-    num_epochs: int, batch_size: int, minibatch_size: int, generator: torch.Generator, device: torch.device
-) -> Iterator[tuple[int, torch.Tensor]]:
-    """(epoch, this process's minibatch indices): a fresh random order of the batch every epoch."""
+def epoch_orders(num_epochs: int, batch_size: int, generator: torch.Generator) -> Iterator[tuple[int, list[int]]]:
+    """(epoch, this process's rows in a fresh random order): drawn on the host (the generator is a CPU one), so
+    the minibatch loop never reads a device tensor to know its rows."""
     for epoch in range(num_epochs):
-        order = torch.randperm(batch_size, generator=generator).to(device)
-        for start in range(0, batch_size, minibatch_size):
-            yield epoch, order[start : start + minibatch_size]
+        yield epoch, torch.randperm(batch_size, generator=generator).tolist()
 
 
-def trim(batch: Rollout) -> tuple[Rollout, int]:
-    """Drop prompt columns that are padding in every row and response columns past the longest response."""
-    first_real = int(batch.prompt_mask.float().argmax(1).min().item()) if batch.prompt_mask.any() else 0
-    keep = max(int(batch.response_mask.sum(1).max().item()), 1)
+@dataclass
+class UpdateBatch:
+    """What the PPO epochs read: the rollout and its advantages, returns and training mask, (B, T) each."""
+
+    rollout: Rollout
+    advantages: torch.Tensor  # (B, T)
+    returns: torch.Tensor  # (B, T)
+    train_mask: torch.Tensor  # (B, T) bool, the tokens that train
+    index: Optional[torch.Tensor] = None  # (B,) long on the device: the rows of the rollout these are (None: all)
+
+    def shuffled(self, order: list[int]) -> UpdateBatch:
+        """The rows in `order` (an epoch's order): one copy of the index to the device for every field."""
+        index = torch.as_tensor(order, dtype=torch.long).to(self.advantages.device)
+        return UpdateBatch(
+            self.rollout.select(order, device_index=index),
+            self.advantages[index],
+            self.returns[index],
+            self.train_mask[index],
+            index,
+        )
+
+    def rows(self, start: int, stop: int) -> UpdateBatch:
+        """Rows start .. stop - 1 as views (a minibatch or a micro-batch of a shuffled batch)."""
+        return UpdateBatch(
+            self.rollout.rows(start, stop),
+            self.advantages[start:stop],
+            self.returns[start:stop],
+            self.train_mask[start:stop],
+            None if self.index is None else self.index[start:stop],
+        )
+
+
+@dataclass(frozen=True)
+class RowWidths:
+    """Each row's prompt and response extent, read from the device once per iteration (`row_widths`), so every
+    micro-batch's widths are taken on the host."""
+
+    prompt_width: int  # P, the rollout's prompt columns
+    response_width: int  # T, the rollout's response columns
+    first_prompt_column: list[int]  # B, the first real prompt column (0 for a row without one)
+    prompt_tokens: list[int]  # B, real prompt tokens
+    response_lengths: list[int]  # B, real response tokens
+
+    def micro_batch(self, rows: Sequence[int], buckets: int = 0) -> TrimWidths:
+        """The widths of the micro-batch of rollout rows `rows`: prompt columns from the first real one of any row,
+        response columns up to the longest response. `buckets` > 0: both widths rounded up to one of `buckets`
+        fixed widths (multiples of 1/buckets of the rollout's width), so that a compiled update meets a few
+        shapes only; 0: exact (eager)."""
+        first = min(self.first_prompt_column[i] for i in rows)
+        longest = max(max(self.response_lengths[i] for i in rows), 1)
+        if buckets:
+            first = self.prompt_width - _round_up(self.prompt_width - first, self.prompt_width, buckets)
+            longest = _round_up(longest, self.response_width, buckets)
+        padded = any(
+            self.prompt_tokens[i] != self.prompt_width - first or self.response_lengths[i] != longest for i in rows
+        )
+        return TrimWidths(first, longest, padded)
+
+
+def _round_up(width: int, full: int, buckets: int) -> int:
+    """`width` rounded up to the next multiple of ceil(full / buckets), at most `full`."""
+    step = max(-(-full // buckets), 1)
+    return min(-(-width // step) * step, full)
+
+
+def row_widths(batch: Rollout) -> RowWidths:
+    """`RowWidths` of the rollout: one read of the device (three (B,) tensors copied together)."""
+    prompt, response = batch.prompt_mask, batch.response_mask
+    first, tokens, lengths = torch.stack(
+        [prompt.float().argmax(1).long(), prompt.sum(1), response.sum(1)]
+    ).tolist()  # (3, B)
+    return RowWidths(prompt.shape[1], response.shape[1], first, tokens, lengths)
+
+
+@dataclass(frozen=True)
+class TrimWidths:
+    """A micro-batch's columns: prompt from `first_prompt_column`, response up to `response_width`;
+    `padded`: whether any kept position is padding (else the attention needs no mask beyond the causal one)."""
+
+    first_prompt_column: int
+    response_width: int
+    padded: bool = True
+
+
+def trim(batch: Rollout, widths: Optional[TrimWidths] = None) -> tuple[Rollout, int]:
+    """Drop prompt columns that are padding in every row and response columns past the longest response.
+    `widths`: taken on the host (`RowWidths.micro_batch`); None: read from the batch (a host sync)."""
+    if widths is None:
+        first_real = int(batch.prompt_mask.float().argmax(1).min().item()) if batch.prompt_mask.any() else 0
+        widths = TrimWidths(first_real, max(int(batch.response_mask.sum(1).max().item()), 1))
+    first_real, keep = widths.first_prompt_column, widths.response_width
     return replace(
         batch,
         prompt_ids=batch.prompt_ids[:, first_real:],
@@ -116,30 +204,146 @@ def went_too_far(stats: MetricsAccumulator, micro_batches: int, target_kl: float
     return stopped
 
 
-def checked_step(
-    optimizer: torch.optim.Optimizer,
-    clip_grad_norm: Callable[[], float | torch.Tensor],
-    loss: torch.Tensor,
-    stats: MetricsAccumulator,
-    nonfinite_in_a_row: int,
-    max_nonfinite: int,
-) -> int:
-    """One optimizer step after gradient clipping (`clip_grad_norm()` -> the norm before clipping), skipped when
-    the loss or the gradient is not finite; returns the count of skipped steps in a row. TrainingError when it
-    reaches `max_nonfinite` (`ppo.max_nonfinite_updates`)."""
-    grad_norm = torch.as_tensor(clip_grad_norm())
-    if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
-        optimizer.zero_grad(set_to_none=True)
-        stats.add("update/skipped_nonfinite", 1.0)
-        if nonfinite_in_a_row + 1 >= max_nonfinite:
+def gradient_norm(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The global L2 norm of the parameters' gradients (as `clip_grad_norm_` reports it), no gradient scaled."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    return torch.nn.utils.get_total_norm(grads)
+
+
+def gradient_clipper(
+    clip_grad_norm: Callable[[list, float], torch.Tensor], params: list, max_grad_norm: float, always: bool
+) -> Callable[[], torch.Tensor]:
+    """`ppo.max_grad_norm`: `clip_grad_norm(params, max_grad_norm)` (accelerate's), or with 0 the gradient norm
+    alone: no gradient multiplied by 1. `always`: clip anyway (DeepSpeed keeps the gradients itself)."""
+    if max_grad_norm or always:
+        return partial(clip_grad_norm, params, max_grad_norm or float("inf"))
+    return partial(gradient_norm, params)
+
+
+def takes_found_inf(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether `optimizer.step()` honours a `found_inf` flag on the device (torch's fused Adam/AdamW, as GradScaler
+    uses it): with the flag set the kernel leaves weights, moments and the step count untouched."""
+    return isinstance(optimizer, torch.optim.Adam) and bool(optimizer.defaults.get("fused"))
+
+
+class NonfiniteGuard:
+    """The optimizer steps of one iteration, each skipped when the loss or the gradient is not finite, without a
+    host read per step where the optimizer takes a `found_inf` flag (`takes_found_inf`): the skip happens in the
+    optimizer's kernel and the streak of skipped steps is counted on the device. `check()` reads it once per
+    iteration and raises TrainingError once `ppo.max_nonfinite_updates` were skipped in a row (the run then stops
+    at the end of that iteration's update: skipped steps changed nothing and no checkpoint is written).
+    Other optimizers (the per-tensor AdamW, DeepSpeed's) read the flag on the host at every step.
+
+    `streak`: steps skipped in a row before this iteration; `limit`: `ppo.max_nonfinite_updates`."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, streak: int, limit: int, device: torch.device):
+        self.optimizer, self.limit = optimizer, limit
+        self.inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+        self.on_device = takes_found_inf(self.inner)
+        self.streak = torch.full((), float(streak), device=device)  # skipped in a row up to now
+        self.longest = self.streak.clone()  # the longest streak seen this iteration
+        self.last_loss = torch.zeros((), device=device)  # of the last skipped step, for the error message
+        self.last_norm = torch.zeros((), device=device)
+
+    def step(
+        self, clip_grad_norm: Callable[[], float | torch.Tensor], loss: torch.Tensor, stats: MetricsAccumulator
+    ) -> None:
+        """One optimizer step after gradient clipping (`clip_grad_norm()` -> the norm before clipping), skipped
+        when `loss` or the gradient norm is not finite; the gradients are zeroed either way."""
+        grad_norm = torch.as_tensor(clip_grad_norm()).float()
+        found = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))  # 0-dim bool
+        stats.add("update/skipped_nonfinite", found)
+        stats.add_where(GRAD_NORM, grad_norm, ~found)
+        if self.on_device:
+            setattr(self.inner, "found_inf", found.float())  # read by torch's fused Adam step
+            try:
+                self.optimizer.step()
+            finally:
+                delattr(self.inner, "found_inf")  # no flag left behind for a later caller
+        elif not bool(found):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.streak = torch.where(found, self.streak + 1, torch.zeros_like(self.streak))
+        self.longest = torch.maximum(self.longest, self.streak)
+        self.last_loss = torch.where(found, loss.detach().float(), self.last_loss)
+        self.last_norm = torch.where(found, grad_norm.detach(), self.last_norm)
+
+    def check(self) -> int:
+        """The streak after this iteration's steps (one host read); TrainingError when it reached the limit."""
+        streak, longest, loss, norm = torch.stack([self.streak, self.longest, self.last_loss, self.last_norm]).tolist()
+        if longest >= self.limit:
             raise TrainingError(
-                f"{nonfinite_in_a_row + 1} updates in a row had a non-finite loss or gradient "
-                f"(loss {loss.item()}, grad norm {grad_norm.item()}); stopping. Lower "
-                "ppo.learning_rate, check the reward scale, or use reward.clip."
+                f"{self.limit} updates in a row had a non-finite loss or gradient (ppo.max_nonfinite_updates: "
+                f"{self.limit}; the last: loss {loss}, grad norm {norm}); stopping. Lower ppo.learning_rate, check "
+                "the reward scale, or use reward.clip."
             )
-        return nonfinite_in_a_row + 1
-    stats.add("update/skipped_nonfinite", 0.0)
-    stats.add(GRAD_NORM, grad_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return 0
+        return int(streak)
+
+
+class Updating(Protocol):
+    """What `update_epoch` needs of the trainer (`PPOTrainer`)."""
+
+    config: Config
+    accelerator: Accelerator
+    strategy: Strategy
+    actor: torch.nn.Module
+    critic: Optional[torch.nn.Module]
+    first_epoch_forward: Optional[PolicyOutput]
+
+    def micro_batch_loss(
+        self,
+        batch: Rollout,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        mask: torch.Tensor,
+        num_tokens: torch.Tensor,
+        stats: MetricsAccumulator,
+        forward: Optional[PolicyOutput] = None,
+        widths: Optional[TrimWidths] = None,
+    ) -> torch.Tensor: ...
+
+    def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: NonfiniteGuard) -> None: ...
+
+
+def update_epoch(
+    trainer: Updating,
+    shuffled: UpdateBatch,
+    order: list[int],
+    widths: RowWidths,
+    epoch: int,
+    guard: NonfiniteGuard,
+    stats: MetricsAccumulator,
+) -> bool:
+    """The minibatches of one epoch over `shuffled` (the batch in `order`), one optimizer step each; False when
+    `ppo.target_kl` stopped the update. No host read: micro-batches are slices, their widths come from `widths`."""
+    cfg, acc = trainer.config, trainer.accelerator
+    W = acc.num_processes
+    mb, micro = cfg.minibatch_size // W, cfg.ppo.micro_batch_size
+    for start in range(0, shuffled.rollout.batch_size, mb):
+        minibatch = shuffled.rows(start, start + mb)
+        # DDP averages gradients over processes, so each divides by (global token count / W):
+        # the result is the token mean over the whole global minibatch
+        num_tokens = acc.reduce(minibatch.train_mask.sum().float(), "sum").clamp(min=1) / W
+        losses = []
+        for m in range(0, mb, micro):
+            part = minibatch.rows(m, m + micro)
+            columns = widths.micro_batch(order[start + m : start + m + micro])  # taken on the host
+            forward = None
+            if epoch == 0 and trainer.first_epoch_forward is not None:  # the rollout's pass, graph kept
+                forward, trainer.first_epoch_forward = trainer.first_epoch_forward, None
+                rows = part.index  # the rollout's rows of this micro-batch, on the device
+                forward = PolicyOutput(forward.logits[rows], None if forward.values is None else forward.values[rows])
+            with trainer.strategy.sync_gradients(
+                m + micro >= mb, trainer.actor, trainer.critic
+            ):  # all-reduce: last one
+                loss = trainer.micro_batch_loss(
+                    part.rollout, part.advantages, part.returns, part.train_mask, num_tokens, stats, forward, columns
+                )
+                acc.backward(loss, **trainer.strategy.backward_kwargs)
+            losses.append(loss.detach())
+        trainer.optimizer_step(acc.reduce(torch.stack(losses).sum(), "sum"), stats, guard)
+        if went_too_far(stats, len(losses), cfg.ppo.target_kl, trainer.strategy):
+            return False
+    return True
