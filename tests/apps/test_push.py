@@ -14,6 +14,7 @@ import yaml
 
 from conftest import REPO  # noqa: E402
 from hub_standin import HubStandIn
+from lmppo.run.model_card import hub_card
 
 SRC = os.path.join(REPO, "src")
 TOKEN = "hf_standInToken0123456789abcdef"
@@ -123,7 +124,8 @@ def test_push_to_hub_uploads_at_the_end_of_training(hub, hub_run):
     tmp, _files_ = hub_run
     (commit,) = [c for c in hub.commits if c["repo"] == "someone/from-train"]
     local = _files(str(tmp / "run" / "final" / "policy-merged"))
-    assert set(commit["files"]) == set(local) and all(commit["files"][k] == local[k] for k in local)
+    assert set(commit["files"]) == set(local) and all(commit["files"][k] == local[k] for k in local if k != "README.md")
+    assert commit["files"]["README.md"].decode() == hub_card(local["README.md"].decode(), "someone/from-train")
     assert b"## Held-out prompts, before and after training" in commit["files"]["README.md"]  # pushed after it
 
 
@@ -165,8 +167,15 @@ def test_push_uploads_the_merged_folder(hub, hub_run):
     commit = hub.commits[-1]
     assert commit["repo"] == "someone/my-ppo-model" and commit["revision"] == "main"
     local = _files(str(tmp / "run" / "final" / "policy-merged"))
-    assert set(commit["files"]) == set(local) and all(commit["files"][k] == local[k] for k in local)
-    assert "model.safetensors" in commit["files"] and "README.md" in commit["files"]
+    assert set(commit["files"]) == set(local) and all(commit["files"][k] == local[k] for k in local if k != "README.md")
+    assert "model.safetensors" in commit["files"]
+    card = commit["files"]["README.md"].decode()  # the card on the Hub loads from the repo, not from PATH
+    assert (
+        'from_pretrained("someone/my-ppo-model")' in card
+        and '"PATH"' not in card
+        and '"PATH"' in local["README.md"].decode()
+    )
+    assert card == hub_card(local["README.md"].decode(), "someone/my-ppo-model")
     for request in hub.requests[n:]:
         if request["method"] == "POST":  # every write carries the token, as a Bearer header
             assert (
@@ -230,3 +239,17 @@ def test_push_refuses_bad_input_before_any_request(tmp_path):
     (tmp_path / "final" / "policy").mkdir(parents=True)
     with pytest.raises(LmppoError, match="has no such folder"):
         push(str(tmp_path), "org/name", folder="policy-merged")
+
+
+def test_the_hub_card_names_a_local_base_folder_by_its_last_part_only():
+    card = (
+        '# run\n\nmodel = AutoModelForCausalLM.from_pretrained("PATH")\n\n## Base model\n\n'
+        "`/home/me/models/my-sft`\n\n## Training\n"
+    )
+    shown = hub_card(card, "me/my-model")
+    assert 'from_pretrained("me/my-model")' in shown and "/home/me" not in shown
+    assert "`my-sft` (a local model folder, not on the Hub)" in shown
+    hub_base = "---\nbase_model: HuggingFaceTB/SmolLM2-135M\n" + card.replace(
+        "/home/me/models/my-sft", "HuggingFaceTB/SmolLM2-135M"
+    )
+    assert "`HuggingFaceTB/SmolLM2-135M`" in hub_card(hub_base, "me/my-model")  # a Hub id stays as it is

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 from lmppo.apps.arguments import PUSH_FOLDERS, push_parser
 from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError, LmppoError, bounded_repr
+from lmppo.run.model_card import hub_card
 from lmppo.run.signals import go_on
 
 FOLDERS = PUSH_FOLDERS
@@ -91,10 +92,10 @@ def push(
     api = HfApi()
     try:
         api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
-        info = api.upload_folder(
+        info = api.create_commit(
             repo_id=repo_id,
             repo_type="model",
-            folder_path=path,
+            operations=_uploads(path, repo_id),
             revision=revision,
             commit_message=commit_message
             or f"lmppo: {os.path.basename(path)} of {os.path.basename(os.path.abspath(run))}",
@@ -106,6 +107,26 @@ def push(
             raise
         raise _hub_error(repo_id, err) from None
     return path, info
+
+
+def _uploads(path: str, repo_id: str) -> list:
+    """One upload per file of `path`; its model card (README.md) as the Hub shows it (`hub_card`: loaded from
+    `repo_id`, a local base folder named by its last part)."""
+    from huggingface_hub import CommitOperationAdd
+
+    ops = []
+    for top, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(top, name)
+            rel = os.path.relpath(full, path).replace(os.sep, "/")
+            if rel == "README.md":
+                with open(full, encoding="utf-8") as fh:
+                    card = hub_card(fh.read(), repo_id).encode("utf-8")
+                ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=card))
+            else:
+                ops.append(CommitOperationAdd(path_in_repo=rel, path_or_fileobj=full))
+    return ops
 
 
 def check_hub_login(repo_id: str, option: str = "push_to_hub") -> None:

@@ -22,6 +22,9 @@ def lmppo_version() -> str:
     return str(getattr(sys.modules.get("lmppo"), "__version__", "unknown"))
 
 
+LOCAL_PATH = "PATH"
+"""What a card says to load from while it is on disk (the folder it is in); `hub_card` puts the repo id there."""
+
 FOLDERS = ("policy", "policy-merged", "value")
 """The folders of `final/` that get a card (those that exist)."""
 
@@ -87,7 +90,8 @@ def _what(folder: str, adapter: bool, merged: bool) -> tuple[str, str]:
         return "transformers", text
     load = (
         "```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
-        'model = AutoModelForCausalLM.from_pretrained("PATH")\ntokenizer = AutoTokenizer.from_pretrained("PATH")'
+        f'model = AutoModelForCausalLM.from_pretrained("{LOCAL_PATH}")\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{LOCAL_PATH}")'
         "\n```"
     )
     if folder == "policy" and adapter:
@@ -177,6 +181,23 @@ def card_text(
         "",
     ]
     return "\n".join(lines)
+
+
+def hub_card(text: str, repo_id: str) -> str:
+    """A card `text` as it is uploaded to `repo_id`: it loads from the repo id, and a local base folder (a path,
+    meaningless on the Hub) is named by its last part only."""
+    text = text.replace(f'from_pretrained("{LOCAL_PATH}")', f'from_pretrained("{repo_id}")')
+    marker = "## Base model\n\n`"
+    start = text.find(marker)
+    if start >= 0:
+        start += len(marker)
+        end = text.index("`", start)
+        base = text[start:end]
+        on_hub = "\nbase_model: " in text.split("\n---", 1)[0]  # card_text names a Hub base in the metadata
+        if not on_hub and (os.sep in base or base.startswith(".")):
+            name = os.path.basename(os.path.normpath(base))
+            text = text[:start] + f"{name}` (a local model folder, not on the Hub)" + text[end + 1 :]
+    return text
 
 
 def card_folders(final_dir: str) -> list[str]:
