@@ -478,7 +478,8 @@ def test_reward_model_with_a_different_tokenizer_trains(tmp_path, tokenizer, wor
 
 def nan_for_sample(index: int):
     def fn(prompts, completions):
-        return [float("nan") if i == index else 1.0 for i in range(len(completions))]
+        # the valid scores differ (a signal, `ppo.signal_tolerance`): the run takes policy steps around the dropped one
+        return [float("nan") if i == index else 1.0 + 0.1 * i for i in range(len(completions))]
 
     return fn
 

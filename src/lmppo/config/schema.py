@@ -366,7 +366,20 @@ class PPOConfig(_Section):
     """Advantage estimator (`lmppo.registry.ADVANTAGE_ESTIMATORS`): `gae`, or the critic-free `rloo`, `grpo` and
     `reinforce_pp` (`lmppo.core.advantages`)."""
     whiten_advantages: bool = True
-    """Normalise advantages to mean 0, std 1 over the valid tokens of the batch."""
+    """Normalise advantages to mean 0, std 1 over the valid tokens of the batch (the tokens of rows with a reward
+    signal, `ppo.signal_tolerance`), never dividing by less than `ppo.whiten_floor` allows."""
+    whiten_floor: NonNegativeFloat = 1.0
+    """Whitening divides the advantages by max(their std, this x the std of the advantages the rewards give without
+    a critic: the same estimator with every value 0). A critic that explains much of the reward leaves small
+    advantages, and whitening them to unit size would scale its errors up with them: with the floor, a critic can
+    lower the variance of a step but never make it larger than the rewards justify. No effect on the critic-free
+    estimators (`grpo`, `rloo`, `reinforce_pp`). 0: plain whitening (divide by the advantages' own std)."""
+    signal_tolerance: NonNegativeFloat = 1e-6
+    """Scores that differ by no more than this (highest minus lowest, over the batch, or over each prompt's group
+    with `rollout.num_samples_per_prompt` > 1) carry no signal: those responses get advantage 0, and a batch with
+    no signal at all moves no policy weight (no optimizer step; a separate critic still learns its values; beta holds).
+    Counted in `update/skipped_no_signal` and `update/no_signal_frac`. Raise it for noisy scores that should
+    count as equal (e.g. 0.01 for a judge that returns 0.70 and 0.705 for the same quality)."""
     max_nonfinite_updates: PositiveInt = 3
     """Skip an update whose loss or gradients are not finite; stop the run after this many in a row."""
     reuse_rollout_forward: bool = True

@@ -32,12 +32,16 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return sq / denom
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
-    """(values - mean) / std over the selected positions; masked positions are returned as 0.
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8, min_std: float = 0.0
+) -> torch.Tensor:
+    """(values - mean) / max(std, min_std) over the selected positions; masked positions are returned as 0.
 
     With `shift_mean=False` the mean is added back (scale only), as for rewards in the N implementation details.
+    `min_std` (`ppo.whiten_floor`): values whose spread is below it are not scaled up to unit size.
     """
-    return whiten_with(values, mask, masked_mean(values, mask), masked_var(values, mask), shift_mean, eps)
+    var = masked_var(values, mask)
+    return whiten_with(values, mask, masked_mean(values, mask), var, shift_mean, eps, min_std)
 
 
 def whiten_with(
@@ -47,9 +51,10 @@ def whiten_with(
     var: torch.Tensor,
     shift_mean: bool = True,
     eps: float = 1e-8,
+    min_std: float = 0.0,
 ) -> torch.Tensor:
     """`masked_whiten` with given statistics (e.g. computed over all processes)."""
-    whitened = (values - mean) * torch.rsqrt(var + eps)
+    whitened = (values - mean) * torch.rsqrt(var.clamp(min=min_std**2) + eps)
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask, whitened, torch.zeros_like(whitened))

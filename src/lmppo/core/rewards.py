@@ -130,3 +130,30 @@ def normalize_scores(
         target = target.clamp(-clip, clip)
     scaled = token_scores / std
     return _add_at_last(scaled, mask, torch.ones_like(totals, dtype=torch.bool), target - scaled.sum(1))
+
+
+def score_range(
+    scores: torch.Tensor, valid: torch.Tensor, group_ids: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The highest and the lowest valid score each row is compared with: its group's (several responses to one
+    prompt, `group_ids` (B,)) or, without groups, the whole batch's. scores (B,) per-response totals, valid (B,)
+    bool. Returns (highest, lowest), each (B,); +-inf swapped (highest -inf, lowest +inf) where nothing is valid.
+    Two values, not a pair type: the caller reduces each over processes on its own (max of highest, min of lowest)."""
+    neg, pos = torch.full_like(scores, -float("inf")), torch.full_like(scores, float("inf"))
+    high_in, low_in = torch.where(valid, scores, neg), torch.where(valid, scores, pos)
+    if group_ids is None:
+        return high_in.max().expand_as(scores), low_in.min().expand_as(scores)
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n = int(inverse.max().item()) + 1 if inverse.numel() else 0
+    high = torch.full((n,), -float("inf"), dtype=scores.dtype, device=scores.device)
+    low = torch.full((n,), float("inf"), dtype=scores.dtype, device=scores.device)
+    high = high.scatter_reduce(0, inverse, high_in, reduce="amax")
+    low = low.scatter_reduce(0, inverse, low_in, reduce="amin")
+    return high[inverse], low[inverse]
+
+
+def signal_rows(highest: torch.Tensor, lowest: torch.Tensor, valid: torch.Tensor, tolerance: float) -> torch.Tensor:
+    """(B,) bool: the valid rows whose comparison scores (`score_range`) spread by more than `tolerance`. A row
+    whose group (or batch) all scored within `tolerance` of each other says nothing about which response is better:
+    any step taken from it follows noise (a critic's errors, whitened to unit size), not the reward."""
+    return valid & (highest - lowest > tolerance)

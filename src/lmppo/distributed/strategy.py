@@ -72,15 +72,23 @@ class Strategy:
         values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
         return values.mean().item()
 
-    def whiten(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process."""
+    def whiten(
+        self, values: torch.Tensor, mask: torch.Tensor, floor_values: torch.Tensor | None = None, floor: float = 0.0
+    ) -> torch.Tensor:
+        """masked_whiten with mean and (unbiased) variance over the valid tokens of every process; the scale is at
+        least `floor` x the std of `floor_values` over the same tokens (`ppo.whiten_floor`)."""
+        mean, var = self.masked_moments(values, mask)
+        min_std = floor * float(self.masked_moments(floor_values, mask)[1].sqrt()) if floor_values is not None else 0.0
+        return whiten_with(values, mask, mean, var, min_std=min_std)
+
+    def masked_moments(self, values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean and unbiased variance of `values` over the valid tokens of every process."""
         m = mask.to(values.dtype)
         sums = torch.stack([(values * m).sum(), m.sum()])
         sums = self.accelerator.reduce(sums, "sum")
         mean = sums[0] / sums[1].clamp(min=1)
         sq = self.accelerator.reduce(((values - mean) ** 2 * m).sum(), "sum")
-        var = sq / (sums[1] - 1).clamp(min=1)
-        return whiten_with(values, mask, mean, var)
+        return mean, sq / (sums[1] - 1).clamp(min=1)
 
     # ---- saving
     def saving(self, actor: nn.Module) -> contextlib.AbstractContextManager:

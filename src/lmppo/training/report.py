@@ -78,6 +78,10 @@ def iteration_metrics(
         m["ppo/early_stop"] = stats.max("ppo/early_stop")
     if "val/ratio" in stats:
         m["val/ratio_var"] = procs.process_mean(stats.var("val/ratio"))
+    if rewards.signal is not None:  # ppo.signal_tolerance: was the policy step skipped, and how many rows said nothing
+        m["update/skipped_no_signal"] = float(not rewards.signal.any)
+        rows_with_signal = procs.process_sum(rewards.signal.rows.sum())
+        m["update/no_signal_frac"] = 1.0 - rows_with_signal / max(procs.process_sum(valid.sum()), 1.0)
     if "update/skipped_nonfinite" in stats:
         m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * stats.count("update/skipped_nonfinite")
     for phase, sec in phase_seconds.items():

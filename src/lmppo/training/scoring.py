@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -18,12 +19,16 @@ from lmppo.core.rewards import (
     kl_penalized_rewards,
     normalize_scores,
     penalize_truncated,
+    score_range,
+    signal_rows,
     unfinished_scores,
 )
 from lmppo.rewards import RewardSource, score_rollout
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from lmppo.distributed.strategy import Strategy
 
 
 @dataclass
@@ -38,12 +43,21 @@ class ScoredRollout:
 
 
 @dataclass
+class RewardSignal:
+    """Which responses' scores tell better from worse (`ppo.signal_tolerance`, `lmppo.core.rewards.signal_rows`)."""
+
+    rows: torch.Tensor  # (B,) bool: valid rows whose group (or batch) scores spread by more than the tolerance
+    any: bool  # some row of some process has a signal: the policy may take a step from this batch
+
+
+@dataclass
 class TokenRewards:
     """Phase 3 output."""
 
     rewards: torch.Tensor  # (B, T) score placement minus beta * KL (+ bootstrap)
     kl: torch.Tensor  # (B, T) per-token KL estimate (0 at padding)
     train_mask: torch.Tensor  # (B, T) bool, tokens that get policy and value gradients
+    signal: RewardSignal | None = None  # None: every row counts as carrying a signal
 
 
 def score(
@@ -99,6 +113,26 @@ def score(
     )
 
 
+def reward_signal(
+    rollout: Rollout,
+    scored: ScoredRollout,
+    tolerance: float,
+    processes: Strategy,
+) -> RewardSignal:
+    """The rows of the batch whose scores carry a signal (`ppo.signal_tolerance`): per prompt group when the rollout
+    has groups of several responses (a group never spans processes), else over the whole batch of every process.
+    `processes`: the strategy, for its reductions of a 0-dim tensor over processes."""
+    scores = scored.token_scores.sum(1)  # (B,) what the policy is trained on, before the KL penalty
+    groups = rollout.group_ids  # (B,); one response per prompt (every id once) compares nothing within a group
+    grouped = groups is not None and groups.unique().numel() < groups.numel()
+    highest, lowest = score_range(scores, scored.valid, groups if grouped else None)
+    if not grouped:  # the batch of every process is one comparison
+        highest = torch.full_like(scores, processes.process_max(highest.max()))
+        lowest = torch.full_like(scores, -processes.process_max(-lowest.min()))
+    rows = signal_rows(highest, lowest, scored.valid, tolerance)
+    return RewardSignal(rows=rows, any=processes.process_sum(rows.sum()) > 0)
+
+
 def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
     """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end; a `full_logits` estimator's
     (`exact`) was taken by the rollout, which held both models' logits."""
@@ -109,9 +143,11 @@ def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
     return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
 
 
-def token_rewards(rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef: float) -> TokenRewards:
+def token_rewards(
+    rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef: float, signal: RewardSignal | None = None
+) -> TokenRewards:
     """Scores minus beta * KL per token (`kl.placement` reward / both), the truncation policy's bootstrap and
-    dropped samples."""
+    dropped samples; `signal` (`reward_signal`) travels with them to the advantages and the update."""
     mask = rollout.response_mask
     kl = batch_kl(rollout, cfg.kl.estimator)
     beta = kl_coef if cfg.kl.placement in ("reward", "both") else 0.0
@@ -123,26 +159,37 @@ def token_rewards(rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef:
     keep = scored.valid
     if cfg.reward.truncation == "drop":
         keep = keep & ~rollout.truncated
-    return TokenRewards(rewards=rewards, kl=kl, train_mask=mask & keep[:, None])
+    return TokenRewards(rewards=rewards, kl=kl, train_mask=mask & keep[:, None], signal=signal)
 
 
 def advantages(
     rollout: Rollout,
     rewards: TokenRewards,
     cfg: Config,
-    whiten: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    whiten: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages, returns), each (B, T), by `ppo.advantage_estimator`; `whiten`: the strategy's whitening over
-    all processes (`ppo.whiten_advantages`)."""
+    """(advantages, returns), each (B, T), by `ppo.advantage_estimator`; `whiten(values, mask, floor_values, floor)`:
+    the strategy's whitening over all processes (`ppo.whiten_advantages`), over the tokens of rows with a signal,
+    its scale at least `ppo.whiten_floor` x the std of the advantages the rewards give without a critic (the same
+    estimator with every value 0). Rows without a signal get advantage 0 (their returns stay: a critic may learn
+    from them)."""
     p = cfg.ppo
-    adv, returns = ADVANTAGE_ESTIMATORS[p.advantage_estimator](
+    estimate = partial(
+        ADVANTAGE_ESTIMATORS[p.advantage_estimator],
         rewards.rewards,
-        rollout.values,
-        rollout.response_mask,
+        mask=rollout.response_mask,
         gamma=p.gamma,
         lam=p.lam,
         group_ids=rollout.group_ids,
     )
+    adv, returns = estimate(rollout.values)
+    signal = rewards.signal
     if p.whiten_advantages:
-        adv = whiten(adv, rewards.train_mask)
+        learn = rewards.train_mask if signal is None else rewards.train_mask & signal.rows[:, None]
+        # what the rewards alone justify: a critic that explains the reward shrinks the advantages, and whitening
+        # them to unit size would blow its errors up; they may shrink, never grow past this spread
+        critic_free = estimate(torch.zeros_like(rollout.values))[0] if p.whiten_floor > 0 else None
+        adv = whiten(adv, learn, critic_free, p.whiten_floor)
+    if signal is not None:
+        adv = torch.where(signal.rows[:, None], adv, torch.zeros_like(adv))
     return adv, returns

@@ -41,7 +41,7 @@ from lmppo.training.callbacks import callback_list
 from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, open_logger, warn_negative_kl
 from lmppo.training.progress import ProgressDisplay
 from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
-from lmppo.training.scoring import ScoredRollout, TokenRewards
+from lmppo.training.scoring import RewardSignal, ScoredRollout, TokenRewards
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -153,13 +153,14 @@ class PPOTrainer:
                 with timer("score"):
                     scored = self.score(batch)  # 2. reward sources -> placed scores
                 with timer("rewards"):
+                    signal = scoring.reward_signal(batch, scored, cfg.ppo.signal_tolerance, self.strategy)
                     if self.kl_reacts_now:
-                        self.adapt_kl_coef(batch)  # beta answers this batch's own KL (kl.react: now)
-                    rewards = self.token_rewards(batch, scored)  # 3. scores - beta * KL, truncation policy
+                        self.adapt_kl_coef(batch, signal)  # beta answers this batch's own KL (kl.react: now)
+                    rewards = self.token_rewards(batch, scored, signal)  # 3. scores - beta * KL, truncation policy
                 with timer("advantages"):
                     advantages, returns = self.advantages(batch, rewards)  # 4. GAE, whitening
                 with timer("update"):
-                    self.ppo_update(batch, advantages, returns, rewards.train_mask, stats)  # 5. PPO epochs
+                    self.ppo_update(batch, advantages, returns, rewards.train_mask, stats, signal.any)  # 5. PPO epochs
                 self.train_seconds = time.perf_counter() - started
                 self.finish_iteration(batch, scored, rewards, stats, timer)  # 6. log, adapt KL, sync ref
         finally:
@@ -247,12 +248,19 @@ class PPOTrainer:
         """The batch's mean KL per response over all processes (`objective/kl`): what the KL controller reads."""
         return self.strategy.gather_mean(masked_sum(kl, mask, dim=1))
 
-    def adapt_kl_coef(self, batch: Rollout) -> None:
-        """The KL controller answers this batch's KL (`kl.react: now`)."""
-        self.kl_controller.update(self.mean_kl(scoring.batch_kl(batch, self.config.kl.estimator), batch.response_mask))
+    def adapt_kl_coef(self, batch: Rollout, signal: Optional[RewardSignal] = None) -> None:
+        """The KL controller answers this batch's KL (`kl.react: now`); beta holds on a batch without a reward signal
+        (no policy step: its KL says nothing about beta, and reading it would only wind the controller down)."""
+        if signal is None or signal.any:
+            self.kl_controller.update(
+                self.mean_kl(scoring.batch_kl(batch, self.config.kl.estimator), batch.response_mask)
+            )
 
-    def token_rewards(self, batch: Rollout, scored: ScoredRollout) -> TokenRewards:
-        return scoring.token_rewards(batch, scored, self.config, self.kl_controller.coef)
+    def token_rewards(
+        self, batch: Rollout, scored: ScoredRollout, signal: Optional[RewardSignal] = None
+    ) -> TokenRewards:
+        signal = signal or scoring.reward_signal(batch, scored, self.config.ppo.signal_tolerance, self.strategy)
+        return scoring.token_rewards(batch, scored, self.config, self.kl_controller.coef, signal)
 
     def advantages(self, batch: Rollout, rewards: TokenRewards) -> tuple[torch.Tensor, torch.Tensor]:
         return scoring.advantages(batch, rewards, self.config, self.strategy.whiten)
@@ -265,28 +273,33 @@ class PPOTrainer:
         returns: torch.Tensor,
         train_mask: torch.Tensor,
         stats: MetricsAccumulator,
+        learn_policy: bool = True,
     ) -> None:
         """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each (`lmppo.training.update`).
 
         No host read inside the minibatch loop: the epoch's row order is drawn on the host and every field gathered
         once per epoch (micro-batches are slices), the widths of each micro-batch come from the rows' widths read
         once per iteration, non-finite steps are skipped on the device (`update.NonfiniteGuard`), metrics stay
-        tensors; `ppo.target_kl`, when set, reads one number per minibatch."""
+        tensors; `ppo.target_kl`, when set, reads one number per minibatch. `learn_policy` False: a batch without
+        a reward signal (`update.hold_policy`)."""
         cfg = self.config
+        loss_of = None if learn_policy else update.hold_policy(stats, self.critic, self._autocast, cfg)
+        self.first_epoch_forward = self.first_epoch_forward if learn_policy else None  # no policy pass: graph goes
+        epochs = cfg.ppo.num_epochs if learn_policy or self.critic is not None else 0  # a shared head: no value step
         widths = update.row_widths(batch)  # one read per iteration
         guard = update.NonfiniteGuard(
             self.optimizer, self.nonfinite_in_a_row, cfg.ppo.max_nonfinite_updates, self.device
         )
         whole = update.UpdateBatch(batch, advantages, returns, train_mask)
         try:
-            for epoch, order in update.epoch_orders(cfg.ppo.num_epochs, batch.batch_size, self.update_generator):
+            for epoch, order in update.epoch_orders(epochs, batch.batch_size, self.update_generator):
                 shuffled = whole.shuffled(order)  # one index copy, every field gathered once
-                if not update.update_epoch(self, shuffled, order, widths, epoch, guard, stats):
+                if not update.update_epoch(self, shuffled, order, widths, epoch, guard, stats, loss_of):
                     break  # ppo.target_kl: the rest of this iteration's epochs are skipped
         finally:
             self.nonfinite_in_a_row = guard.check()  # TrainingError at ppo.max_nonfinite_updates in a row
         self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
-        self.scheduler.step()
+        update.step_schedule(self.scheduler)
 
     def micro_batch_loss(
         self,
@@ -337,7 +350,7 @@ class PPOTrainer:
         metrics = report.iteration_metrics(batch, scored, rewards, stats, timer.seconds, *parts)
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
-        if not self.kl_reacts_now:
+        if not self.kl_reacts_now and (rewards.signal is None or rewards.signal.any):  # held without a signal
             self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0

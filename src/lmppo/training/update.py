@@ -4,6 +4,8 @@ step. The epochs are `PPOTrainer.ppo_update`; the minibatches of one, `update_ep
 
 from __future__ import annotations
 
+import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Sequence
@@ -13,6 +15,8 @@ import torch
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS
+from lmppo.core.losses import clipped_value_loss, token_mean
+from lmppo.core.masking import masked_mean
 from lmppo.core.objective import STAT_NAMES, ppo_objective
 from lmppo.errors import TrainingError
 from lmppo.models.loading import PolicyOutput
@@ -192,6 +196,59 @@ def micro_batch_objective(
     return loss
 
 
+def critic_only_loss(
+    critic: torch.nn.Module | None,
+    autocast: Callable[[], AbstractContextManager],
+    cfg: Config,
+    batch: Rollout,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens: torch.Tensor,
+    stats: MetricsAccumulator,
+    forward: Optional[PolicyOutput] = None,
+    widths: Optional[TrimWidths] = None,
+) -> torch.Tensor:
+    """A separate critic's share of the minibatch loss alone (vf_coef x clipped value loss, token mean), for a batch
+    without a reward signal: no policy pass, so the policy's parameters get no gradient and the optimizer leaves them
+    and their Adam moments as they are. The arguments of `PPOTrainer.micro_batch_loss` (advantages and `forward`
+    unused) after the critic, the trainer's autocast and the config."""
+    assert critic is not None, "value-only steps need a separate critic (value.mode critic)"
+    batch, keep = trim(batch, widths)
+    returns, mask = returns[:, :keep], mask[:, :keep]
+    padded = None if widths is None else widths.padded
+    with autocast():
+        values = critic(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], padded)[:, :keep]
+    vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
+    stats.add(STAT_NAMES["value"], masked_mean(vf_loss.detach(), mask))
+    stats.add(STAT_NAMES["value_clipped"], masked_mean(vf_stats["clipped"], mask))
+    return token_mean(cfg.ppo.vf_coef * vf_loss, mask, num_tokens)
+
+
+def hold_policy(
+    stats: MetricsAccumulator,
+    critic: torch.nn.Module | None,
+    autocast: Callable[[], AbstractContextManager],
+    cfg: Config,
+) -> MicroBatchLoss:
+    """A batch without a reward signal (`ppo.signal_tolerance`): no policy weight moves, so the updated policy is
+    the rollout policy itself (`policy/approxkl_avg`, `policy/clipfrac_avg` exactly 0; `update/skipped_no_signal`
+    says why). Returns the micro-batch loss to use instead: a separate critic still learns its values
+    (`critic_only_loss`); a shared value head takes no step at all (the trainer runs no epoch), since its value
+    loss would move the trunk, and the trunk is the policy."""
+    stats.add(STAT_NAMES["approx_kl"], 0.0)
+    stats.add(STAT_NAMES["policy_clipped"], 0.0)
+    return partial(critic_only_loss, critic, autocast, cfg)
+
+
+def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """The learning-rate schedule follows iterations, whether the optimizer stepped in one or not (a batch without
+    a reward signal): torch's warning about a schedule step before any optimizer step does not apply."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()
+
+
 def went_too_far(stats: MetricsAccumulator, micro_batches: int, target_kl: float, strategy: Strategy) -> bool:
     """`ppo.target_kl`: after a minibatch's step, whether the approximate KL its forward measured (the policy
     after the steps before it, against the rollout policy) passed 1.5 x target_kl; every process decides alike."""
@@ -282,6 +339,22 @@ class NonfiniteGuard:
         return int(streak)
 
 
+class MicroBatchLoss(Protocol):
+    """The signature of `PPOTrainer.micro_batch_loss` (and of `critic_only_loss` after its first three arguments)."""
+
+    def __call__(
+        self,
+        batch: Rollout,
+        advantages: torch.Tensor,
+        returns: torch.Tensor,
+        mask: torch.Tensor,
+        num_tokens: torch.Tensor,
+        stats: MetricsAccumulator,
+        forward: Optional[PolicyOutput] = None,
+        widths: Optional[TrimWidths] = None,
+    ) -> torch.Tensor: ...
+
+
 class Updating(Protocol):
     """What `update_epoch` needs of the trainer (`PPOTrainer`)."""
 
@@ -315,9 +388,11 @@ def update_epoch(
     epoch: int,
     guard: NonfiniteGuard,
     stats: MetricsAccumulator,
+    loss_of: Optional[MicroBatchLoss] = None,
 ) -> bool:
     """The minibatches of one epoch over `shuffled` (the batch in `order`), one optimizer step each; False when
-    `ppo.target_kl` stopped the update. No host read: micro-batches are slices, their widths come from `widths`."""
+    `ppo.target_kl` stopped the update. No host read: micro-batches are slices, their widths come from `widths`.
+    `loss_of`: the micro-batch loss instead of `trainer.micro_batch_loss` (`hold_policy`: the critic's alone)."""
     cfg, acc = trainer.config, trainer.accelerator
     W = acc.num_processes
     mb, micro = cfg.minibatch_size // W, cfg.ppo.micro_batch_size
@@ -338,12 +413,12 @@ def update_epoch(
             with trainer.strategy.sync_gradients(
                 m + micro >= mb, trainer.actor, trainer.critic
             ):  # all-reduce: last one
-                loss = trainer.micro_batch_loss(
+                loss = (loss_of or trainer.micro_batch_loss)(
                     part.rollout, part.advantages, part.returns, part.train_mask, num_tokens, stats, forward, columns
                 )
                 acc.backward(loss, **trainer.strategy.backward_kwargs)
             losses.append(loss.detach())
         trainer.optimizer_step(acc.reduce(torch.stack(losses).sum(), "sum"), stats, guard)
-        if went_too_far(stats, len(losses), cfg.ppo.target_kl, trainer.strategy):
+        if loss_of is None and went_too_far(stats, len(losses), cfg.ppo.target_kl, trainer.strategy):
             return False
     return True

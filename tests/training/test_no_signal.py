@@ -1,0 +1,173 @@
+"""No update from noise, end to end on tiny in-process models: a batch whose scores carry no signal moves no policy
+weight (`ppo.signal_tolerance`), in every advantage mode, and beta holds while it does not move."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import PROMPTS, small_config, tiny_llama
+from lmppo.core.kl import exact_kl
+from lmppo.training.trainer import PPOTrainer
+
+HELDOUT = ["a quiet evening", "the old house", "she asked why"]  # prompts the runs never train on
+MODES = {
+    "critic": {"value__mode": "critic"},
+    "shared": {"value__mode": "shared"},
+    "grpo": {"ppo__advantage_estimator": "grpo", "rollout__num_samples_per_prompt": 4},
+    "rloo": {"ppo__advantage_estimator": "rloo", "rollout__num_samples_per_prompt": 4},
+}
+
+
+class SignalThenZero:
+    """A reward with a signal (response length) for the first `signal_episodes` episodes, 0 after."""
+
+    def __init__(self, signal_episodes: int):
+        self.left = signal_episodes
+
+    def __call__(self, prompts, completions):
+        out = [len(c) / 20.0 if self.left > 0 else 0.0 for c in completions]
+        self.left -= len(completions)
+        return out
+
+
+def policy_weights(trainer: PPOTrainer) -> list[torch.Tensor]:
+    """Every parameter of the policy model and, with a shared head, of the value head (copies)."""
+    actor = trainer.accelerator.unwrap_model(trainer.actor)
+    params = list(trainer.policy.parameters())
+    if actor.value_head is not None:
+        params += list(actor.value_head.parameters())
+    return [p.detach().clone() for p in params]
+
+
+class WeightLog:
+    def __init__(self):
+        self.after: list[list[torch.Tensor]] = []
+
+    def on_iteration_end(self, trainer, metrics):
+        self.after.append(policy_weights(trainer))
+
+
+def make(tmp_path, tokenizer, reward, iterations, **fields) -> PPOTrainer:
+    cfg = small_config(tmp_path / "run", iterations, 8, **fields)
+    return PPOTrainer(
+        cfg, policy=tiny_llama(tokenizer, seed=1), tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[reward]
+    )
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_no_policy_step_after_the_reward_goes_silent(tmp_path, tokenizer, mode):
+    """Signal for the first 16 episodes (2 iterations of 8), 0 after, no KL term: every later iteration takes no
+    policy step (`policy/approxkl_avg` 0, the policy's weights bit-identical), with a critic, a shared head, grpo
+    and rloo; the first two do learn (the skip is not firing everywhere)."""
+    log = WeightLog()
+    trainer = make(tmp_path, tokenizer, SignalThenZero(16), 5, kl__controller="fixed", kl__coef=0.0, **MODES[mode])
+    trainer.callbacks.callbacks.append(log)
+    critic_before = None if trainer.critic is None else [p.detach().clone() for p in trainer.critic.parameters()]
+    history = trainer.train()
+    assert [m["update/skipped_no_signal"] for m in history] == [0.0, 0.0, 1.0, 1.0, 1.0]
+    assert all(m["policy/approxkl_avg"] > 0 for m in history[:2])
+    assert not torch.equal(log.after[0][0], log.after[1][0]) or any(
+        not torch.equal(a, b) for a, b in zip(log.after[0], log.after[1])
+    )
+    for m in history[2:]:
+        assert m["policy/approxkl_avg"] == 0.0
+        assert m["update/no_signal_frac"] == 1.0
+    for later in log.after[2:]:
+        assert all(torch.equal(a, b) for a, b in zip(log.after[1], later))
+    if trainer.critic is not None:  # a separate critic keeps learning its values on the silent batches
+        assert any(not torch.equal(a, b.detach()) for a, b in zip(critic_before, trainer.critic.parameters()))
+        assert all(m["loss/value_avg"] > 0 for m in history[2:])
+
+
+def test_zero_variance_groups_get_no_advantage(tmp_path, tokenizer):
+    """With groups, a prompt whose responses all scored alike contributes nothing; the others still learn."""
+    first_prompt_only = {}
+
+    def reward(prompts, completions):
+        # the first prompt's group gets a signal (lengths), every other group a constant
+        first = prompts[0]
+        first_prompt_only["first"] = first
+        return [len(c) / 20.0 if p == first else 1.0 for p, c in zip(prompts, completions)]
+
+    trainer = make(tmp_path, tokenizer, reward, 1, **MODES["rloo"], ppo__whiten_advantages=True)
+    rollout = trainer.collect_rollout()
+    scored = trainer.score(rollout)
+    rewards = trainer.token_rewards(rollout, scored)
+    adv, _ = trainer.advantages(rollout, rewards)
+    first_group = torch.tensor([p == first_prompt_only["first"] for p in rollout.prompts_text])
+    assert rewards.signal.rows.tolist() == first_group.tolist()
+    assert (adv[~first_group] == 0).all()
+    assert (adv[first_group][rollout.response_mask[first_group]] != 0).any()
+
+
+def test_whitening_floor_is_applied_with_a_critic(tmp_path, tokenizer):
+    """`ppo.whiten_floor`: advantages divided by max(their std, floor x the critic-free advantages' std); 0 is
+    plain whitening."""
+    scales = {}
+    for floor in (0.0, 50.0):
+        trainer = make(
+            tmp_path / str(floor),
+            tokenizer,
+            lambda p, c: [len(x) / 20.0 for x in c],
+            1,
+            value__mode="critic",
+            ppo__whiten_floor=floor,
+        )
+        torch.manual_seed(0)
+        rollout = trainer.collect_rollout()
+        rewards = trainer.token_rewards(rollout, trainer.score(rollout))
+        adv, _ = trainer.advantages(rollout, rewards)
+        scales[floor] = adv[rewards.train_mask].std().item()
+    assert scales[0.0] == pytest.approx(1.0, abs=1e-3)  # plain whitening: unit std
+    assert scales[50.0] < 0.1  # divided by 50 x the critic-free advantages' spread, not by the critic's
+
+
+def test_beta_holds_while_there_is_no_signal(tmp_path, tokenizer):
+    """The issue's sequence: KL 0 on target 5 with the PI controller used to cut beta 0.05 -> 0.0025 by iteration
+    5 (tests/core/test_reward_signal.py pins that arithmetic); with a silent reward it now stays 0.05."""
+    trainer = make(
+        tmp_path, tokenizer, lambda p, c: [0.0] * len(c), 5, kl__controller="pi", kl__coef=0.05, kl__target=5.0
+    )
+    history = trainer.train()
+    assert [m["objective/kl_coef"] for m in history] == [0.05] * 5
+    assert trainer.kl_controller.coef == 0.05 and trainer.kl_controller.integral == 0.0
+
+
+def test_adaptive_controller_also_holds(tmp_path, tokenizer):
+    trainer = make(tmp_path, tokenizer, lambda p, c: [0.0] * len(c), 3, kl__controller="adaptive", kl__coef=0.05)
+    history = trainer.train()
+    assert [m["objective/kl_coef"] for m in history] == [0.05] * 3
+
+
+def heldout_kl(policy, start, tokenizer, prompts, new_tokens=6) -> float:
+    """Mean over held-out prompts of the exact KL(policy || start) summed over a sampled response's tokens."""
+    torch.manual_seed(0)
+    total = 0.0
+    for prompt in prompts:
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        out = policy.generate(ids, max_new_tokens=new_tokens, do_sample=True, pad_token_id=tokenizer.pad_token_id)
+        with torch.no_grad():
+            logits = policy(out).logits[:, ids.shape[1] - 1 : -1]
+            ref = start(out).logits[:, ids.shape[1] - 1 : -1]
+        total += exact_kl(logits, ref).sum().item()
+    return total / len(prompts)
+
+
+@pytest.mark.parametrize("mode", ["critic", "shared"])
+def test_always_zero_reward_keeps_the_policy_at_its_start(tmp_path, tokenizer, mode):
+    """A reward that is always 0 for 8 iterations: the held-out KL to the start stays below 0.05 nats (it is 0:
+    no step was taken). Before the skip, whitening scaled the critic's noise up to unit advantages."""
+    policy = tiny_llama(tokenizer, seed=2)
+    start = copy.deepcopy(policy).eval()
+    cfg = small_config(tmp_path / "run", 8, 8, **MODES[mode])
+    trainer = PPOTrainer(
+        cfg, policy=policy, tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[lambda p, c: [0.0] * len(c)]
+    )
+    history = trainer.train()
+    assert all(m["update/skipped_no_signal"] == 1.0 for m in history)
+    kl = heldout_kl(trainer.policy.eval(), start, tokenizer, HELDOUT)
+    assert kl < 0.05
+    assert kl == pytest.approx(0.0, abs=1e-6)
