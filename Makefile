@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train lint test test-fast bench bench-equivalence bench-llama-venv bench-anchors clean
+.PHONY: setup train lint test test-fast bench bench-verifiable bench-equivalence bench-llama-venv bench-anchors clean
 
 setup: $(STAMP)
 
@@ -47,6 +47,12 @@ $(TRL_VENV)/bin/python:
 
 bench: $(STAMP) $(TRL_VENV)/bin/python
 	$(PY) benchmarks/speed/compare_trl.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
+
+# TRL's GRPOTrainer beside lmppo (PPO with a critic / a shared head, grpo, rloo) on a verifiable reward, SmolLM2 learning
+# arithmetic (benchmarks/learning/verifiable.py; docs/choosing.md has the table). TRL's LoRA needs peft in its venv.
+bench-verifiable: $(STAMP) $(TRL_VENV)/bin/python
+	$(TRL_VENV)/bin/python -m pip install --quiet "peft==0.21.2" requests
+	$(PY) benchmarks/learning/verifiable.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
 
 # TRL and lmppo on one identical rollout (lmppo from the source tree, inside TRL's venv)
 bench-equivalence: $(STAMP) $(TRL_VENV)/bin/python
