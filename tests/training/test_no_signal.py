@@ -171,3 +171,25 @@ def test_always_zero_reward_keeps_the_policy_at_its_start(tmp_path, tokenizer, m
     kl = heldout_kl(trainer.policy.eval(), start, tokenizer, HELDOUT)
     assert kl < 0.05
     assert kl == pytest.approx(0.0, abs=1e-6)
+
+
+def test_signal_tolerance_is_applied(tmp_path, tokenizer):
+    """Scores 0.001 apart: a signal at the default tolerance (1e-6), none at `ppo.signal_tolerance` 0.01."""
+
+    def nearly_equal(prompts, completions):
+        return [0.5 + 0.001 * (i % 2) for i in range(len(completions))]
+
+    skipped = {}
+    for tolerance in (1e-6, 0.01):
+        trainer = make(tmp_path / str(tolerance), tokenizer, nearly_equal, 1, ppo__signal_tolerance=tolerance)
+        skipped[tolerance] = trainer.train()[0]["update/skipped_no_signal"]
+    assert skipped == {1e-6: 0.0, 0.01: 1.0}
+
+
+@pytest.mark.parametrize("field", ["ppo.signal_tolerance", "ppo.whiten_floor"])
+def test_negative_knobs_are_refused(field):
+    from lmppo.config import load_config
+    from lmppo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field.split(".")[1]):
+        load_config(None, {field: "-1"})
