@@ -7,6 +7,8 @@ allowed. The CLI prints the message on one line and exits non-zero; a traceback 
 
 from __future__ import annotations
 
+import errno
+
 from lmppo.redact import redact_text
 
 
@@ -66,3 +68,30 @@ class StorageError(LmppoError, RuntimeError):
 
 class RunLockedError(LmppoError, RuntimeError):
     """Another lmppo process is using the output folder."""
+
+
+_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
+
+
+def write_failure_words(err: BaseException) -> str | None:
+    """Why a write failed, in words, when the error says so (an errno, or the message of torch / safetensors:
+    "os error 28"); None when it does not (`lmppo.run.storage.reason` then looks at the disk)."""
+    code = getattr(err, "errno", None)
+    text = str(err)
+    if isinstance(err, OSError) and code is None and err.args and isinstance(err.args[0], int):
+        code = err.args[0]
+    if code in _NO_SPACE or "No space left" in text or "os error 28" in text:
+        return "the disk is full (no space left on device)"
+    if code == errno.EFBIG or "File too large" in text or "os error 27" in text:
+        return "the file is larger than this process may write (file size limit: ulimit -f)"
+    if code == errno.EROFS or "Read-only file system" in text or "os error 30" in text:
+        return "the file system is read-only"
+    if code in (errno.EACCES, errno.EPERM) or "Permission denied" in text or "os error 13" in text:
+        return "permission denied"
+    if code == errno.ENOENT or "No such file or directory" in text:
+        return "the folder does not exist (removed while writing?)"
+    if code == errno.ENOTDIR:
+        return "a path component is a file, not a folder"
+    if code == errno.EIO:
+        return "input/output error (failing disk or network file system)"
+    return None

@@ -34,6 +34,9 @@ def quiet_libraries(all_warnings: bool = False) -> None:
     module = "" if all_warnings else rf"({'|'.join(LIBRARIES)})(\.|$)"
     for category in (FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=category, module=module)
+    # lmppo steps its schedule once per iteration, also when every update of it was skipped (a non-finite loss):
+    # torch's warning about the order would print before lmppo's own line about the skipped updates
+    warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)` before", category=UserWarning)
     for name in LOGGERS:
         logger = logging.getLogger(name)
         logger.setLevel(logging.ERROR)

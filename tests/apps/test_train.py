@@ -1,6 +1,6 @@
-"""`lmppo train`'s own helpers (lmppo.apps.train); the command's runs are in tests/training and tests/run."""
+"""`lmppo train`'s own helpers (lmppo.apps.cli.output_dir_of); its runs are in tests/training and tests/run."""
 
-from lmppo.apps.train import output_dir_of
+from lmppo.apps.cli import output_dir_of
 
 
 def test_output_dir_of_reads_the_command_line_or_the_config(tmp_path):

@@ -112,8 +112,73 @@ def cmd_warp(argv: Sequence[str], console: Any) -> int:
     return warp_main(argv, console)
 
 
+AFTER_STOP = {
+    "warp": "run the same `lmppo warp` command again: finished members are kept, the interrupted one resumes from its "
+    "latest complete checkpoint",
+    "eval": "the evaluation did not finish and wrote nothing; run the same `lmppo eval` command again",
+    "merge": "the merged model was not written (its temporary is removed); run the same `lmppo merge` command again",
+    "push": "the upload did not finish (the Hub keeps only whole commits); run the same `lmppo push` command again",
+    "plot": "no plot was written; run the same `lmppo plot` command again",
+    "reward-model": "run the same `lmppo reward-model` command again (`--resume OUTPUT_DIR` once it has a checkpoint)",
+}
+"""What to do after a stop signal, per command (`train`: `lmppo.run.signals.next_step`, which looks at the run)."""
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """The `lmppo` command; `argv` given: called in-process (tests), where the signal handlers are put back after."""
+    in_process = argv is not None
+    before = signals.handlers()
+    signals.install()  # first: a signal during the slow imports below ends with one line and 128 + N too
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = args[0] if args else ""
+    run: list[Optional[str]] = []  # the run folder of `lmppo train`, read before the slow imports, for the advice
+    try:
+        if command == "train":
+            run.append(output_dir_of([a for a in args[1:] if a != "--debug"]))
+        code = _run(args)
+    except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM, SIGHUP (`lmppo.run.signals`), at any moment of the command
+        if "--debug" in args:
+            raise
+        # no import from here on: a signal during one leaves its module half-imported
+        print(f"{signals.how_stopped(stop)}; {_after_stop(command, args[1:], run)}", file=sys.stderr)
+        code = signals.exit_code(stop)
+    finally:
+        if in_process:
+            signals.restore(before)
+    if not in_process:
+        signals.ended(code)
+    return code
+
+
+def _after_stop(command: str, rest: Sequence[str], run: Sequence[Optional[str]]) -> str:
+    if command in AFTER_STOP:
+        return AFTER_STOP[command]
+    if command == "train":
+        return signals.next_step(run[0] if run else None, [a for a in rest if a != "--debug"])
+    return f"nothing of it is complete; run the same `lmppo {command}` command again" if command else "stopped"
+
+
+def output_dir_of(argv: Sequence[str]) -> Optional[str]:
+    """The run folder a `train` command line writes to, for messages (best effort, never raises)."""
+    argv = list(argv)
+    try:
+        if "--resume" in argv and argv.index("--resume") + 1 < len(argv):
+            return argv[argv.index("--resume") + 1]
+        for i, arg in enumerate(argv):
+            if arg.startswith("--output_dir="):
+                return arg.split("=", 1)[1]
+            if arg == "--output_dir" and i + 1 < len(argv):
+                return argv[i + 1]
+        if any(a in ("-h", "--help") for a in argv):
+            return None
+        from lmppo.config import load_config, recipe_path  # pydantic, not torch: read before the slow imports
+
+        return load_config(argv[0] if argv and not argv[0].startswith("--") else recipe_path("sentiment")).output_dir
+    except Exception:  # noqa: BLE001 - only for a message
+        return None
+
+
+def _run(argv: list[str]) -> int:
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     if argv and argv[0] in ("-V", "--version"):
@@ -144,35 +209,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return code
     if not debug:
         os.environ.setdefault("TQDM_DISABLE", "1")  # read by tqdm when it is imported (with transformers)
-    # the heavy imports (torch, transformers, rich) happen from here on, for the command that runs
-    from lmppo.apps.console import quiet_console
-    from lmppo.evaluation.tables import make_console
-
-    quiet_console(debug)
-    console = make_console()
-    module, _, function = COMMANDS[command][0].partition(":")
-    if command in ("train", "warp", "reward-model"):
-        signals.terminate_like_interrupt()  # SIGTERM (schedulers): cleaned up and explained like Ctrl-C, exit 143
     try:
+        # the heavy imports (torch, transformers, rich) happen from here on, for the command that runs
+        from lmppo.apps.console import quiet_console
+        from lmppo.evaluation.tables import make_console
+
+        quiet_console(debug)
+        console = make_console()
+        module, _, function = COMMANDS[command][0].partition(":")
         return getattr(importlib.import_module(module), function)(rest, console)
     except LmppoError as err:
         if debug:
             raise
         print(f"error: {err}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (`lmppo.run.signals.Terminated`)
-        if command == "warp":
-            print(
-                f"{signals.how_stopped(stop)}; run the same `lmppo warp` command again: finished members are kept, "
-                "the interrupted one resumes from its latest complete checkpoint",
-                file=sys.stderr,
-            )
-            return signals.exit_code(stop)
-        from lmppo.apps.train import output_dir_of
-
-        out = output_dir_of(rest) if command == "train" else None
-        print(f"{signals.how_stopped(stop)}; {signals.next_step(out, rest)}", file=sys.stderr)
-        return signals.exit_code(stop)
 
 
 if __name__ == "__main__":

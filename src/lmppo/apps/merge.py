@@ -9,7 +9,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 from dataclasses import asdict
 from typing import Any, Callable, Optional, Sequence
 
@@ -19,7 +18,7 @@ from safetensors.torch import load_file, save_file
 from lmppo.apps.arguments import merge_parser
 from lmppo.config import load_config
 from lmppo.core.kl_budget import BudgetStep, search_lambda
-from lmppo.errors import LmppoError, StorageError
+from lmppo.errors import LmppoError
 from lmppo.evaluation.evaluate import (
     LoadedModels,
     build_sources,
@@ -31,7 +30,8 @@ from lmppo.evaluation.evaluate import (
 )
 from lmppo.models.files import is_adapter_folder
 from lmppo.models.loading import resolve_model_path
-from lmppo.run.storage import atomic_dir, reason, write_json
+from lmppo.run.outputs import result_output
+from lmppo.run.storage import atomic_dir, discard, temp_name, write_json, writing
 
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
@@ -161,7 +161,9 @@ def merge(inputs: Sequence[str], output: str, toward_start: float = 1.0, start: 
     if len(inputs) < 2 and toward_start == 1.0:
         raise LmppoError("lmppo merge: give at least two runs (or one with --toward-start below 1)")
     _check_output(output)
-    return _write_merge(_policy_folders(inputs), output, toward_start, start, None)
+    folders = _policy_folders(inputs)
+    with result_output(output, "the merged policy", "`lmppo merge`"):  # checked writable before the work
+        return _write_merge(folders, output, toward_start, start, None)
 
 
 def _write_merge(
@@ -290,49 +292,49 @@ def merge_to_budget(
     seed = cfg.seed if seed is None else seed
     device = eval_device(cfg)
     sources = build_sources(cfg, device)
-    parent = os.path.dirname(os.path.abspath(output))
-    try:  # the merge at LAMBDA 1, beside the output (a model's size: not in a small /tmp)
-        os.makedirs(parent, exist_ok=True)
-        scratch = tempfile.mkdtemp(prefix=".lmppo-merge-", dir=parent)
-    except OSError as err:
-        raise StorageError(f"lmppo merge: could not make a scratch folder in {parent}: {reason(err, parent)}") from None
-    try:
-        whole = _write_merge(folders, os.path.join(scratch, "merged"), 1.0, None, None)
-        models = load_models(whole, start if full else None, cfg, None, device, config_given=True)
-        plan = eval_plan(models, cfg, sources, seed=seed, samples_per_prompt=samples_per_prompt)
-        setter = LambdaSetter(models)
+    with result_output(output, "the merged policy", "`lmppo merge`"):  # checked writable before the work
+        # the merge at LAMBDA 1, beside the output (a model's size: not in a small /tmp), under the output's temporary
+        # name: a run of this command killed with SIGKILL leaves it, and the next one removes it (`result_output`)
+        scratch = temp_name(output)
+        with writing("the scratch merge (lambda 1)", scratch):
+            os.makedirs(scratch)
+        try:
+            whole = _write_merge(folders, os.path.join(scratch, "merged"), 1.0, None, None)
+            models = load_models(whole, start if full else None, cfg, None, device, config_given=True)
+            plan = eval_plan(models, cfg, sources, seed=seed, samples_per_prompt=samples_per_prompt)
+            setter = LambdaSetter(models)
 
-        def measure(lam: float) -> BudgetStep:
-            setter.set(lam)
-            ev = sample_trained(models, plan)
-            n = len(ev.kl_exact)
-            sd = float(ev.kl_exact.std()) if n > 1 else 0.0
-            step = BudgetStep(
-                lam, float(ev.kl_exact.mean()), sd / math.sqrt(n), float(ev.kl_k1.mean()), float(ev.total.mean())
-            )
-            say(
-                f"  lambda {lam:.3f}: held-out KL {step.kl_exact:.2f} nats (SE {step.kl_exact_se:.2f}; k1 "
-                f"{step.kl_k1:.2f}), score {step.score:+.3f}"
-            )
-            return step
+            def measure(lam: float) -> BudgetStep:
+                setter.set(lam)
+                ev = sample_trained(models, plan)
+                n = len(ev.kl_exact)
+                sd = float(ev.kl_exact.std()) if n > 1 else 0.0
+                step = BudgetStep(
+                    lam, float(ev.kl_exact.mean()), sd / math.sqrt(n), float(ev.kl_k1.mean()), float(ev.total.mean())
+                )
+                say(
+                    f"  lambda {lam:.3f}: held-out KL {step.kl_exact:.2f} nats (SE {step.kl_exact_se:.2f}; k1 "
+                    f"{step.kl_k1:.2f}), score {step.score:+.3f}"
+                )
+                return step
 
-        chosen, steps = search_lambda(measure, budget, tolerance, max_evals)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    record = {
-        "kl_budget": {
-            "budget": budget,
-            "tolerance": tolerance,
-            "config": os.path.abspath(config),
-            "seed": seed,
-            "prompts": plan.num_prompts,
-            "samples_per_prompt": samples_per_prompt,
-            "held_out": plan.held_out,
-            "chosen": asdict(chosen),
-            "steps": [asdict(s) for s in steps],
+            chosen, steps = search_lambda(measure, budget, tolerance, max_evals)
+        finally:
+            discard(scratch)
+        record = {
+            "kl_budget": {
+                "budget": budget,
+                "tolerance": tolerance,
+                "config": os.path.abspath(config),
+                "seed": seed,
+                "prompts": plan.num_prompts,
+                "samples_per_prompt": samples_per_prompt,
+                "held_out": plan.held_out,
+                "chosen": asdict(chosen),
+                "steps": [asdict(s) for s in steps],
+            }
         }
-    }
-    _write_merge(folders, output, chosen.toward_start, start if full else None, record)
+        _write_merge(folders, output, chosen.toward_start, start if full else None, record)
     return output, chosen, steps
 
 

@@ -11,12 +11,15 @@ from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.config.yaml_input import load
 from lmppo.errors import ConfigError
 from lmppo.evaluation.summary import print_run_summary
+from lmppo.training.inputs import ACCEPT_FLAG
 from lmppo.training.trainer import PPOTrainer
 
 
 def cmd_train(argv: Sequence[str], console: Any) -> int:
     """`lmppo train ...` (the help is `lmppo.config.help.train_help`, printed by the CLI without this import)."""
     argv = list(argv)
+    accept_changed = ACCEPT_FLAG in argv
+    argv = [a for a in argv if a != ACCEPT_FLAG]
     resume_dir: Optional[str] = None
     if "--resume" in argv:
         at = argv.index("--resume")
@@ -30,10 +33,18 @@ def cmd_train(argv: Sequence[str], console: Any) -> int:
         config_path = recipe_path("sentiment")
     if resume_dir is not None:
         _refuse_ignored_with_resume(resume_dir, overrides, config_path)
-        trainer = PPOTrainer.resume(resume_dir, overrides=overrides, config_path=config_path, console=console)
+        trainer = PPOTrainer.resume(
+            resume_dir,
+            overrides=overrides,
+            config_path=config_path,
+            console=console,
+            accept_changed_inputs=accept_changed,
+        )
         if trainer.config.push_to_hub:
             check_hub_login(trainer.config.push_to_hub)  # before training, not after
     else:
+        if accept_changed:
+            raise ConfigError(ACCEPT_FLAG, True, "goes with --resume (a new run records its inputs as they are)")
         cfg = load_config(config_path, overrides)
         if cfg.push_to_hub:
             cfg.validate()
@@ -82,21 +93,3 @@ def _explicit_output_dir(config_path: str) -> Optional[str]:
         data = load(fh)
     value = data.get("output_dir") if isinstance(data, dict) else None
     return str(value) if value is not None else None
-
-
-def output_dir_of(argv: Sequence[str]) -> Optional[str]:
-    """The run folder a `train` command line writes to, for messages (best effort, never raises)."""
-    argv = list(argv)
-    try:
-        if "--resume" in argv and argv.index("--resume") + 1 < len(argv):
-            return argv[argv.index("--resume") + 1]
-        for i, arg in enumerate(argv):
-            if arg.startswith("--output_dir="):
-                return arg.split("=", 1)[1]
-            if arg == "--output_dir" and i + 1 < len(argv):
-                return argv[i + 1]
-        if argv and not argv[0].startswith("--"):
-            return load_config(argv[0]).output_dir
-    except Exception:  # noqa: BLE001 - only for a message
-        return None
-    return None

@@ -85,6 +85,8 @@ def train_help() -> str:
         "overrides the config file (lists: comma-separated or YAML `[a, b]`; mappings: YAML `{k: v}`).",
         "",
         "  --resume OUTPUT_DIR   continue the run in OUTPUT_DIR from its latest complete checkpoint",
+        "  --accept-changed-inputs  with --resume: go on although the prompt data or a model folder differs from",
+        "                        what the run began with (refused otherwise, naming it)",
         "  --debug               show tracebacks for errors",
         "",
         "options:",

@@ -69,6 +69,11 @@ class ModelConfig(_Section):
     allow_pickle: bool = False
     """Allow loading weights from pickle files (`.bin`, `.pt`), which can run arbitrary code. Safetensors only
     unless set."""
+    strict: bool = True
+    """Load a model (policy, critic start, reference, reward models) only when its weights match its config.json
+    whole: a tensor missing from the weights (it would start random), one the model has no place for (a config.json
+    with fewer layers than the weights: it would be dropped) or one of another shape is an error naming the tensors.
+    `false` loads such a folder anyway, with one warning naming them (for a model you changed on purpose)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / PEFT training."""
     dtype: Literal["float32", "bfloat16"] = "float32"

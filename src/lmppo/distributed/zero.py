@@ -14,7 +14,17 @@ import torch
 from torch import nn
 
 from lmppo.errors import CheckpointError, ConfigError, LmppoError
-from lmppo.models.loading import Actor, Critic, _load_kwargs, build_critic, hf_model, hidden_size, is_peft_model
+from lmppo.models.files import load_whole
+from lmppo.models.loading import (
+    NEW_SCORE_HEAD,
+    Actor,
+    Critic,
+    _load_kwargs,
+    build_critic,
+    hf_model,
+    hidden_size,
+    is_peft_model,
+)
 from lmppo.models.partition import is_partitioned
 
 ZERO_PRESETS = ("zero2", "zero3")
@@ -235,8 +245,15 @@ class ZeroSupport:
 
         import deepspeed
 
-        model = AutoModelForSequenceClassification.from_pretrained(
-            policy_path, num_labels=1, dtype=torch.float32, **_load_kwargs(mc)
+        model = load_whole(
+            AutoModelForSequenceClassification.from_pretrained,
+            policy_path,
+            "policy model (as the critic's start)",
+            mc.strict,
+            NEW_SCORE_HEAD,
+            num_labels=1,
+            dtype=torch.float32,
+            **_load_kwargs(mc),
         )
         head = list(model.score.parameters())
         with deepspeed.zero.GatheredParameters(head, modifier_rank=0):
@@ -262,7 +279,14 @@ class ZeroSupport:
                 )
             from transformers import AutoModelForCausalLM
 
-            model = AutoModelForCausalLM.from_pretrained(policy_path, dtype=torch.float32, **_load_kwargs(mc))
+            model = load_whole(
+                AutoModelForCausalLM.from_pretrained,
+                policy_path,
+                "reference model",
+                mc.strict,
+                dtype=torch.float32,
+                **_load_kwargs(mc),
+            )
         else:
             with self.whole_models():
                 model = copy.deepcopy(hf_model(policy))

@@ -29,10 +29,11 @@ from lmppo.evaluation.heldout import (
     sample_and_score,
 )
 from lmppo.evaluation.tables import default_judge, make_console, print_eval, watched
-from lmppo.models.files import is_adapter_folder
+from lmppo.models.files import is_adapter_folder, load_whole
 from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
 from lmppo.rewards import SourceContext, build_reward_sources
+from lmppo.run.outputs import result_output
 from lmppo.run.signals import go_on
 from lmppo.run.storage import write_json
 from lmppo.sampling.stop import stop_token_ids
@@ -115,8 +116,13 @@ def load_models(
         )
         from transformers import AutoModelForCausalLM
 
-        base_model = AutoModelForCausalLM.from_pretrained(
-            base_path, dtype=torch.float32, trust_remote_code=mc.trust_remote_code
+        base_model = load_whole(
+            AutoModelForCausalLM.from_pretrained,
+            base_path,
+            "adapter's base model",
+            mc.strict,
+            dtype=torch.float32,
+            trust_remote_code=mc.trust_remote_code,
         )
         policy = PeftModel.from_pretrained(base_model, model_path).eval()
         policy.to(device)
@@ -199,24 +205,31 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars: noise in a report
-    models = load_models(model_path, args.reference, cfg, run_dir, device, config_given)
-    result = evaluate_models(
-        models,
-        cfg,
-        sources,
-        seed=seed,
-        judge=judge,
-        num_prompts=args.num_prompts,
-        samples_per_prompt=args.samples_per_prompt,
-    )
     beside = os.path.dirname(os.path.abspath(model_path)) if hub_repo_id(model_path) is None else os.getcwd()
     out = args.output or os.path.join(run_dir or beside, "eval.json")
-    _write_json(result, out)
+    into_run = run_dir if run_dir and _inside(out, run_dir) else None
+    # writable checked and the run's lock taken before the work, not after it (`lmppo.run.outputs`)
+    with result_output(out, f"the evaluation ({os.path.basename(out)})", "`lmppo eval`", run_dir=into_run):
+        models = load_models(model_path, args.reference, cfg, run_dir, device, config_given)
+        result = evaluate_models(
+            models,
+            cfg,
+            sources,
+            seed=seed,
+            judge=judge,
+            num_prompts=args.num_prompts,
+            samples_per_prompt=args.samples_per_prompt,
+        )
+        _write_json(result, out)
     if console is None:
         console = make_console()
     print_eval(result, console, show=args.show)
     console.print(f"wrote {out}")
     return 0
+
+
+def _inside(path: str, folder: str) -> bool:
+    return os.path.dirname(os.path.realpath(path)) == os.path.realpath(folder)
 
 
 def eval_device(cfg: Any) -> torch.device:
@@ -236,6 +249,7 @@ def build_sources(cfg: Any, device: torch.device) -> list:
             device=str(device),
             allow_pickle=cfg.model.allow_pickle,
             trust_remote_code=cfg.model.trust_remote_code,
+            strict=cfg.model.strict,
             batch_size=cfg.no_grad_batch_size,
             resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
         ),

@@ -18,6 +18,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterator
 
+from lmppo.errors import LmppoError, write_failure_words
+
 log = logging.getLogger(__name__)
 
 
@@ -41,10 +43,30 @@ def cache_lock(target: Path, what: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def cache_writes(target: Path, what: str) -> Iterator[None]:
+    """A cache folder that cannot be written (read-only, full, no permission) is one LmppoError naming it and how
+    to go on, not an OSError from deep inside (`fill_folder`, `fill_file`)."""
+    try:
+        yield
+    except OSError as err:
+        words = write_failure_words(err) or f"{type(err).__name__}: {err}"
+        raise LmppoError(
+            f"cannot write lmppo's cache {target.parent} ({what}): {words}; set LMPPO_CACHE to a writable folder with "
+            "room (docs/caches.md)"
+        ) from None
+
+
 def fill_folder(target: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool], what: str) -> Path:
-    """`target`, built by `build(tmp_folder)` unless `is_complete(target)`; one process builds, the others wait."""
+    """`target`, built by `build(tmp_folder)` unless `is_complete(target)`; one process builds, the others wait.
+    LmppoError when the cache cannot be written (`cache_writes`)."""
     if is_complete(target):
         return target
+    with cache_writes(target, what):
+        return _fill_folder(target, build, is_complete, what)
+
+
+def _fill_folder(target: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool], what: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with cache_lock(target, what):
         if is_complete(target):  # another process finished while this one waited
@@ -69,9 +91,15 @@ def fill_folder(target: Path, build: Callable[[Path], None], is_complete: Callab
 
 
 def fill_file(target: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool], what: str) -> Path:
-    """`target`, written by `build(tmp_file)` unless `is_complete(target)`; one process writes, the others wait."""
+    """`target`, written by `build(tmp_file)` unless `is_complete(target)`; one process writes, the others wait.
+    LmppoError when the cache cannot be written (`cache_writes`)."""
     if is_complete(target):
         return target
+    with cache_writes(target, what):
+        return _fill_file(target, build, is_complete, what)
+
+
+def _fill_file(target: Path, build: Callable[[Path], None], is_complete: Callable[[Path], bool], what: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with cache_lock(target, what):
         if is_complete(target):

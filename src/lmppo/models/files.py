@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import struct
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -232,3 +233,53 @@ class _ReportCatcher(logging.Handler):
             f"the weights do not have the shapes its config.json gives: `{key}` is [{ckpt}] in the weights file, "
             f"[{model}] by config.json{more}; the config.json is another model's (hidden_size, vocab_size?)"
         )
+
+
+def _names(keys: list[str], shown: int = 4) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(f"`{k}`" for k in keys[:shown]) + more
+
+
+def check_loaded_whole(info: dict, what: str, folder: str, strict: bool, new_head: tuple[str, ...] = ()) -> list[str]:
+    """The load report of `from_pretrained(..., output_loading_info=True)` (`info`): a weight the model needs that
+    the folder lacks (it would start random), a weight the folder holds that the model has no place for (it would be
+    dropped: a config.json with fewer layers than the weights), or one of another shape is one ModelFolderError
+    naming the tensors, whatever the console shows. `strict` False (`model.strict: false`): one warning instead.
+    `new_head`: key prefixes that are new by design (a critic's `score.` head on a causal LM, whose `lm_head.` goes);
+    returns the keys of `new_head` the folder lacked (they start random: the caller initialises them)."""
+    missing = sorted(k for k in info.get("missing_keys") or [] if not k.startswith(new_head))
+    unexpected = sorted(k for k in info.get("unexpected_keys") or [] if not (new_head and k.startswith(("lm_head.",))))
+    mismatched = sorted(
+        str(m[0]) if isinstance(m, (tuple, list)) else str(m) for m in info.get("mismatched_keys") or []
+    )
+    problems = []
+    if missing:
+        problems.append(
+            f"{len(missing)} tensor(s) the model needs are not in the weights (they would start random): "
+            f"{_names(missing)}"
+        )
+    if unexpected:
+        problems.append(
+            f"{len(unexpected)} tensor(s) in the weights have no place in the model (they would be "
+            f"dropped): {_names(unexpected)}"
+        )
+    if mismatched:
+        problems.append(f"{len(mismatched)} tensor(s) have another shape than config.json gives: {_names(mismatched)}")
+    fresh = sorted(k for k in info.get("missing_keys") or [] if new_head and k.startswith(new_head))
+    if not problems:
+        return fresh
+    text = f"the {what} in {folder} is not what its config.json describes: " + "; ".join(problems)
+    if strict:
+        raise ModelFolderError(
+            text + " (config.json and the weights are from different models?); fix the folder, or set "
+            "model.strict: false to load it anyway"
+        )
+    warnings.warn(text + " (loaded anyway: model.strict is false)", UserWarning, stacklevel=3)
+    return fresh
+
+
+def load_whole(from_pretrained, path: str, what: str, strict: bool, new_head: tuple[str, ...] = (), **kwargs):  # noqa: ANN001, ANN201 - any transformers auto class's loader
+    """`from_pretrained(path, **kwargs)` with its load report checked (`check_loaded_whole`); returns the model."""
+    model, info = from_pretrained(path, output_loading_info=True, **kwargs)
+    check_loaded_whole(info, what, path, strict, new_head)
+    return model

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from lmppo.errors import LmppoError
+from lmppo.errors import LmppoError, write_failure_words
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +121,14 @@ def main(argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except Exception as err:  # noqa: BLE001 - the reader and transformers raise anything; the parent shows one line
+        words = write_failure_words(err)  # a full or read-only cache: said in words, not safetensors' raw error
+        if words is not None:
+            print(
+                f"error: converting {gguf.name} into lmppo's cache {out.parent} failed: {words} (the converted "
+                "model needs about 520 MB); free space or set LMPPO_CACHE to a folder with room (docs/caches.md)",
+                file=sys.stderr,
+            )
+            return 1
         print(f"error: converting {gguf.name} failed: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     return 0

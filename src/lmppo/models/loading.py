@@ -23,7 +23,7 @@ from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.assets import resolve_model
 from lmppo.models.attention import padding_known
-from lmppo.models.files import check_model_folder, check_tokenizer_folder, loading
+from lmppo.models.files import check_loaded_whole, check_model_folder, check_tokenizer_folder, load_whole, loading
 from lmppo.models.hub import download_model
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ def fetch_hub_models(cfg: Config, policy_given: bool = False) -> None:
             continue
         if hub_repo_id(value) is not None:
             resolve_model_path(value, field, cfg.model.allow_pickle, weights=field != "model.tokenizer")
+
+
+NEW_SCORE_HEAD = ("score.",)
+"""The key prefix of the `score` head a critic adds to a causal LM: missing from the folder by design."""
 
 
 def _load_kwargs(mc: ModelConfig) -> dict:
@@ -147,7 +151,15 @@ def load_policy(mc: ModelConfig, path: str, dtype: torch.dtype = torch.float32):
     _check_loadable(path, "model.policy", mc)
     check_model_folder(path, "policy model", mc.allow_pickle)  # a missing or corrupt file: one error naming it
     with loading("policy model", path):
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **_load_kwargs(mc), **_quantization(mc))
+        model = load_whole(
+            AutoModelForCausalLM.from_pretrained,
+            path,
+            "policy model",
+            mc.strict,
+            dtype=dtype,
+            **_load_kwargs(mc),
+            **_quantization(mc),
+        )
     return prepare_policy(model, mc)
 
 
@@ -300,9 +312,15 @@ def build_critic(policy: nn.Module, init_path: Optional[str], mc: ModelConfig, d
         _check_loadable(init_path, "value.init_from", mc)
         check_model_folder(init_path, "critic's initial model (value.init_from)", mc.allow_pickle)
         with loading("critic's initial model (value.init_from)", init_path):
-            model = AutoModelForSequenceClassification.from_pretrained(
-                init_path, num_labels=1, dtype=dtype, **_load_kwargs(mc)
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                init_path, num_labels=1, dtype=dtype, output_loading_info=True, **_load_kwargs(mc)
             )
+        what = "critic's initial model (value.init_from)"
+        # a causal LM's folder: its `score` head is new (zeroed, as for a copy of the policy), its lm_head goes
+        if check_loaded_whole(info, what, init_path, mc.strict, NEW_SCORE_HEAD):
+            nn.init.zeros_(model.score.weight)
+            if getattr(model.score, "bias", None) is not None:
+                nn.init.zeros_(model.score.bias)
     else:
         base = hf_model(policy)
         config = copy.deepcopy(base.config)

@@ -22,7 +22,13 @@ import torch
 from lmppo.config import RewardSourceConfig
 from lmppo.errors import RewardError
 from lmppo.models.attention import use_cpu_attention
-from lmppo.models.files import ModelFolderError, check_json_file, check_model_folder, check_tokenizer_folder
+from lmppo.models.files import (
+    ModelFolderError,
+    check_json_file,
+    check_model_folder,
+    check_tokenizer_folder,
+    load_whole,
+)
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
 
 PICKLE_EXTENSIONS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -83,7 +89,11 @@ class ModelSource(RewardSource):
         if ctx.dtype is not None:
             kwargs["dtype"] = ctx.dtype
         try:
-            self.model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs)
+            self.model = load_whole(
+                AutoModelForSequenceClassification.from_pretrained, path, "reward model", ctx.strict, **kwargs
+            )
+        except ModelFolderError as err:
+            raise RewardError(str(err)) from None
         except Exception as err:
             raise RewardError(
                 f"{where}: cannot load it as a sequence-classification model: {type(err).__name__}: {err}"

@@ -37,6 +37,8 @@ class SourceContext:
     """Allow reward-model weights in pickle files (`.bin`, `.pt`)."""
     trust_remote_code: bool = False
     """Allow reward-model folders to run their own code."""
+    strict: bool = True
+    """Refuse a reward model whose weights do not match its config.json whole (`model.strict`)."""
     batch_size: int = 0
     """Sequences per reward-model forward pass; 0 means the whole batch."""
     dtype: Any = None

@@ -193,6 +193,7 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
                 num_processes=acc.num_processes,
                 layout=layout,
                 config=state.config,
+                inputs=state.inputs,
             )
             write_json(os.path.join(tmp, "state.json"), saved)
             write_manifest(tmp, state.iteration, acc.num_processes, layout)
@@ -319,4 +320,5 @@ def read_checkpoint(path: str, parts: ModelParts) -> TrainingState:
         frozen_fingerprint=saved.get("frozen_fingerprint", ""),
         optimizer=optimizer,
         config=saved.get("config", {}),
+        inputs=saved.get("inputs", {}),
     )

@@ -85,11 +85,43 @@ def acquire(output_dir: str) -> str:
     if held is not None and held[0] == os.getpid():
         held[2] += 1
         return path
+    fd = _locked_fd(output_dir, path)
+    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
     try:
-        os.makedirs(key, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as err:
-        raise StorageError(f"could not write the run lock {path}: {reason(err, path)}") from None
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, record)
+    except OSError:
+        pass  # the flock is what excludes; the record only names the holder
+    _held[key] = [os.getpid(), fd, 1]
+    remove_temporaries(key)  # left by a killed earlier process: no writer of them is alive now
+    return path
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether `fd` is still the file at `path` (a releasing holder removes the lock file: a lock taken on the
+    removed file excludes nobody, so it is taken again on the new one)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except OSError:
+        return False
+
+
+def _locked_fd(output_dir: str, path: str) -> int:
+    """An open file descriptor of the lock file `path`, holding its flock."""
+    while True:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise StorageError(f"could not write the run lock {path}: {reason(err, path)}") from None
+        _flock(fd, output_dir, path)
+        if fcntl is None or _same_file(fd, path):
+            return fd
+        os.close(fd)
+
+
+def _flock(fd: int, output_dir: str, path: str) -> None:
     if fcntl is not None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -109,21 +141,11 @@ def acquire(output_dir: str) -> str:
         if info.get("host") == socket.gethostname() and info.get("pid") != os.getpid() and _pid_alive(info.get("pid")):
             os.close(fd)
             raise RunLockedError(f"output_dir {output_dir} is in use by {_describe(info)} (lock file {path})")
-    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}).encode()
-    try:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, record)
-    except OSError:
-        pass  # the flock is what excludes; the record only names the holder
-    _held[key] = [os.getpid(), fd, 1]
-    remove_temporaries(key)  # left by a killed earlier process: no writer of them is alive now
-    return path
 
 
 def release(output_dir: str) -> None:
-    """Give up one hold of the lock of `output_dir` (taken by `acquire` in this process); the last one unlocks it.
-    The lock file stays (it is stale once free)."""
+    """Give up one hold of the lock of `output_dir` (taken by `acquire` in this process); the last one removes the
+    lock file and unlocks it (a killed holder leaves it: stale, taken over by the next `acquire`)."""
     key = _key(output_dir)
     held = _held.get(key)
     if held is None or held[0] != os.getpid():
@@ -133,7 +155,11 @@ def release(output_dir: str) -> None:
         return
     del _held[key]
     try:
-        if fcntl is not None:
+        if fcntl is not None:  # removed while still locked: a process waiting on it tries again on a new file
+            try:
+                os.unlink(os.path.join(key, LOCK_NAME))
+            except OSError:
+                pass
             fcntl.flock(held[1], fcntl.LOCK_UN)
     finally:
         os.close(held[1])

@@ -4,6 +4,7 @@ Design notes: docs/design.md, `lmppo.run.ownership`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -53,13 +54,13 @@ def _looks_own(output_dir: str, name: str) -> bool:
         return False
     if name == "config.yaml":
         return own_config
-    return own_config
+    return False  # a file at the top (metrics.jsonl, ...) is lmppo's only when a record names it
 
 
 def survey(output_dir: str) -> tuple[list[str], list[str]]:
     """(lmppo's own, foreign) names among the run artifacts present in `output_dir`. An own config.yaml alone
     (a run that stopped before writing anything else) is not listed."""
-    present = [n for n in ARTIFACTS if os.path.lexists(os.path.join(output_dir, n))]
+    present = [n for n in ARTIFACTS if os.path.lexists(os.path.join(output_dir, n)) and not _empty_dir(output_dir, n)]
     mine = recorded(output_dir)
     own: list[str] = []
     foreign: list[str] = []
@@ -73,6 +74,16 @@ def survey(output_dir: str) -> tuple[list[str], list[str]]:
     return own, foreign
 
 
+def _empty_dir(output_dir: str, name: str) -> bool:
+    """An empty folder, or a link to one (`checkpoints` linked to a bigger disk before the first run): holds nothing
+    of anyone's, so a run may use it."""
+    path = os.path.join(output_dir, name)
+    try:
+        return os.path.isdir(path) and not os.listdir(path)
+    except OSError:
+        return False
+
+
 def claim(output_dir: str) -> None:
     """Record the artifact names that are free (or already ours) as this run's."""
     mine = recorded(output_dir) or set()
@@ -81,6 +92,7 @@ def claim(output_dir: str) -> None:
         for n in ARTIFACTS
         if n in mine
         or not os.path.lexists(os.path.join(output_dir, n))
+        or _empty_dir(output_dir, n)
         or (n == "config.yaml" and is_run_config(os.path.join(output_dir, n)))
     )
     _write_record(output_dir, {**_record(output_dir), "files": names})  # (`inside` kept: what final/ holds of ours)
@@ -124,8 +136,8 @@ def _manifest_files(checkpoint: str) -> set[str] | None:
 
 
 def own_files(folder: str) -> set[str] | None:
-    """The files lmppo wrote below its folder `folder` (`a/b` paths), None when all of them are taken as its own
-    (a `final/` of an lmppo version without listings)."""
+    """The files lmppo wrote below its folder `folder` (`a/b` paths) as its records name them, None when no record
+    lists them (a `final/` of an lmppo version without listings: none is taken as lmppo's)."""
     name = os.path.basename(os.path.normpath(folder))
     if name == "checkpoints":
         own: set[str] = set()
@@ -145,11 +157,12 @@ def own_files(folder: str) -> set[str] | None:
 
 
 def foreign_files(folder: str) -> list[str]:
-    """The files below lmppo's folder `folder` that lmppo did not write (`own_files`)."""
-    if not os.path.isdir(folder) or os.path.islink(folder):
+    """The files below lmppo's folder `folder` (a link to a folder is followed) that no record of lmppo names
+    (`own_files`): where no record lists the folder's files (a `final/` of an older lmppo), all of them."""
+    if not os.path.isdir(folder):
         return []
-    own = own_files(folder)
-    return [] if own is None else [f for f in _files(folder) if f not in own]
+    own = own_files(folder) or set()
+    return [f for f in _files(folder) if f not in own]
 
 
 def _link(src: str, dst: str) -> None:
@@ -206,6 +219,32 @@ def remove_keeping(path: str, what: str) -> list[str]:
     return foreign
 
 
+def clear_linked(link: str, what: str) -> list[str]:
+    """Remove lmppo's files below the folder that `link` points to (a run sub-folder on another disk); the link,
+    its target and the files lmppo did not write stay. Returns those kept."""
+    foreign = foreign_files(link)
+    keep = set(foreign)
+    emptied = set()
+    for rel in _files(link):
+        if rel in keep:
+            continue
+        with storage.writing(f"(removing) {what}/{rel}", link):
+            with storage.uninterrupted():
+                path = os.path.join(link, *rel.split("/"))
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
+        parent = os.path.dirname(rel)
+        while parent:
+            emptied.add(parent)
+            parent = os.path.dirname(parent)
+    for rel in sorted(emptied, key=lambda r: -r.count("/")):  # deepest first; a folder with a kept file stays
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.join(link, *rel.split("/")))
+    return foreign
+
+
 def remove_own(output_dir: str, names: list[str]) -> None:
     """Remove lmppo's own artifacts `names` (each renamed aside first, then deleted); files lmppo did not write
     inside its folders are kept where they are (`remove_keeping`), with one warning naming them."""
@@ -214,7 +253,9 @@ def remove_own(output_dir: str, names: list[str]) -> None:
         path = os.path.join(output_dir, name)
         if name == "config.yaml":
             continue  # replaced by the new run's
-        if os.path.isdir(path) and not os.path.islink(path):
+        if os.path.islink(path) and os.path.isdir(path):  # on another disk: followed and kept, not replaced
+            kept += [f"{name}/{f}" for f in clear_linked(path, name)]
+        elif os.path.isdir(path):
             kept += [f"{name}/{f}" for f in remove_keeping(path, name)]
         else:
             with storage.writing(f"(removing) {name}", path):

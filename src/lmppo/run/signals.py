@@ -1,11 +1,15 @@
-"""SIGTERM ends a run the way Ctrl-C (SIGINT) does: the writes in progress remove their temporaries, the command
-prints how to go on, and it exits with 143 (128 + 15, the shell's code for SIGTERM; Ctrl-C: 130).
+"""Every stop signal ends an lmppo command the way Ctrl-C does: the writes in progress remove their temporaries, the
+command prints one line saying what happened and what to do, and it exits with 128 + the signal's number (Ctrl-C
+130, SIGTERM 143, SIGHUP 129: the shell's codes).
 
-Schedulers (Slurm, Kubernetes, systemd) stop a job with SIGTERM, then SIGKILL a few seconds later. Python's default
-for SIGTERM is to die at once, leaving temporaries and no message; `terminate_like_interrupt` raises `Terminated`
-(a KeyboardInterrupt) in the main thread instead, so every `except BaseException` clean-up of lmppo's writers runs.
-A second SIGTERM during that clean-up is ignored (SIGKILL still ends the process; the next process that takes the
-run lock removes what is left, `lmppo.run.storage.remove_temporaries`).
+Schedulers (Slurm, Kubernetes, systemd) stop a job with SIGTERM, a closed terminal or ssh session sends SIGHUP;
+Python's default for both is to die at once, leaving temporaries and no message. `install` makes each raise a
+`KeyboardInterrupt` (`Stopped` for SIGTERM / SIGHUP) in the main thread instead, so every `except BaseException`
+clean-up of lmppo's writers runs. The CLI installs it first thing, before its slow imports. After the first signal
+the others are ignored (a second Ctrl-C 20 ms later does not cut the clean-up or its message short; SIGKILL still
+ends the process, and the next process that takes the run lock removes what is left,
+`lmppo.run.storage.remove_temporaries`). Once the command has ended, a late signal (during the interpreter's exit)
+prints one line and exits at once (`ended`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 import re
 import shlex
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Optional, Sequence
@@ -22,20 +27,40 @@ import lmppo.run.storage as storage
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
+STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+_HOW: dict[int, str] = {int(signal.SIGINT): "interrupted", int(signal.SIGTERM): "terminated (SIGTERM)"}
+if hasattr(signal, "SIGHUP"):
+    _HOW[int(signal.SIGHUP)] = "hung up (SIGHUP: the terminal or session closed)"
 _CHECKPOINT = re.compile(r"^iter-\d+$")
 
 
-class Terminated(KeyboardInterrupt):
-    """Raised in the main thread when the process receives SIGTERM (`terminate_like_interrupt`)."""
+class Stopped(KeyboardInterrupt):
+    """Raised in the main thread when the process receives a stop signal other than Ctrl-C (`install`)."""
+
+    signum: int = signal.SIGTERM
+
+    def __init__(self, signum: Optional[int] = None):
+        super().__init__()
+        if signum is not None:
+            self.signum = signum
 
 
-def _on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one clean-up: a second SIGTERM does not interrupt it
-    _stop(Terminated())
+class Terminated(Stopped):
+    """SIGTERM (`install`)."""
+
+    signum = signal.SIGTERM
 
 
-def _on_sigint(signum: int, frame: Optional[FrameType]) -> None:
-    _stop(KeyboardInterrupt())
+def _stop_for(signum: int) -> KeyboardInterrupt:
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt()
+    return Terminated() if signum == signal.SIGTERM else Stopped(signum)
+
+
+def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
+    for other in STOP_SIGNALS:  # one clean-up: the signals after the first do not interrupt it
+        signal.signal(other, signal.SIG_IGN)
+    _stop(_stop_for(signum))
 
 
 def _stop(exc: BaseException) -> None:
@@ -45,25 +70,59 @@ def _stop(exc: BaseException) -> None:
     storage.defer(exc)
 
 
-def terminate_like_interrupt() -> bool:
-    """Make SIGTERM raise `Terminated` in this process (main thread only), and both SIGTERM and Ctrl-C wait for
-    a rename or removal under way; returns whether it was installed."""
+def install() -> bool:
+    """Make Ctrl-C, SIGTERM and SIGHUP raise (`KeyboardInterrupt`, `Terminated`, `Stopped`) in this process (main
+    thread only), each waiting for a rename or removal under way; returns whether it was installed."""
     if threading.current_thread() is not threading.main_thread():
         return False
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_sigint)
+    for signum in STOP_SIGNALS:
+        if signum != signal.SIGINT or signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signum, _on_signal)
     return True
 
 
+terminate_like_interrupt = install  # the name of earlier versions
+
+
+def handlers() -> dict[int, object]:
+    """The handlers of the stop signals now (for `restore`)."""
+    return {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+
+
+def restore(saved: dict[int, object]) -> None:
+    """Put back the handlers `handlers` returned (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+
+
+def ended(code: int) -> None:
+    """The command has ended with exit code `code`: a stop signal from now on (the interpreter's exit, its atexit
+    handlers) prints one line and exits at once with 128 + its number, instead of a traceback from an exit handler.
+    Signals that are ignored (after a first one) stay ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def late(signum: int, frame: Optional[FrameType]) -> None:
+        how = _HOW.get(signum, f"signal {signum}")
+        sys.stderr.write(f"{how} while exiting; the command had ended (exit code {code})\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, late)
+
+
 def exit_code(interrupt: BaseException) -> int:
-    """The exit code for an interrupted command: 143 after SIGTERM, 130 after Ctrl-C."""
-    return EXIT_TERMINATED if isinstance(interrupt, Terminated) else EXIT_INTERRUPTED
+    """The exit code for an interrupted command: 128 + the signal's number (Ctrl-C 130, SIGTERM 143, SIGHUP 129)."""
+    return 128 + (interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT)
 
 
 def how_stopped(interrupt: BaseException) -> str:
-    """`terminated (SIGTERM)` or `interrupted`, for the message."""
-    return "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
+    """`terminated (SIGTERM)`, `hung up (SIGHUP ...)` or `interrupted` (Ctrl-C), for the message."""
+    return _HOW.get(interrupt.signum if isinstance(interrupt, Stopped) else signal.SIGINT, "interrupted")
 
 
 def has_checkpoint(output_dir: str) -> bool:

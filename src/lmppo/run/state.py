@@ -79,6 +79,7 @@ class TrainingState:
     frozen_fingerprint: str  # sha256 of the weights training does not change (`lmppo.run.checkpoint`)
     optimizer: Optional[dict] = None  # the optimizer's state_dict; None where DeepSpeed's shards hold it
     config: dict[str, object] = field(default_factory=dict)  # the run's config, secrets masked (as saved)
+    inputs: dict[str, str] = field(default_factory=dict)  # fingerprints of the prompt data and model folders
 
     def counters(self) -> dict[str, object]:
         """The JSON part of state.json that is the trainer's own (the names are the checkpoint format's)."""

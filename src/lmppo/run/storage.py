@@ -25,14 +25,12 @@ import uuid
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, TypedDict
 
-from lmppo.errors import LmppoError, StorageError
+from lmppo.errors import LmppoError, StorageError, write_failure_words
 
 try:
     import resource
 except ImportError:  # pragma: no cover - Windows
     resource = None  # type: ignore[assignment]
-
-_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", -1))
 
 
 def _free_bytes(path: str) -> int | None:
@@ -61,24 +59,10 @@ def _size_limited() -> bool:
 def reason(err: BaseException, where: str = "") -> str:
     """Why a write failed, in words: the errno of an OSError, else what the message of torch / safetensors says,
     else (a writer that hides the cause) the state of the disk."""
-    code = getattr(err, "errno", None)
+    words = write_failure_words(err)
+    if words is not None:
+        return words
     text = str(err)
-    if isinstance(err, OSError) and code is None and err.args and isinstance(err.args[0], int):
-        code = err.args[0]
-    if code in _NO_SPACE or "No space left" in text or "os error 28" in text:
-        return "the disk is full (no space left on device)"
-    if code == errno.EFBIG or "File too large" in text or "os error 27" in text:
-        return "the file is larger than this process may write (file size limit: ulimit -f)"
-    if code == errno.EROFS or "Read-only file system" in text or "os error 30" in text:
-        return "the file system is read-only"
-    if code in (errno.EACCES, errno.EPERM) or "Permission denied" in text or "os error 13" in text:
-        return "permission denied"
-    if code == errno.ENOENT or "No such file or directory" in text:
-        return "the folder does not exist (removed while writing?)"
-    if code == errno.ENOTDIR:
-        return "a path component is a file, not a folder"
-    if code == errno.EIO:
-        return "input/output error (failing disk or network file system)"
     free = _free_bytes(where) if where else None
     if free is not None and free < (1 << 20):
         return f"the disk is full ({free} bytes free)"
@@ -206,9 +190,29 @@ _DEPTH = 4
 of `.` would otherwise walk all below it)."""
 
 
+LINKED_FOLDERS = ("checkpoints", "final", "tensorboard")
+"""Run sub-folders that may be links to another disk: their temporaries are looked for in the link's target (and a
+`final/` link is written through, `atomic_dir`)."""
+
+
 def temporaries(folder: str) -> list[str]:
     """Every temporary lmppo made below `folder` (`_TEMPORARY`), outermost only: none is left after a write that
-    finished or failed, only after a kill (SIGKILL, power loss) or a signal during the clean-up itself."""
+    finished or failed, only after a kill (SIGKILL, power loss) or a signal during the clean-up itself. Below a
+    linked run sub-folder (`LINKED_FOLDERS`), and beside the target of a linked `final/` (where it writes)."""
+    left = _temporaries_below(folder)
+    for name in LINKED_FOLDERS:
+        link = os.path.join(folder, name)
+        if os.path.islink(link) and os.path.isdir(link):
+            left += _temporaries_below(link)
+            target = os.path.realpath(link)
+            beside = re.compile(rf"^\.{re.escape(os.path.basename(target))}\.(tmp|old|del)-[0-9a-f]{{8}}$")
+            parent = os.path.dirname(target)
+            with contextlib.suppress(OSError):
+                left += [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if beside.match(n)]
+    return left
+
+
+def _temporaries_below(folder: str) -> list[str]:
     left = []
     top = os.path.abspath(folder).rstrip(os.sep).count(os.sep)
     for root, dirs, files in os.walk(folder):
@@ -260,6 +264,9 @@ def atomic_dir(
     failure the temporary folder is removed and an existing `final_path` is untouched; a writer failure
     becomes a StorageError (when `what` is given). `before_publish(tmp, final_path)`: called just before the
     rename (`lmppo.run.ownership.publishing` keeps the files lmppo did not write)."""
+    named = final_path
+    if os.path.islink(final_path) and os.path.isdir(final_path):  # a link to a folder on another disk stays a link:
+        final_path = os.path.realpath(final_path)  # the new folder is written beside its target and replaces that
     parent = os.path.dirname(os.path.abspath(final_path))
     tmp = temp_name(final_path)
     try:
@@ -268,7 +275,7 @@ def atomic_dir(
             os.makedirs(tmp)
             yield tmp
             if before_publish is not None:
-                before_publish(tmp, final_path)
+                before_publish(tmp, named)
             publish(tmp, final_path)
     except BaseException:
         _remove(tmp)

@@ -52,6 +52,7 @@ from lmppo.run.folder import prepare_output_dir
 from lmppo.sampling.engines import SamplingEngine
 from lmppo.sampling.hf import warn_distorting_once
 from lmppo.sampling.stop import stop_token_ids
+from lmppo.training.inputs import input_fingerprints
 from lmppo.training.preflight import check_machine
 
 if TYPE_CHECKING:
@@ -86,6 +87,7 @@ class Components:
     base_model: str = ""  # the policy's starting model as named in model cards: model.policy, or the passed object's
     #                       name_or_path (empty: an object built in memory)
     prompt_source: str = ""  # where the prompts came from, as named in model cards (data.prompts, or passed in)
+    input_fingerprints: dict[str, str] = field(default_factory=dict)  # `lmppo.training.inputs`, resume checks them
 
 
 def build_components(
@@ -186,6 +188,7 @@ def build_components(
             device=str(device),
             allow_pickle=cfg.model.allow_pickle,
             trust_remote_code=cfg.model.trust_remote_code,
+            strict=cfg.model.strict,
             batch_size=cfg.no_grad_batch_size,
             resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
             autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
@@ -229,6 +232,11 @@ def build_components(
         if given_policy is None
         else str(getattr(hf_model(given_policy), "name_or_path", "") or ""),
         prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)",
+        input_fingerprints={
+            name: value
+            for name, value in input_fingerprints(cfg, records).items()
+            if given_policy is None or name not in ("model.policy", "model.tokenizer")
+        },
     )
 
 

@@ -8,12 +8,13 @@ import contextlib
 import copy
 import os
 import uuid
-from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Callable, Collection, Optional, Protocol, Sequence, TypedDict, TypeVar
 
 import torch
 from torch import nn
 
 from lmppo.config import Config, apply_override, from_dict, load_config
+from lmppo.data.prompts import load_prompt_records
 from lmppo.distributed.zero import requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.optim import lr_factor
@@ -29,6 +30,13 @@ from lmppo.run.config_file import masked_fields, redacted_config_dict
 from lmppo.run.folder import checkpoint_folder_run, list_checkpoints, truncate_logs
 from lmppo.run.manifest import resolve_checkpoint
 from lmppo.run.state import RngState, TrainingState
+from lmppo.training.inputs import (
+    ACCEPT_FLAG,
+    check_unchanged,
+    fingerprint_records,
+    model_fingerprints,
+    moved_folders,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -75,6 +83,7 @@ class PPOTrainer(Protocol):
     train_seconds: float
     nonfinite_in_a_row: int
     frozen_fingerprint: Optional[str]
+    input_fingerprints: dict[str, str]  # the prompt data and model folders it trains on (`lmppo.training.inputs`)
 
     def __init__(
         self, config: Config, *, console: Optional[Console], resuming: bool, **kwargs: Unpack[TrainerObjects]
@@ -113,14 +122,15 @@ def _get(data: object, dotted: str) -> object:
     return data
 
 
-def check_compatible(cfg: Config, saved: dict, where: str) -> None:
+def check_compatible(cfg: Config, saved: dict, where: str, moved: Collection[str] = ()) -> None:
     """ConfigError naming the first field of `INCOMPATIBLE_FIELDS` whose value in `cfg` differs from the
-    checkpointed config `saved` (a redacted dict)."""
+    checkpointed config `saved` (a redacted dict); `moved`: model fields whose new folder holds the same files as
+    the recorded one (`lmppo.training.inputs.moved_folders`), taken as unchanged."""
     new = redacted_config_dict(cfg)
     fields = list(INCOMPATIBLE_FIELDS)
     if _get(new, "value.mode") == "critic":
         fields.append("value.init_from")
-    for name in fields:
+    for name in (f for f in fields if f not in moved):
         old_value, new_value = _get(saved, name), _get(new, name)
         if old_value != new_value:
             raise ConfigError(
@@ -183,6 +193,7 @@ def capture_state(trainer: PPOTrainer, parts: ModelParts) -> TrainingState:
         frozen_fingerprint=_fingerprint(trainer, parts),
         optimizer=None if trainer.strategy.sharded_checkpoint else trainer.optimizer.state_dict(),
         config=redacted_config_dict(trainer.config),
+        inputs=dict(trainer.input_fingerprints),
     )
 
 
@@ -233,16 +244,18 @@ def restore_state(trainer: PPOTrainer, state: TrainingState) -> None:
     state.rng.restore()  # last: nothing may draw from them between here and the next iteration
 
 
-def load_trainer_checkpoint(trainer: PPOTrainer, path: Optional[str] = None, *, verified: bool = False) -> str:
+def load_trainer_checkpoint(
+    trainer: PPOTrainer, path: Optional[str] = None, *, verified: bool = False, moved: Collection[str] = ()
+) -> str:
     """Restore the trainer from checkpoint folder `path` (default: the latest one in its output_dir); returns
     the folder. The trainer's config must be compatible (`check_compatible`). metrics.jsonl and samples.jsonl
     of the trainer's output_dir are cut back to the checkpoint's iteration, so the continued run adds no
-    line twice."""
+    line twice. `moved`: as `check_compatible`."""
     path = path or trainer.config.output_dir
     path = path if verified else resolve_checkpoint(path)
     cfg = trainer.config
     saved = read_state_file(path)
-    check_compatible(cfg, saved.get("config", {}), path)
+    check_compatible(cfg, saved.get("config", {}), path, moved)
     _check_length(cfg, saved, path)
     parts = model_parts(trainer)
     if saved.get("frozen_fingerprint") != _fingerprint(trainer, parts):
@@ -294,6 +307,7 @@ def resume_trainer(
     *,
     config: Optional[Config] = None,
     trainer_cls: type[Trainer],
+    accept_changed_inputs: bool = False,
     **trainer_kwargs: Unpack[TrainerObjects],
 ) -> Trainer:
     """A trainer that continues the run in `output_dir` from its latest complete checkpoint.
@@ -304,6 +318,8 @@ def resume_trainer(
     ConfigError naming the field and both values, before any model is loaded. `trainer_kwargs` (policy,
     tokenizer, prompts, reward_functions) are passed to `trainer_cls` (`PPOTrainer`; `PPOTrainer.resume` calls
     this) as for a new run, with `resuming=True`: give the same initial policy and prompts the run started with.
+    Prompt data or a model folder whose content differs from what the checkpoint recorded is refused (ConfigError
+    naming it) unless `accept_changed_inputs`; a model folder moved with its content unchanged is accepted.
     """
     if not os.path.isdir(output_dir):
         raise CheckpointError(f"cannot resume from {output_dir}: no such folder")
@@ -318,8 +334,22 @@ def resume_trainer(
     saved = read_state_file(path)
     cfg = _resume_config(output_dir, saved, config, config_path, overrides)
     cfg.output_dir = output_dir
-    check_compatible(cfg, saved.get("config", {}), path)
+    decided = _get(saved.get("config", {}), "precision")
+    if cfg.precision == "auto" and decided in ("fp32", "bf16"):  # decided once, when the run started
+        cfg.precision = decided
+    recorded = saved.get("inputs") or {}
+    moved = moved_folders(cfg, saved.get("config", {}), recorded)
+    check_compatible(cfg, saved.get("config", {}), path, moved)
     _check_length(cfg, saved, path)
+    current = {
+        "data.prompts": fingerprint_records(load_prompt_records(cfg.data, trainer_kwargs.get("prompts"))),
+        **model_fingerprints(cfg),
+    }
+    changed = check_unchanged(cfg, recorded, current, path, accept_changed_inputs)
+    for field, old in moved.items():
+        _say(console, f"{field}: the folder holds the same files as {old}, where the run began: resuming")
+    if changed:
+        _say(console, f"resuming on changed inputs ({', '.join(changed)}), as {ACCEPT_FLAG} asks")
     # the launcher's number of processes and the ZeRO stage, before any model loads (checked again once started)
     check_layout(saved, int(os.environ.get("WORLD_SIZE", "1")), requested_zero_stage(cfg), path, warn=False)
     trainer = trainer_cls(cfg, console=console, resuming=True, **trainer_kwargs)
@@ -328,7 +358,7 @@ def resume_trainer(
         # newer checkpoints that failed verification: set aside so they are neither used nor pruned
         with contextlib.suppress(OSError):
             os.rename(p, os.path.join(os.path.dirname(p), f"corrupt-{os.path.basename(p)}-{uuid.uuid4().hex[:6]}"))
-    load_trainer_checkpoint(trainer, path, verified=True)
+    load_trainer_checkpoint(trainer, path, verified=True, moved=moved)
     if console is not None:
         done = trainer.iteration >= cfg.num_iterations
         console.print(
@@ -337,3 +367,8 @@ def resume_trainer(
             highlight=False,
         )
     return trainer
+
+
+def _say(console: Optional[Console], line: str) -> None:
+    if console is not None:
+        console.print(line, highlight=False, soft_wrap=True)

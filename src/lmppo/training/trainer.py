@@ -129,6 +129,7 @@ class PPOTrainer:
         self.train_seconds = 0.0
         self.update_lr = 0.0  # the learning rate of the last iteration's updates
         self.frozen_fingerprint: Optional[str] = None  # of the weights training does not change (resume checks it)
+        self.input_fingerprints = c.input_fingerprints  # of the prompt data and model folders (resume checks them)
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
         self.progress = ProgressDisplay()
@@ -439,6 +440,7 @@ class PPOTrainer:
         config: Optional[Config] = None,
         overrides: Optional[dict] = None,
         console: Optional[Console] = None,
+        accept_changed_inputs: bool = False,
         **kwargs: Unpack[TrainerObjects],
     ) -> "PPOTrainer":
         """A trainer that continues the run in `output_dir` from its latest complete checkpoint; call `train()`.
@@ -446,9 +448,16 @@ class PPOTrainer:
         `config` (default: the run's own config.yaml) with `overrides` ({"total_episodes": 2048}) may change
         harmless fields (extend the run, logging); a change that makes the checkpoint unusable raises ConfigError.
         `kwargs` (policy, tokenizer, prompts, reward_functions) as for a new run: the same initial policy and
-        prompts the run started with (a policy object trained in place by the first run is not that)."""
+        prompts the run started with (a policy object trained in place by the first run is not that); prompt data
+        or a model folder changed since is refused unless `accept_changed_inputs` (`lmppo.training.inputs`)."""
         return resume_trainer(
-            output_dir, overrides=overrides, console=console, config=config, trainer_cls=cls, **kwargs
+            output_dir,
+            overrides=overrides,
+            console=console,
+            config=config,
+            trainer_cls=cls,
+            accept_changed_inputs=accept_changed_inputs,
+            **kwargs,
         )
 
     def load_checkpoint(self, path: Optional[str] = None) -> str:

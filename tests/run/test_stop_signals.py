@@ -1,0 +1,73 @@
+"""Every stop signal at any moment ends `lmppo` with one line and 128 + N (issue 41, cases 7, 8, 11): SIGTERM and
+SIGHUP during start-up's slow imports, SIGHUP during training, a second Ctrl-C 20 ms after the first, and a finished
+run leaves no `.lmppo.lock`. Real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from test_real_faults import base_config, cli_process, finish, wait_for_file
+from test_signals_and_leftovers import gated
+
+import lmppo.run.storage as storage
+from lmppo.run import signals
+
+
+def _no_traceback(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    assert "Traceback" not in text and "Exception ignored" not in text and "KeyboardInterrupt" not in text, text
+
+
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)])
+@pytest.mark.parametrize("after", [0.3, 0.9])
+def test_a_signal_during_start_up_ends_with_one_line_and_128_plus_n(tmp_path, tiny_model_dir, signum, code, after):
+    out = str(tmp_path / "run")
+    proc = cli_process(["train", base_config(tmp_path, tiny_model_dir, out)])
+    time.sleep(after)  # inside the imports of torch / transformers (about 1.5 s on this machine)
+    proc.send_signal(signum)
+    rc, lines = finish(proc)
+    assert rc == code and len(lines) == 1, (rc, lines)
+    _no_traceback(lines)
+    assert lines[0].startswith(signals.how_stopped(signals._stop_for(signum)) + ";"), lines
+    assert storage.temporaries(out) == [] if os.path.isdir(out) else True
+
+
+def test_sighup_during_training_exits_129_with_advice_that_works(tmp_path, tiny_model_dir):
+    out, gate = str(tmp_path / "run"), str(tmp_path / "gate")
+    proc = cli_process(["train", gated(tmp_path, tiny_model_dir, out)], GATE=gate, GATE_CALL="2")
+    wait_for_file(gate + ".reached", proc)
+    proc.send_signal(signal.SIGHUP)
+    rc, lines = finish(proc)
+    assert rc == 129 and len(lines) == 1, (rc, lines)
+    assert lines[0] == (
+        "hung up (SIGHUP: the terminal or session closed); the latest complete checkpoint is intact: resume with "
+        f"`lmppo train --resume {out}`"
+    )
+    assert storage.temporaries(out) == []
+    rc, lines = finish(cli_process(["train", "--resume", out]))
+    assert rc == 0, lines
+
+
+def test_a_second_ctrl_c_20_ms_after_the_first_prints_no_traceback(tmp_path, tiny_model_dir):
+    out, gate = str(tmp_path / "run"), str(tmp_path / "gate")
+    proc = cli_process(["train", gated(tmp_path, tiny_model_dir, out)], GATE=gate, GATE_CALL="2")
+    wait_for_file(gate + ".reached", proc)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    rc, lines = finish(proc)
+    assert rc == 130 and len(lines) == 1, (rc, lines)
+    _no_traceback(lines)
+    assert lines[0].startswith("interrupted; the latest complete checkpoint is intact")
+    assert storage.temporaries(out) == []
+
+
+def test_a_finished_run_leaves_no_lock_file(tmp_path, tiny_model_dir):
+    out = str(tmp_path / "run")
+    rc, lines = finish(cli_process(["train", base_config(tmp_path, tiny_model_dir, out, iterations=1)]))
+    assert rc == 0, lines
+    assert not os.path.exists(os.path.join(out, ".lmppo.lock"))
+    assert os.path.isdir(os.path.join(out, "final"))
