@@ -1,7 +1,7 @@
-"""Fault injection: random SIGKILLs, SIGTERMs and full-disk moments during real `lmppo train` runs.
+"""Fault injection: random SIGKILLs, SIGTERMs, SIGHUPs and full-disk moments during real `lmppo train` runs.
 
-    python benchmarks/tools/fault_injection.py [--kills 20] [--terms 0] [--disk 20] [--iterations 10] [--seed 0]
-        [--work DIR]
+    python benchmarks/tools/fault_injection.py [--kills 20] [--terms 0] [--hups 0] [--disk 20] [--iterations 10]
+        [--seed 0] [--work DIR]
     python benchmarks/tools/fault_injection.py --deepspeed zero2 --nproc 2 --kills 5 --disk 0 [--iterations 6]
 
 Each run is the real command (`lmppo.apps.cli.main(["train", ...])`) in a separate process, forked from this warm
@@ -18,9 +18,10 @@ checkpoint after every iteration (keep_last 2) and a sample table every iteratio
   probability 1/2, until one finishes. Counted: kills, kills that left a checkpoint write in progress (a
   `.iter-N.tmp` folder), runs that end bit-identical to the reference, runs with a lost, duplicated or torn
   metrics row, runs with a temporary (`lmppo.run.storage.temporaries`) left in the folder at the end.
-- SIGTERM trials (`--terms N`): the same with SIGTERM; besides, every signalled process must exit 143 with one
-  line giving a command that works (`--resume`, or `--overwrite true` before the first checkpoint) and must
-  have removed its own temporaries. Results: docs/robustness.md.
+- SIGTERM trials (`--terms N`) and SIGHUP trials (`--hups N`, a closed terminal or ssh session): the same with
+  that signal; besides, every signalled process must exit 128 + N (143, 129) with one line giving a command that
+  works (`--resume`, or `--overwrite true` before the first checkpoint) and must have removed its own temporaries.
+  Results: docs/robustness.md.
 - Full-disk trials: the run writes into a small tmpfs (needs root to mount; skipped otherwise with the
   reason). At a random moment a real filler file takes all free space, or all but a random 0-128 KiB. The run
   must finish (the fault came too late or left room) or exit 2 with exactly one `error:` line that names the
@@ -447,7 +448,8 @@ def print_kills(stats: dict) -> None:
     )
     if stats["signal"] != "SIGKILL":
         print(
-            f"  exit 143 with one line saying how to resume: {stats['clean_exit']}/{stats['kills']}; temporaries "
+            f"  exit {128 + signal.Signals[stats['signal']].value} with one line saying how to resume: "
+            f"{stats['clean_exit']}/{stats['kills']}; temporaries "
             f"left right after the signalled process exited: {stats['temporaries_after_signal']}/{stats['kills']}"
         )
         for key, count in sorted(stats["messages"].items(), key=lambda kv: -kv[1]):
@@ -547,6 +549,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--terms", type=int, default=0, help="trials stopped by SIGTERM (beside the SIGKILL ones)")
+    parser.add_argument("--hups", type=int, default=0, help="trials stopped by SIGHUP")
     parser.add_argument("--disk", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -613,6 +616,9 @@ def main() -> int:
     terms = kill_trials(ctx, work, args.terms, window, reference, rng, signal.SIGTERM) if args.terms else None
     if terms:
         print_kills(terms)
+    hups = kill_trials(ctx, work, args.hups, window, reference, rng, signal.SIGHUP) if args.hups else None
+    if hups:
+        print_kills(hups)
     disk = (
         disk_trials(ctx, work, args.disk, window, reference, rng)
         if args.disk
@@ -629,7 +635,7 @@ def main() -> int:
         )
         for key, count in sorted(disk["messages"].items(), key=lambda kv: -kv[1]):
             print(f"  {count:3d} x {key} ...")
-    failures = (kills or {}).get("failures", []) + (terms or {}).get("failures", []) + disk["failures"]
+    failures = [f for stats in (kills, terms, hups) for f in (stats or {}).get("failures", [])] + disk["failures"]
     for line in failures:
         print("FAILED", line)
     return 1 if failures else 0

@@ -14,9 +14,9 @@ import sys
 import textwrap
 
 import pytest
+from test_real_faults import base_config, cli_process, finish, wait_for_file
 
 from conftest import REPO, tiny_llama
-from test_real_faults import base_config, cli_process, finish, wait_for_file
 
 SRC = os.path.join(REPO, "src")
 

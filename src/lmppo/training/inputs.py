@@ -7,11 +7,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
 
 from lmppo.config import BUILTIN_MODELS, Config
 from lmppo.errors import ConfigError
 from lmppo.models.loading import model_fields
+
+
+@dataclass
+class Fingerprints:
+    """What a resume compares with a checkpoint besides the config: the inputs (`input_fingerprints`) and the
+    weights training does not change (`lmppo.run.checkpoint.frozen_fingerprint`, hashed at the first checkpoint)."""
+
+    inputs: dict[str, str]
+    frozen: Optional[str] = None
+
 
 ACCEPT_FLAG = "--accept-changed-inputs"
 """The `lmppo train --resume` flag that resumes on inputs that changed (the new fingerprints are recorded)."""

@@ -32,6 +32,7 @@ from lmppo.run.manifest import resolve_checkpoint
 from lmppo.run.state import RngState, TrainingState
 from lmppo.training.inputs import (
     ACCEPT_FLAG,
+    Fingerprints,
     check_unchanged,
     fingerprint_records,
     model_fingerprints,
@@ -82,8 +83,7 @@ class PPOTrainer(Protocol):
     episode: int
     train_seconds: float
     nonfinite_in_a_row: int
-    frozen_fingerprint: Optional[str]
-    input_fingerprints: dict[str, str]  # the prompt data and model folders it trains on (`lmppo.training.inputs`)
+    fingerprints: Fingerprints  # of the frozen weights and of the prompt data and model folders it trains on
 
     def __init__(
         self, config: Config, *, console: Optional[Console], resuming: bool, **kwargs: Unpack[TrainerObjects]
@@ -170,9 +170,9 @@ def model_parts(trainer: PPOTrainer) -> ModelParts:
 
 
 def _fingerprint(trainer: PPOTrainer, parts: ModelParts) -> str:
-    if trainer.frozen_fingerprint is None:  # frozen weights never change: hashed once
-        trainer.frozen_fingerprint = frozen_fingerprint(parts.modules)
-    return trainer.frozen_fingerprint
+    if trainer.fingerprints.frozen is None:  # frozen weights never change: hashed once
+        trainer.fingerprints.frozen = frozen_fingerprint(parts.modules)
+    return trainer.fingerprints.frozen
 
 
 def capture_state(trainer: PPOTrainer, parts: ModelParts) -> TrainingState:
@@ -193,7 +193,7 @@ def capture_state(trainer: PPOTrainer, parts: ModelParts) -> TrainingState:
         frozen_fingerprint=_fingerprint(trainer, parts),
         optimizer=None if trainer.strategy.sharded_checkpoint else trainer.optimizer.state_dict(),
         config=redacted_config_dict(trainer.config),
-        inputs=dict(trainer.input_fingerprints),
+        inputs=dict(trainer.fingerprints.inputs),
     )
 
 

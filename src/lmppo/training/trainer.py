@@ -38,6 +38,7 @@ from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
 from lmppo.training import report, rollout, scoring, update
 from lmppo.training.assembly import Components, build_components, prompts_per_iteration
 from lmppo.training.callbacks import callback_list
+from lmppo.training.inputs import Fingerprints
 from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, open_logger, warn_negative_kl
 from lmppo.training.progress import ProgressDisplay
 from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
@@ -128,8 +129,7 @@ class PPOTrainer:
         self.nonfinite_in_a_row = 0
         self.train_seconds = 0.0
         self.update_lr = 0.0  # the learning rate of the last iteration's updates
-        self.frozen_fingerprint: Optional[str] = None  # of the weights training does not change (resume checks it)
-        self.input_fingerprints = c.input_fingerprints  # of the prompt data and model folders (resume checks them)
+        self.fingerprints = Fingerprints(c.input_fingerprints)  # frozen weights and inputs, which a resume checks
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
         self.progress = ProgressDisplay()
@@ -440,7 +440,6 @@ class PPOTrainer:
         config: Optional[Config] = None,
         overrides: Optional[dict] = None,
         console: Optional[Console] = None,
-        accept_changed_inputs: bool = False,
         **kwargs: Unpack[TrainerObjects],
     ) -> "PPOTrainer":
         """A trainer that continues the run in `output_dir` from its latest complete checkpoint; call `train()`.
@@ -448,16 +447,9 @@ class PPOTrainer:
         `config` (default: the run's own config.yaml) with `overrides` ({"total_episodes": 2048}) may change
         harmless fields (extend the run, logging); a change that makes the checkpoint unusable raises ConfigError.
         `kwargs` (policy, tokenizer, prompts, reward_functions) as for a new run: the same initial policy and
-        prompts the run started with (a policy object trained in place by the first run is not that); prompt data
-        or a model folder changed since is refused unless `accept_changed_inputs` (`lmppo.training.inputs`)."""
+        prompts the run started with (a policy object trained in place by the first run is not that)."""
         return resume_trainer(
-            output_dir,
-            overrides=overrides,
-            console=console,
-            config=config,
-            trainer_cls=cls,
-            accept_changed_inputs=accept_changed_inputs,
-            **kwargs,
+            output_dir, overrides=overrides, console=console, config=config, trainer_cls=cls, **kwargs
         )
 
     def load_checkpoint(self, path: Optional[str] = None) -> str:
