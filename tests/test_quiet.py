@@ -90,3 +90,33 @@ def test_a_drop_in_run_prints_no_library_noise_and_one_warning(tmp_path):
     assert [n for n in NOISE if n in out] == []
     assert out.count("lmppo.trl: PPOConfig fields set that change nothing") == 1
     assert "run length: max_steps=3 (" in out
+
+
+def test_huge_rewards_end_with_lmppos_line_alone_not_torchs_scheduler_warning_first(tmp_path, tiny_model_dir):
+    """Every update of an iteration skipped (non-finite loss): the schedule still steps once per iteration, and
+    torch's "lr_scheduler.step() before optimizer.step()" warning used to print before lmppo's own error."""
+    (tmp_path / "huge.py").write_text("def huge(p, c):\n    return [1e30 * (i + 1) for i in range(len(c))]\n")
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS[:4]) + "\n")
+    (tmp_path / "cfg.yaml").write_text(
+        textwrap.dedent(f"""
+            output_dir: {tmp_path / "run"}
+            total_episodes: 16
+            model: {{policy: {tiny_model_dir}}}
+            precision: fp32
+            data: {{prompts: {tmp_path / "prompts.txt"}}}
+            rollout: {{batch_size: 4, max_new_tokens: 4, stop_token: none}}
+            reward: {{sources: [{{kind: function, path: "{tmp_path / "huge.py"}:huge"}}]}}
+            ppo: {{num_epochs: 1, micro_batch_size: 4}}
+            log: {{trackers: [], sample_every: 0}}
+        """)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "lmppo.apps.cli", "train", str(tmp_path / "cfg.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=src_env(),
+    )
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert done.returncode == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("error: 3 updates in a row had a non-finite loss or gradient")

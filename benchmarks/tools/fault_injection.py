@@ -33,6 +33,8 @@ lmppo.apps.cli train ...` (a cold start each time), a kill is SIGKILL to torchru
 machine dies), and what must be bit-identical is the final model, every tensor of the last checkpoint's DeepSpeed
 shards and the metrics rows. Full-disk trials are not run in this mode.
 
+`--cases` runs the cases of issue 41 instead, each produced for real (benchmarks/tools/fault_cases.py).
+
 Prints the figures; exit code 1 when any trial broke a promise.
 """
 
@@ -550,6 +552,7 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--terms", type=int, default=0, help="trials stopped by SIGTERM (beside the SIGKILL ones)")
     parser.add_argument("--hups", type=int, default=0, help="trials stopped by SIGHUP")
+    parser.add_argument("--cases", action="store_true", help="run the cases of issue 41 only (fault_cases.py)")
     parser.add_argument("--disk", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
@@ -562,6 +565,10 @@ def main() -> int:
     )
     parser.add_argument("--nproc", type=int, default=2, help="processes per run under --deepspeed")
     args = parser.parse_args()
+    if args.cases:
+        import fault_cases
+
+        return fault_cases.main_in(args.work)
     global Run
     if args.deepspeed:
         Run, TorchrunRun.nproc = TorchrunRun, args.nproc

@@ -122,3 +122,24 @@ def test_a_run_with_auto_computes_in_the_chosen_precision_and_stores_it(
     text = (tmp_path / "run" / "config.yaml").read_text()
     assert f"\nprecision: {expected}\n" in text
     assert "# precision: auto:" in text
+
+
+def test_a_resume_computes_in_the_precision_the_run_decided_at_its_start(tmp_path, tokenizer, monkeypatch):
+    """Decided once: a run that began in bf16 (native CPU) resumes in bf16 on a CPU whose capabilities would say
+    fp32 now, also when the resumed config says `auto` again."""
+    from lmppo.training.trainer import PPOTrainer
+
+    objects = dict(
+        policy=tiny_llama(tokenizer),
+        tokenizer=tokenizer,
+        prompts=PROMPTS,
+        reward_functions=[lambda prompts, completions: [0.0] * len(completions)],
+    )
+    monkeypatch.setattr(precision_module, "cpu_bf16_support", lambda: ZEN4_EPYC)
+    cfg = small_config(tmp_path / "run", iterations=1, precision="auto")
+    cfg.checkpoint.every = 1
+    PPOTrainer(cfg, **objects).train()
+    monkeypatch.setattr(precision_module, "cpu_bf16_support", lambda: AVX2_EPYC)
+    again = small_config(tmp_path / "run", iterations=2, precision="auto")
+    resumed = PPOTrainer.resume(str(tmp_path / "run"), config=again, **dict(objects, policy=tiny_llama(tokenizer)))
+    assert resumed.config.precision == "bf16"

@@ -66,3 +66,27 @@ def test_into_a_run_it_takes_the_runs_lock(tmp_path):
     with result_output(os.path.join(run, "eval.json"), "the evaluation", "`lmppo eval`", run_dir=run):
         assert lock.holder(run) is not None
     assert lock.holder(run) is None and not os.path.exists(os.path.join(run, lock.LOCK_NAME))
+
+
+def test_a_run_in_use_is_refused_with_advice_for_the_command(tmp_path):
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    pid = os.fork()
+    if pid == 0:  # another process holds the run (a training)
+        lock.acquire(run)
+        open(os.path.join(tmp_path, "held"), "w").close()
+        import time
+
+        time.sleep(30)
+        os._exit(0)
+    try:
+        while not os.path.exists(tmp_path / "held"):
+            pass
+        with pytest.raises(
+            RunLockedError, match=r"`lmppo eval` writes .*eval.json, but the run .* is in use by process"
+        ):
+            with result_output(os.path.join(run, "eval.json"), "the evaluation", "`lmppo eval`", run_dir=run):
+                pass
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)

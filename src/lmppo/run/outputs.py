@@ -108,7 +108,14 @@ def result_output(path: str, what: str, command: str, run_dir: Optional[str] = N
     another `command` writing `path`)."""
     check_writable(path, what)
     if run_dir is not None:
-        lock.acquire(run_dir)
+        try:
+            lock.acquire(run_dir)
+        except RunLockedError as err:  # the lock's own advice is about training into another output_dir
+            holder = str(err).split(" is in use by ", 1)[-1].split(" (lock file", 1)[0]
+            raise RunLockedError(
+                f"{command} writes {path}, but the run {run_dir} is in use by {holder}; wait for it to end, or give "
+                "another output path"
+            ) from None
         try:
             remove_stale(path)
             yield
