@@ -29,5 +29,13 @@ def test_a_log_file_gets_one_whole_line_per_iteration():
     assert "~0:30 left" in lines[0] and "ratio 1.002" in lines[0]  # 15 s per iteration, two to go
 
 
-def test_no_console_prints_nothing():
+def test_the_python_api_gets_a_bar_and_log_progress_false_hides_it(capsys, monkeypatch):
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    display = ProgressDisplay()
+    for iteration, m in ((0, None), (1, METRICS), (2, METRICS)):
+        display.show(None, live=True, iteration=iteration, total=2, episode=0, train_seconds=30.0, m=m)
+    err = capsys.readouterr().err
+    assert "PPO: 100%" in err and "2/2" in err and "score +0.500  kl 3.25" in err
+    assert display.tqdm_bar is None  # closed at the last iteration
     ProgressDisplay().show(None, live=False, iteration=1, total=1, episode=1, train_seconds=1.0, m=METRICS)
+    assert capsys.readouterr().err == ""

@@ -97,6 +97,9 @@ def test_trls_example_script_runs_with_its_docstring_command(tmp_path, tokenizer
     assert all(-1.0 <= r["reward/missing_eos_penalty"] <= 0.0 for r in updates)
     assert min(r["reward/missing_eos_penalty"] for r in updates) < 0.0  # 6 tokens of an untrained model: some lack eos
     assert (out / "model.safetensors").is_file()
+    config = (out / "config.yaml").read_text()  # the policy the script passed, not lmppo's default `smollm2`
+    assert f"\nmodel:\n  policy: {MODEL_ID}\n" in config and "smollm2" not in config
+    assert f"# model.policy: the policy object passed to PPOTrainer(model=...), loaded from {MODEL_ID}" in config
 
 
 @pytest.mark.slow

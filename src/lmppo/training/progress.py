@@ -1,12 +1,16 @@
-"""Training progress on the console: a live rich bar on a terminal, one plain line per iteration elsewhere."""
+"""Training progress: on the CLI's console a live rich bar on a terminal, one plain line per iteration elsewhere;
+through the Python API (no console) a tqdm bar, as transformers' Trainer shows (`log.progress: false` hides both)."""
 
 from __future__ import annotations
 
 import atexit
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+if TYPE_CHECKING:
+    from tqdm.auto import tqdm
 
 
 class ProgressDisplay:
@@ -19,6 +23,7 @@ class ProgressDisplay:
     def __init__(self) -> None:
         self.bar: Optional[Progress] = None  # the live bar, once started
         self.task: Optional[TaskID] = None
+        self.tqdm_bar: Optional[tqdm] = None  # the Python API's bar (no console)
 
     def show(
         self,
@@ -32,8 +37,7 @@ class ProgressDisplay:
     ) -> None:
         """Progress after iteration `iteration` of `total` (metrics `m`; None: before the first one of this
         session); `live`: `log.progress` (a live bar when the console is a terminal)."""
-        if console is None:
-            return
+        stats = ""
         if m is not None:
             left = train_seconds / max(iteration, 1) * max(total - iteration, 0)
             stats = (
@@ -41,6 +45,10 @@ class ProgressDisplay:
                 f"beta {m['objective/kl_coef']:.4f}  len {m['response/length_mean']:.1f}  "
                 f"{m['eps']:.2f} eps  ~{int(left) // 60}:{int(left) % 60:02d} left"
             )
+        if console is None:  # the Python API (a notebook, a script): tqdm's bar, unless log.progress is off
+            if live:
+                self.api_bar(iteration, total, stats)
+            return
         if not (live and console.is_terminal and not console.is_dumb_terminal):
             if m is not None:
                 console.print(
@@ -73,3 +81,18 @@ class ProgressDisplay:
         if iteration >= total:
             bar.stop()
             self.bar = None
+
+    def api_bar(self, iteration: int, total: int, stats: str) -> None:
+        """A tqdm bar (a widget in a notebook, text on stderr elsewhere; TQDM_DISABLE=1 hides it)."""
+        from tqdm.auto import tqdm
+
+        if self.tqdm_bar is None:
+            self.tqdm_bar = tqdm(total=total, initial=iteration, desc="PPO", unit="iter", dynamic_ncols=True)
+        bar = self.tqdm_bar
+        bar.n = iteration
+        if stats:
+            bar.set_postfix_str(stats, refresh=False)
+        bar.refresh()
+        if iteration >= total:
+            bar.close()
+            self.tqdm_bar = None

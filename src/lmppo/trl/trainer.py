@@ -424,11 +424,16 @@ RESUME_WITH = (
 def rewrite_header(engine: LmppoTrainer) -> None:
     """The run's config.yaml again, saying how to resume a drop-in run: its models and data are Python objects, so
     `lmppo train --resume` cannot rebuild it; the script can."""
-    config = engine.config
+    config = copy.deepcopy(engine.config)  # the file's copy: model.policy names the object passed, not a default
+    name = str(getattr(hf_model(engine.policy), "name_or_path", "") or "")
+    config.model.policy = name
+    passed = "model.policy: the policy object passed to PPOTrainer(model=...)" + (
+        f", loaded from {name}" if name else ", built in memory (no name_or_path)"
+    )
     write_run_config(
         config,
         os.path.join(config.output_dir, "config.yaml"),
-        [f"precision: {engine.precision.reason}"],
+        [f"precision: {engine.precision.reason}", passed],
         resume_with=RESUME_WITH,
     )
 
