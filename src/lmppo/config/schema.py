@@ -401,8 +401,7 @@ class LogConfig(_Section):
     token_stats: bool = False
     """Add per-token KL and entropy columns to the sample table (to see where the policy drifts)."""
     progress: bool = True
-    """Show a live progress bar with the score and KL: on the console (`lmppo train`), and through the Python API a
-    tqdm bar (a widget in a notebook). false: neither (the CLI then prints one line per iteration)."""
+    """A live progress bar with the score and KL: the CLI's (rich), the Python API's (tqdm). false: neither."""
     eval_every: NonNegativeInt = 0
     """Every this many iterations, sample one response per held-out prompt (`data.holdout`) from the current
     policy and log its score, every reward source (the weight-0 judge included), KL to the reference and length as
