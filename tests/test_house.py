@@ -15,9 +15,18 @@ REPO = Path(_REPO)
 
 SRC = REPO / "src" / "lmppo"
 MAX_MODULE_LINES = 500
-MAX_TRAINER_LINES = (
-    415  # h-verif (issue 40): whether a batch without a reward signal moves the policy is the loop's call
-)
+MAX_TRAINER_LINES = 450
+# Why 450, not 400 (issue 39): at 400 lines PPOTrainer packed arguments into anonymous tuples and commit 84e5f3d
+# dropped an invariant assert to fit. Written with keyword calls and the assert back, the same loop (six phases,
+# the micro-batch loop, saving and resuming as one-line delegations) measured 432 lines. 450 leaves room for one
+# more step of the loop; a job that is not the loop (a phase's arithmetic, what a metric means, how a checkpoint
+# is laid out) belongs in its module under training/ or run/, and the cap is there to say so.
+MAX_SCHEMA_LINES = 600
+# config/schema.py is one table: every config field as a typed line and the docstring `lmppo train --help` prints
+# (about 4 lines a field; 500 lines held about 115 fields). Cut by size it would spread one job (the fields and
+# their meaning) over several files; 600 is room for about 25 more fields. Past that, split the sections into a
+# module per group (model and data; rollout, rewards and KL; optimisation; logging and checkpoints).
+MODULE_LIMITS = {"config/schema.py": MAX_SCHEMA_LINES}
 
 
 def _layers() -> list[str]:
@@ -48,8 +57,8 @@ def test_every_subpackage_is_in_the_readme_layout():
 
 def test_no_module_is_over_the_size_limit():
     sizes = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")}
-    too_big = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
-    assert not too_big, f"modules over {MAX_MODULE_LINES} lines (split them by job): {too_big}"
+    too_big = {name: n for name, n in sizes.items() if n > MODULE_LIMITS.get(name, MAX_MODULE_LINES)}
+    assert not too_big, f"modules over {MAX_MODULE_LINES} lines (split them by job; limits: {MODULE_LIMITS}): {too_big}"
 
 
 def test_the_trainer_is_the_loop():

@@ -188,3 +188,18 @@ def test_every_logged_metric_is_in_the_metric_guide(tmp_path, tokenizer, options
     doc = open(os.path.join(REPO, "docs", "metrics.md"), encoding="utf-8").read()
     missing = sorted(n for n in names if not _documented(n, doc))
     assert not missing, f"metrics logged but not explained in docs/metrics.md: {missing}"
+
+
+def test_phase_timer_adds_up_each_phase_under_its_name():
+    from lmppo.training.metrics import PhaseTimer
+
+    timer = PhaseTimer()
+    with timer("rollout"):
+        pass
+    first = timer.seconds["rollout"]
+    with timer("rollout"):
+        pass
+    with timer("update"):
+        pass
+    assert set(timer.seconds) == {"rollout", "update"}
+    assert timer.seconds["rollout"] >= first >= 0.0 and timer.seconds["update"] >= 0.0

@@ -11,9 +11,11 @@ import importlib.util
 import json
 import math
 import os
+import time
 import warnings
 from collections import defaultdict
-from typing import TYPE_CHECKING, Callable, Optional, TypeVar
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, TypeVar
 
 import torch
 
@@ -29,6 +31,19 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from lmppo.config import Config
+
+
+class PhaseTimer:
+    """Wall-clock seconds of each phase of an iteration (`time/<phase>`): `with timer("rollout"): ...` adds up."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class MetricsAccumulator:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
@@ -39,7 +39,7 @@ from lmppo.training import report, rollout, scoring, update
 from lmppo.training.assembly import Components, build_components, prompts_per_iteration
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
-from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, open_logger, warn_negative_kl
+from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, PhaseTimer, open_logger, warn_negative_kl
 from lmppo.training.progress import ProgressDisplay
 from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
 from lmppo.training.scoring import RewardSignal, ScoredRollout, TokenRewards
@@ -51,17 +51,6 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from lmppo.training.resume import TrainerObjects
-
-
-class PhaseTimer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, name: str):
-        start = time.perf_counter()
-        yield
-        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
 
 
 class PPOTrainer:
@@ -188,9 +177,15 @@ class PPOTrainer:
         k, rank = cfg.rollout.num_samples_per_prompt, acc.process_index
         prompts = self.stream.next_batch(rank, acc.num_processes)  # this process's slice
         index = [i for i in prompts for _ in range(k)]  # each prompt k times, consecutive
-        first_row = rank * len(index)  # rows of the global batch held by this process start here
-        where = (self.iteration, first_row, self.tokenizer.pad_token_id, self.device)
-        batch, group_ids = rollout.prompt_batch(index, self.prompt_set, cfg, *where)
+        batch, group_ids = rollout.prompt_batch(
+            index,
+            self.prompt_set,
+            cfg,
+            iteration=self.iteration,
+            first_row=rank * len(index),  # rows of the global batch held by this process start here
+            pad_id=self.tokenizer.pad_token_id,
+            device=self.device,
+        )
         # sampling runs in the same precision as the logprob passes below (bf16 autocast: 2.7x faster
         # generation on SmolLM2 here, benchmarks/speed/sampler_speed.py)
         with self._autocast(), self.strategy.generation(self.actor):
@@ -346,9 +341,20 @@ class PPOTrainer:
         self.iteration += 1
         self.episode += cfg.rollout.batch_size  # global: every process's responses
         measured_kl = self.mean_kl(rewards.kl, batch.response_mask)
-        counters = dict(episode=self.episode, iteration=self.iteration, train_seconds=self.train_seconds)
-        parts = (cfg, self.strategy, {**counters, "lr": self.update_lr}, self.kl_controller.coef, bool(self.distorting))
-        metrics = report.iteration_metrics(batch, scored, rewards, stats, timer.seconds, *parts)
+        metrics = report.iteration_metrics(
+            batch,
+            scored,
+            rewards,
+            stats,
+            timer.seconds,
+            config=cfg,
+            strategy=self.strategy,
+            counters=dict(
+                episode=self.episode, iteration=self.iteration, train_seconds=self.train_seconds, lr=self.update_lr
+            ),
+            kl_coef=self.kl_controller.coef,
+            distorting=bool(self.distorting),
+        )
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
         if not self.kl_reacts_now and (rewards.signal is None or rewards.signal.any):  # held without a signal
@@ -408,17 +414,31 @@ class PPOTrainer:
             warn_unmerged(self.config.model, self.policy)
         with self.strategy.saving(self.actor):  # ZeRO-3: every process gathers the full weights for the save
             if self.accelerator.is_main_process:
-                value_head = self.accelerator.unwrap_model(self.actor).value_head
-                value_model = self.accelerator.unwrap_model(self.critic).model if self.critic is not None else None
-                args = (self.config, self.policy, self.tokenizer, value_head, value_model, self.base_model)
-                export_final(directory, *args, cards=self.model_card)
+                export_final(
+                    directory,
+                    config=self.config,
+                    policy=self.policy,
+                    tokenizer=self.tokenizer,
+                    value_head=self.accelerator.unwrap_model(self.actor).value_head,
+                    value_model=self.accelerator.unwrap_model(self.critic).model if self.critic is not None else None,
+                    base_model=self.base_model,
+                    cards=self.model_card,
+                )
                 self.callbacks.call("on_save", self, directory)
 
     def model_card(self, folder: str, heldout: Optional[HeldoutRows] = None, heldout_title: str = "") -> str:
         """The README.md text of `final/<folder>` (`lmppo.run.export.final_card`); `heldout`: the before/after rows."""
-        rewards = [(source.name, float(source.weight)) for source in self.reward_sources]
-        args = (self.config, self.base_model, self.policy, self.iteration, rewards, self.prompt_source)
-        return final_card(folder, *args, heldout, heldout_title)
+        return final_card(
+            folder,
+            config=self.config,
+            base_model=self.base_model,
+            policy=self.policy,
+            iterations=self.iteration,
+            rewards=[(source.name, float(source.weight)) for source in self.reward_sources],
+            prompt_source=self.prompt_source,
+            heldout=heldout,
+            heldout_title=heldout_title,
+        )
 
     def rewrite_model_cards(self, directory: str, heldout: HeldoutRows, heldout_title: str) -> None:
         """The cards of the folders in `directory` written again with the held-out before/after table."""

@@ -408,8 +408,9 @@ def update_epoch(
             forward = None
             if epoch == 0 and trainer.first_epoch_forward is not None:  # the rollout's pass, graph kept
                 forward, trainer.first_epoch_forward = trainer.first_epoch_forward, None
+                assert forward.values is not None  # the rollout's pass keeps the values with the logits
                 rows = part.index  # the rollout's rows of this micro-batch, on the device
-                forward = PolicyOutput(forward.logits[rows], None if forward.values is None else forward.values[rows])
+                forward = PolicyOutput(logits=forward.logits[rows], values=forward.values[rows])
             with trainer.strategy.sync_gradients(
                 m + micro >= mb, trainer.actor, trainer.critic
             ):  # all-reduce: last one
