@@ -325,8 +325,13 @@ class PPOTrainer:
         )
 
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: update.NonfiniteGuard) -> None:
-        clip_args = (self.trainable_params, self.config.ppo.max_grad_norm, self.zero is not None)
-        guard.step(update.gradient_clipper(self.accelerator.clip_grad_norm_, *clip_args), loss, stats)
+        clip = update.gradient_clipper(
+            self.accelerator.clip_grad_norm_,
+            params=self.trainable_params,
+            max_grad_norm=self.config.ppo.max_grad_norm,
+            always=self.zero is not None,  # DeepSpeed keeps the gradients itself
+        )
+        guard.step(clip, loss, stats)
 
     # ------------------------------------------------------------------ 6. log, adapt, sync
     def finish_iteration(
