@@ -1,14 +1,5 @@
-"""PPOTrainer: the loop of the six phases of one PPO iteration for a causal LM.
-
-After "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024). How this departs from TRL 1.12:
-- the score lands on the last real response token (the stop token), never on a padding slot;
-- logprobs, reference logprobs and values come from one trunk pass each (the LM head only at response
-  positions), under `inference_mode`, and the shared value head needs no second pass at all; with one minibatch
-  of one micro-batch the policy/value pass keeps its graph and is the first epoch's forward
-  (`ppo.reuse_rollout_forward`), where TRL runs it again;
-- the loss is a token mean over the whole minibatch, identical whatever the micro-batch split;
-- gradient clipping is applied; non-finite updates are skipped and counted;
-- every metric is averaged over all processes, not only the local one.
+"""PPOTrainer: the loop of the six phases of one PPO iteration for a causal LM (after Huang et al. 2024, "The N+
+Implementation Details of RLHF with PPO"). How it departs from TRL 1.12: docs/design.md, `lmppo.training.trainer`.
 """
 
 from __future__ import annotations
