@@ -314,11 +314,11 @@ class KLConfig(_Section):
 
 @section
 class ReferenceConfig(_Section):
-    mode: Literal["frozen", "sync", "ema"] = "frozen"
-    """`frozen` (a copy of the initial policy, never trained), `sync` (copied from the policy every `every`
-    iterations) or `ema` (ref <- (1 - alpha) * ref + alpha * policy every `every` iterations).
-    With LoRA the frozen reference is the base model with the adapters switched off; `sync` and `ema` act on a
-    reference copy of the adapters (for `ema` the LoRA factors A and B are averaged separately)."""
+    mode: Literal["frozen", "base", "sync", "ema"] = "frozen"
+    """`frozen` (the initial policy, never trained; LoRA: a loaded adapter as loaded, a fresh one is the base with
+    adapters off), `base` (LoRA: the base model, adapters off), `sync` (copied from the policy every `every`
+    iterations), `ema` (ref <- (1 - alpha) ref + alpha policy every `every`); `sync`/`ema` with LoRA act on a copy
+    of the adapters (for `ema` the LoRA factors A and B are averaged separately)."""
     every: PositiveInt = 10
     """Iterations between reference updates, for `sync` and `ema`."""
     ema_alpha: Fraction = 0.1

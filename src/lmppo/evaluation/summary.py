@@ -25,7 +25,13 @@ def initial_policy(trainer: Any) -> Iterator[tuple[Optional[Any], bool]]:
     """(a model that computes the initial policy, whether it is the reference), or (None, False) when the initial
     weights are no longer available (full weights with a `sync` / `ema` reference)."""
     ref, policy = trainer.reference, trainer.policy
-    if ref.mode == "frozen":
+    if ref.mode == "base":  # the base under the adapters: the initial policy only when the adapter started fresh
+        if ref.initial_is_base:
+            with policy.disable_adapter():
+                yield policy, True
+        else:
+            yield None, False
+    elif ref.mode == "frozen":
         if ref.model is not None:
             yield ref.model, True
         else:

@@ -23,7 +23,14 @@ from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.assets import resolve_model
 from lmppo.models.attention import padding_known
-from lmppo.models.files import check_loaded_whole, check_model_folder, check_tokenizer_folder, load_whole, loading
+from lmppo.models.files import (
+    check_loaded_whole,
+    check_model_folder,
+    check_tokenizer_folder,
+    is_adapter_folder,
+    load_whole,
+    loading,
+)
 from lmppo.models.hub import download_model
 
 if TYPE_CHECKING:
@@ -91,6 +98,8 @@ def _check_loadable(path: str, field: str, mc: ModelConfig) -> None:
 def load_tokenizer(path: str, mc: ModelConfig):
     from transformers import AutoTokenizer
 
+    if is_adapter_folder(path) and not os.path.isfile(os.path.join(path, "tokenizer_config.json")):
+        path = adapter_base(path, mc)  # an adapter folder saved without its tokenizer: the base's
     check_tokenizer_folder(path, "tokenizer")  # a missing or corrupt file: one error naming it
     with loading("tokenizer", path):
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=mc.trust_remote_code)
@@ -144,8 +153,37 @@ def _quantization(mc: ModelConfig) -> dict:
     }
 
 
+def adapter_base(adapter_dir: str, mc: ModelConfig) -> str:
+    """The local folder of the base model a PEFT adapter folder names (adapter_config.json's
+    `base_model_name_or_path`: a local folder, a Hub id or a built-in name, resolved as model.policy is)."""
+    import json
+
+    where = os.path.join(adapter_dir, "adapter_config.json")
+    try:
+        with open(where, encoding="utf-8") as fh:
+            base = json.load(fh).get("base_model_name_or_path")
+    except (OSError, ValueError) as err:
+        raise ConfigError("model.policy", adapter_dir, f"its adapter_config.json cannot be read ({err})") from None
+    if not isinstance(base, str) or not base:
+        raise ConfigError("model.policy", adapter_dir, "its adapter_config.json names no base_model_name_or_path")
+    return resolve_model_path(base, "model.policy's base (adapter_config.json)", mc.allow_pickle)
+
+
 def load_policy(mc: ModelConfig, path: str, dtype: torch.dtype = torch.float32):
-    """The policy as an HF causal LM (wrapped in PEFT when LoRA is on), in eval mode."""
+    """The policy as an HF causal LM (wrapped in PEFT when LoRA is on), in eval mode. A PEFT adapter folder (an SFT
+    adapter, say) loads onto the base its config names and keeps training (`is_trainable`)."""
+    if is_adapter_folder(path):
+        from peft import PeftModel
+
+        check_model_folder(path, "policy adapter", mc.allow_pickle)
+        base = _load_causal_lm(mc, adapter_base(path, mc), dtype)
+        with loading("policy adapter", path):
+            model = PeftModel.from_pretrained(base, path, is_trainable=True)
+        return prepare_policy(model, mc)
+    return prepare_policy(_load_causal_lm(mc, path, dtype), mc)
+
+
+def _load_causal_lm(mc: ModelConfig, path: str, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
     _check_loadable(path, "model.policy", mc)
@@ -160,7 +198,7 @@ def load_policy(mc: ModelConfig, path: str, dtype: torch.dtype = torch.float32):
             **_load_kwargs(mc),
             **_quantization(mc),
         )
-    return prepare_policy(model, mc)
+    return model
 
 
 def prepare_policy(model: nn.Module, mc: ModelConfig) -> nn.Module:

@@ -16,7 +16,7 @@ from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.loading import hf_model, is_peft_model, policy_forward
 from lmppo.models.partition import gathered_if_partitioned, is_partitioned, local_shard
 
-REFERENCE_MODES = ("frozen", "sync", "ema")
+REFERENCE_MODES = ("frozen", "base", "sync", "ema")
 
 
 def trained_parameters(policy: nn.Module) -> dict[str, nn.Parameter]:
@@ -47,7 +47,17 @@ class ReferencePolicy:
         self.model: Optional[nn.Module] = None  # full copy of the reference weights (no LoRA)
         self.adapter: dict[str, torch.Tensor] = {}  # reference adapter: name -> detached copy (LoRA)
         self._fingerprint: Optional[list[float]] = None
-        if not self.peft or model is not None:  # (a reference model given for a LoRA policy is used as given)
+        self.initial_is_base = True  # `base`: the policy as it starts equals its base (a fresh LoRA adapter)
+        if mode == "base" and (not self.peft or model is not None):
+            raise ConfigError(
+                "reference.mode",
+                mode,
+                "is the base model under a LoRA policy's adapters: it needs a LoRA policy (model.lora.enabled, or "
+                "a PEFT adapter folder as model.policy) and no ref_model object",
+            )
+        if mode == "base":
+            self.initial_is_base = _adapter_off_is_identity(policy)
+        elif not self.peft or model is not None:  # (a reference model given for a LoRA policy is used as given)
             self.model = model if model is not None else copy.deepcopy(hf_model(policy))
             self.model.requires_grad_(False)
             self.model.eval()
@@ -117,7 +127,7 @@ class ReferencePolicy:
     def after_iteration(self, iteration: int, policy: nn.Module) -> bool:
         """Move the reference towards the policy when the schedule says so; True when it moved.
         `iteration` counts completed iterations from 1: the reference moves after iterations every, 2 * every, ..."""
-        if self.mode == "frozen" or iteration % self.every:
+        if self.mode in ("frozen", "base") or iteration % self.every:
             return False
         if self.model is not None:
             source = dict(hf_model(policy).named_parameters())
