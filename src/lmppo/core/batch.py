@@ -4,6 +4,8 @@ Position convention (used everywhere in lmppo): index t of every (B, T) field is
 ``logprobs[:, t]`` is log pi(response[t] | prompt, response[:t]); ``values[:, t]`` is V of the state in which
 token t was chosen; ``rewards[:, t]`` is the reward received for emitting token t. Positions with
 ``response_mask == False`` (after the stop token) hold padding and never influence any result.
+A multi-turn episode's response is its turns with the environment's observations between them (all real tokens);
+``action_mask`` marks the policy's tokens, the only ones trained on (``policy_mask``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ class Rollout:
     prompts_shown: Optional[list[str]] = field(default=None)  # B prompts as a person wrote them (for tables)
     prompt_columns: Optional[list[dict]] = field(default=None)  # B dicts, the prompt records' other fields
     #                                                              (reward functions take them by name); None: none
+    # ---- multi-turn episodes (lmppo.environments); None for single responses
+    action_mask: Optional[torch.Tensor] = field(default=None)  # (B, T) bool, True on the policy's tokens
+    turn_ends: Optional[torch.Tensor] = field(default=None)  # (B, K) long, each turn's last policy token, -1: none
+    turn_rewards: Optional[torch.Tensor] = field(default=None)  # (B, K) float, the environment's reward per turn
+    tool_calls: Optional[torch.Tensor] = field(default=None)  # (B,) float, tool calls made in the episode
+    tool_errors: Optional[torch.Tensor] = field(default=None)  # (B,) float, of which failed
+    transcripts: Optional[list[list[str]]] = field(default=None)  # B lists: turn, observation, turn, ... as text
+    stop_reasons: Optional[list[str]] = field(default=None)  # B: environment, max_turns or max_episode_tokens
 
     @property
     def batch_size(self) -> int:
@@ -50,6 +60,11 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         """(B, P + T) bool, real tokens of prompt and response."""
         return torch.cat([self.prompt_mask, self.response_mask], dim=1)
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """(B, T) bool, the tokens the policy chose: an episode's action mask, else the response mask."""
+        return self.response_mask if self.action_mask is None else self.action_mask
 
     @property
     def response_lengths(self) -> torch.Tensor:

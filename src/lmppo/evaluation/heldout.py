@@ -20,12 +20,14 @@ from torch import nn
 
 from lmppo.core.kl import KL_ESTIMATORS, exact_kl
 from lmppo.core.logprobs import selective_log_softmax
-from lmppo.core.masking import masked_sum
+from lmppo.core.masking import action_mask, masked_sum
+from lmppo.environments.episodes import ENDED_BY_ENVIRONMENT, EpisodePlayer, transcript_text
 from lmppo.errors import LmppoError
 from lmppo.models.loading import policy_forward
 from lmppo.rewards import decode_completion, score_rollout
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import response_seed, sample_native
+from lmppo.sampling.turns import CachedTurns
 
 EVAL_STREAM = 1 << 40
 """The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
@@ -100,6 +102,7 @@ def sample_and_score(
     autocast: Callable[[], Any] = nullcontext,
     first_position: int = 0,
     columns: Optional[Sequence[dict]] = None,
+    episodes: Optional[EpisodePlayer] = None,
 ) -> PolicyEval:
     """Sample one response per prompt from `policy` by pure sampling at `temperature`, score it with every reward
     source, and, given `reference_logits`, measure its KL to the reference per response: k1 and k3 of the sampled
@@ -111,6 +114,9 @@ def sample_and_score(
     `hf`, transformers' generate runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
     `autocast` is the precision context of the log-probability passes (as in training); sampling runs outside it.
     `columns`: per prompt, its record's other fields, for reward functions that take them by name.
+    `episodes`: play one multi-turn episode per prompt with this environment instead (native engine, the KV cache
+    kept across turns): the sources score the last turn, `reward/environment` is the sum of the environment's turn
+    rewards (in `total` with weight 1), lengths and KL count the policy's tokens, `responses` are the transcripts.
     """
 
     if len(prompt_ids) != len(prompt_texts):
@@ -127,31 +133,56 @@ def sample_and_score(
         p_ids, p_mask = left_pad(ids_list, pad_id)
         p_ids, p_mask = p_ids.to(device), p_mask.to(device)
         positions = range(first_position + start, first_position + start + len(ids_list))
-        resp, resp_mask, terminated, _ = _sample(
-            policy, p_ids, p_mask, temperature, max_new_tokens, stop_ids, pad_id, backend, seed, chunk, positions
-        )
-        completions = [
-            decode_completion(tokenizer, (r[m][:-1] if t else r[m]).tolist())
-            for r, m, t in zip(resp, resp_mask, terminated)
-        ]
+        chunk_columns = list(columns[start : start + batch_size]) if columns else None
+        env_total = None
+        if episodes is None:
+            resp, resp_mask, terminated, _ = _sample(
+                policy, p_ids, p_mask, temperature, max_new_tokens, stop_ids, pad_id, backend, seed, chunk, positions
+            )
+            trained = resp_mask
+            completions = [
+                decode_completion(tokenizer, (r[m][:-1] if t else r[m]).tolist())
+                for r, m, t in zip(resp, resp_mask, terminated)
+            ]
+            shown, scored_ids, scored_mask = completions, resp, resp_mask
+        else:
+            sampler = CachedTurns(policy, temperature, max_new_tokens, stop_ids, pad_id)
+            played = episodes.play(
+                sampler,
+                ids_list,
+                [{"prompt": t, **(c or {})} for t, c in zip(texts, chunk_columns or [{}] * len(texts))],
+                list(positions),
+                [response_seed(seed, EVAL_STREAM, p) for p in positions],
+            )
+            p_ids, p_mask = (x.to(device) for x in left_pad([e.prompt for e in played], pad_id))
+            resp, resp_mask, trained, terminated = _episode_tensors(played, pad_id, device)
+            completions = [e.last_turn for e in played]
+            shown = [transcript_text(e.transcript) for e in played]
+            last = [e.tokens[e.turn_starts[-1] : e.turn_ends[-1] + 1] for e in played]
+            scored_ids, scored_mask = (x.to(device) for x in _right_pad(last, pad_id))
+            env_total = torch.tensor([sum(e.turn_rewards) for e in played])
         result = score_rollout(
             sources,
             texts,
             completions,
-            resp.cpu(),
-            resp_mask.cpu(),
+            scored_ids.cpu(),
+            scored_mask.cpu(),
             tokenizer,
             "error",
-            terminated=terminated.cpu(),
+            terminated=terminated.cpu() if episodes is None else None,
             prompt_ids=ids_list,
-            columns=list(columns[start : start + batch_size]) if columns else None,
+            columns=chunk_columns,
         )
         for name, values in result.per_source.items():
             per_source.setdefault(name, []).append(values.float().cpu())
-        totals.append(result.token_scores.sum(1).float().cpu())
-        lengths.append(resp_mask.sum(1).cpu())
+        total = result.token_scores.sum(1).float().cpu()
+        if env_total is not None:
+            per_source.setdefault("environment", []).append(env_total)
+            total = total + env_total
+        totals.append(total)
+        lengths.append(trained.sum(1).cpu())
         terminated_all.append(terminated.cpu())
-        responses += completions
+        responses += shown
         if reference_logits is not None:
             P = p_ids.shape[1]
             input_ids, attention = torch.cat([p_ids, resp], 1), torch.cat([p_mask, resp_mask], 1)
@@ -159,9 +190,9 @@ def sample_and_score(
                 logits = policy_forward(policy, input_ids, attention, P, temperature).logits
                 ref_logits = reference_logits(input_ids, attention, P)
             logprobs, ref = selective_log_softmax(logits, resp), selective_log_softmax(ref_logits, resp)
-            k1_all.append(masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), resp_mask, dim=1).float().cpu())
-            k3_all.append(masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), resp_mask, dim=1).float().cpu())
-            exact_all.append(masked_sum(exact_kl(logits, ref_logits, chunk_size=64), resp_mask, dim=1).float().cpu())
+            k1_all.append(masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), trained, dim=1).float().cpu())
+            k3_all.append(masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), trained, dim=1).float().cpu())
+            exact_all.append(masked_sum(exact_kl(logits, ref_logits, chunk_size=64), trained, dim=1).float().cpu())
     cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0)
     return PolicyEval(
         prompts=list(prompt_texts),
@@ -173,8 +204,30 @@ def sample_and_score(
         kl_k1=cat(k1_all) if reference_logits is not None else None,
         kl_k3=cat(k3_all) if reference_logits is not None else None,
         kl_exact=cat(exact_all) if reference_logits is not None else None,
-        source_weights={s.name: float(s.weight) for s in sources},
+        source_weights={s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if episodes else {}),
     )
+
+
+def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Id lists -> (N, T) ids padded on the right and (N, T) bool mask."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
+        mask[i, : len(r)] = True
+    return ids, mask
+
+
+def _episode_tensors(played: Sequence[Any], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Episodes -> response ids (N, T), their real-token mask, the policy tokens' mask, ended by the environment."""
+    ids, mask = _right_pad([e.tokens for e in played], pad_id)
+    K = max(len(e.turn_ends) for e in played)
+    starts = torch.tensor([e.turn_starts + [-1] * (K - len(e.turn_starts)) for e in played])
+    ends = torch.tensor([e.turn_ends + [-1] * (K - len(e.turn_ends)) for e in played])
+    policy = action_mask(starts, ends, ids.shape[1])
+    ended = torch.tensor([e.stop_reason == ENDED_BY_ENVIRONMENT for e in played])
+    return ids.to(device), mask.to(device), policy.to(device), ended.to(device)
 
 
 def _sample(

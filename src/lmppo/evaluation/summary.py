@@ -56,7 +56,8 @@ def heldout_summary(
         out["note"] = "no held-out prompts (data.holdout = 0): set data.holdout to compare before and after"
         return out
     r = cfg.rollout
-    weights = {s.name: float(s.weight) for s in trainer.reward_sources}
+    player = trainer.episode_source.player if getattr(trainer, "episode_source", None) else None
+    weights = {s.name: float(s.weight) for s in trainer.reward_sources} | ({"environment": 1.0} if player else {})
     watch = watched(trainer.reward_sources)
     judge = default_judge(weights, watch)
     common = dict(
@@ -70,6 +71,7 @@ def heldout_summary(
         batch_size=cfg.no_grad_batch_size,
         autocast=trainer._autocast,
         columns=repeat_columns(held.columns, samples_per_prompt),
+        episodes=player,  # an environment: one episode per prompt, `reward/environment` its success
     )
     policy = trainer.policy
 
@@ -102,7 +104,7 @@ def heldout_summary(
     shown = [p * samples_per_prompt for p in range(min(num_samples, len(held.ids)))]  # each prompt's first sample
     out["samples"] = [
         {
-            "prompt": held.shown_text(i // samples_per_prompt),
+            "prompt": held.shown_text(i // samples_per_prompt) if player is None else after.prompts[i],
             "before": before.responses[i] if before is not None else "",
             "after": after.responses[i],
             "before_scores": {k: float(v[i]) for k, v in before.scores.items()} if before else {},

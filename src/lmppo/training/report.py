@@ -4,7 +4,7 @@ the held-out evaluation's `eval/*` and the rows of the sample table."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 from torch import nn
@@ -13,7 +13,9 @@ from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
+from lmppo.environments.episodes import transcript_text
 from lmppo.evaluation.heldout import sample_and_score
+from lmppo.training.episodes import EpisodeSource, episode_metrics
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import ScoredRollout, TokenRewards
 from lmppo.training.update import MEAN_STATS
@@ -42,7 +44,7 @@ def iteration_metrics(
     `counters`: episode, iteration, train_seconds, lr; `kl_coef`: the beta of this batch's rewards."""
     procs = strategy
     gather = procs.gather_mean
-    mask = rollout.response_mask
+    mask = rollout.policy_mask
     valid = scored.valid.float()
     kl_per_response = masked_sum(rewards.kl, mask, dim=1)
     beta = kl_coef if config.kl.placement in ("reward", "both") else 0.0
@@ -70,6 +72,7 @@ def iteration_metrics(
     }
     for name, per_response in scored.per_source.items():
         m[f"reward/{name}"] = gather(per_response)
+    m.update(episode_metrics(rollout, gather))  # multi-turn episodes: episode/*
     for name in MEAN_STATS:
         if name in stats:
             m[name] = procs.process_mean(stats.mean(name))
@@ -109,11 +112,11 @@ def sample_rows(
     for i in range(n):
         row: dict[str, object] = {
             "prompt": (rollout.prompts_shown or rollout.prompts_text)[i],
-            "response": rollout.responses_text[i],
+            "response": transcript_text(rollout.transcripts[i]) if rollout.transcripts else rollout.responses_text[i],
             "score": float(scores[i]),
         }
         if token_stats:
-            m = rollout.response_mask[i]
+            m = rollout.policy_mask[i]
             toks = tokenizer.convert_ids_to_tokens(rollout.response_ids[i][m].tolist())
             kl = rewards.kl[i][m].tolist()
             row["kl per token"] = " ".join(f"{t}({k:+.2f})" for t, k in zip(toks, kl))
@@ -134,6 +137,7 @@ def heldout_metrics(
     stop_ids: torch.Tensor,
     reference: ReferencePolicy,
     autocast: Callable[[], AbstractContextManager[object]],
+    episodes: Optional[EpisodeSource] = None,
 ) -> dict[str, float]:
     """`eval/*`: one response per held-out prompt of `held` from `policy`, sampled on the evaluation's own random
     streams (the training draws are untouched), scored by every source, with its KL to the reference and its length
@@ -158,5 +162,6 @@ def heldout_metrics(
         reference_logits=reference_logits,
         autocast=autocast,
         columns=held.columns or None,
+        episodes=episodes.player if episodes is not None else None,
     )
     return {f"eval/{k}": v for k, v in result.means().items() if v is not None}

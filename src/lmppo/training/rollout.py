@@ -17,6 +17,7 @@ from lmppo.rewards import decode_completion
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
+from lmppo.training.episodes import Episode, with_episodes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -135,10 +136,11 @@ def build_rollout(
     index: list[int],
     prompt_set: PromptSet,
     tokenizer: PreTrainedTokenizerBase,
+    played: Optional[list[Episode]] = None,
 ) -> Rollout:
     """The `Rollout` of a batch: prompts `index` of `prompt_set`, `responses` (response_ids, response_mask,
     terminated, truncated) from the sampling engine, `passes` from `rollout_passes`; every per-token tensor 0 past
-    each response's end."""
+    each response's end. `played`: the episodes the responses are (`lmppo.training.episodes.with_episodes`)."""
     response_ids, response_mask, terminated, truncated = responses
     texts = [completion_text(tokenizer, r[m], bool(t)) for r, m, t in zip(response_ids, response_mask, terminated)]
     zeros = torch.zeros_like(passes["logprobs"])
@@ -146,7 +148,7 @@ def build_rollout(
     lengths = response_mask.sum(1)
     final_values = all_values.gather(1, lengths[:, None]).squeeze(1)  # V of the state after the last token
     exact = passes["exact_kl"]
-    return Rollout(
+    out = Rollout(
         prompt_ids=prompts.ids,
         prompt_mask=prompts.mask,
         response_ids=response_ids,
@@ -166,3 +168,4 @@ def build_rollout(
         exact_kl=torch.where(response_mask, exact, zeros) if exact is not None else None,
         prompt_columns=prompt_set.columns_of(index) if prompt_set.columns else None,
     )
+    return out if played is None else with_episodes(out, played, tokenizer)

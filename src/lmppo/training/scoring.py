@@ -23,7 +23,8 @@ from lmppo.core.rewards import (
     signal_rows,
     unfinished_scores,
 )
-from lmppo.rewards import RewardSource, score_rollout
+from lmppo.rewards import RewardResult, RewardSource, score_rollout
+from lmppo.training.episodes import episode_scores
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -70,24 +71,30 @@ def score(
 ) -> ScoredRollout:
     """The sources' scores of the batch, placed on its tokens (`lmppo.rewards.score_rollout`), then normalised
     (`reward.normalize`, updating `score_moments`) or clipped, and the truncation policy's score changes."""
-    prompt_ids = None
-    if any(s.wants_token_ids for s in sources):
-        prompt_ids = [ids[mask].tolist() for ids, mask in zip(rollout.prompt_ids.cpu(), rollout.prompt_mask.cpu())]
-    result = score_rollout(
-        sources,
-        rollout.prompts_text,
-        rollout.responses_text,
-        rollout.response_ids.cpu(),
-        rollout.response_mask.cpu(),
-        tokenizer,
-        rc.on_bad_output,
-        terminated=rollout.terminated.cpu(),
-        prompt_ids=prompt_ids,
-        columns=rollout.prompt_columns,
-    )
-    token_scores = placed = result.token_scores.to(device, torch.float32)
+
+    def place(view: Rollout) -> tuple[torch.Tensor, RewardResult]:
+        prompt_ids = None
+        if any(s.wants_token_ids for s in sources):
+            prompt_ids = [ids[mask].tolist() for ids, mask in zip(view.prompt_ids.cpu(), view.prompt_mask.cpu())]
+        result = score_rollout(
+            sources,
+            view.prompts_text,
+            view.responses_text,
+            view.response_ids.cpu(),
+            view.response_mask.cpu(),
+            tokenizer,
+            rc.on_bad_output,
+            terminated=view.terminated.cpu() if rollout.turn_ends is None else None,  # a turn: inferred
+            prompt_ids=prompt_ids,
+            columns=view.prompt_columns,
+        )
+        return result.token_scores.to(device, torch.float32), result
+
+    # an episode: the sources score its last turn; each turn's environment reward joins on its last token
+    token_scores, result = place(rollout) if rollout.turn_ends is None else episode_scores(rollout, place)
+    placed = token_scores
     raw = token_scores.sum(1)
-    mask, valid = rollout.response_mask, result.valid.to(device)
+    mask, valid = rollout.policy_mask, result.valid.to(device)
     if rc.normalize or rc.clip > 0:
         if rc.normalize:
             score_moments.update(raw[valid])
@@ -140,7 +147,7 @@ def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
         assert rollout.exact_kl is not None, f"kl.estimator `{estimator}`: the rollout holds its per-state KL"
         return rollout.exact_kl
     kl = KL_ESTIMATORS[estimator](rollout.logprobs, rollout.ref_logprobs)
-    return torch.where(rollout.response_mask, kl, torch.zeros_like(kl))
+    return torch.where(rollout.policy_mask, kl, torch.zeros_like(kl))
 
 
 def token_rewards(
@@ -148,7 +155,7 @@ def token_rewards(
 ) -> TokenRewards:
     """Scores minus beta * KL per token (`kl.placement` reward / both), the truncation policy's bootstrap and
     dropped samples; `signal` (`reward_signal`) travels with them to the advantages and the update."""
-    mask = rollout.response_mask
+    mask = rollout.policy_mask
     kl = batch_kl(rollout, cfg.kl.estimator)
     beta = kl_coef if cfg.kl.placement in ("reward", "both") else 0.0
     # full logits (exact): a token's reward carries the KL of the state it leads into; its own state's is a loss term
@@ -177,7 +184,7 @@ def advantages(
     estimate = partial(
         ADVANTAGE_ESTIMATORS[p.advantage_estimator],
         rewards.rewards,
-        mask=rollout.response_mask,
+        mask=rollout.policy_mask,
         gamma=p.gamma,
         lam=p.lam,
         group_ids=rollout.group_ids,

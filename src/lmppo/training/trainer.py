@@ -26,7 +26,7 @@ from lmppo.run.export import export_final, final_card, warn_unmerged
 from lmppo.run.model_card import HeldoutRows, card_folders
 from lmppo.run.storage import write_text
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
-from lmppo.training import report, rollout, scoring, update
+from lmppo.training import episodes, report, rollout, scoring, update
 from lmppo.training.assembly import Components, build_components, prompts_per_iteration
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
@@ -100,6 +100,7 @@ class PPOTrainer:
         self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
         self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
         self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
+        self.episode_source = episodes.episode_source(cfg, c.tokenizer, c.stop_ids, c.prompt_set)  # or None
         self.base_model, self.prompt_source = c.base_model, c.prompt_source  # as the model cards name them
         self.score_moments = RunningMoments()
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
@@ -179,19 +180,20 @@ class PPOTrainer:
         )
         # sampling runs in the same precision as the logprob passes below (bf16 autocast: 2.7x faster
         # generation on SmolLM2 here, benchmarks/speed/sampler_speed.py)
-        with self._autocast(), self.strategy.generation(self.actor):
-            responses = self.sampling_engine().sample(self.policy, batch)
+        with self._autocast(), self.strategy.generation(self.actor):  # (with an environment: whole episodes)
+            engine, source = self.sampling_engine(), self.episode_source
+            batch, responses, played = episodes.sample_batch(engine, self.policy, batch, index, source)
         ids, mask = torch.cat([batch.ids, responses[0]], 1), torch.cat([batch.mask, responses[1]], 1)
-        rows = ids.shape[0]
-        chunk = cfg.rollout.forward_batch_size or rows
-        reuse = rollout.reuses_rollout_forward(
-            cfg, self.strategy.reuses_rollout_forward, acc.num_processes, rows, chunk
-        )
+        B = ids.shape[0]
+        chunk = cfg.rollout.forward_batch_size or B
+        reuse = rollout.reuses_rollout_forward(cfg, self.strategy.reuses_rollout_forward, acc.num_processes, B, chunk)
         reference_logits = partial(self.reference.logits, self.policy, temperature=cfg.rollout.temperature)
         policy_and_values = partial(self._old_policy_and_values, keep_graph=reuse)
         with self._autocast():
             passes = rollout.rollout_passes(ids, mask, responses[0], cfg, reference_logits, policy_and_values, chunk)
-        return rollout.build_rollout(batch, responses, passes, group_ids, index, self.prompt_set, self.tokenizer)
+        return rollout.build_rollout(
+            batch, responses, passes, group_ids, index, self.prompt_set, self.tokenizer, played=played
+        )
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
         """The engine of `rollout.backend` (or `name`), built from the registry (lmppo.sampling.engines) on first
@@ -240,7 +242,7 @@ class PPOTrainer:
         (no policy step: its KL says nothing about beta, and reading it would only wind the controller down)."""
         if signal is None or signal.any:
             self.kl_controller.update(
-                self.mean_kl(scoring.batch_kl(batch, self.config.kl.estimator), batch.response_mask)
+                self.mean_kl(scoring.batch_kl(batch, self.config.kl.estimator), batch.policy_mask)
             )
 
     def token_rewards(
@@ -336,7 +338,7 @@ class PPOTrainer:
         cfg = self.config
         self.iteration += 1
         self.episode += cfg.rollout.batch_size  # global: every process's responses
-        measured_kl = self.mean_kl(rewards.kl, batch.response_mask)
+        measured_kl = self.mean_kl(rewards.kl, batch.policy_mask)
         metrics = report.iteration_metrics(
             batch,
             scored,
@@ -357,7 +359,7 @@ class PPOTrainer:
             self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
-        warn_negative_kl(measured_kl, cfg.kl.warn_below, rewards.kl, batch.response_mask, batch.responses_text)
+        warn_negative_kl(measured_kl, cfg.kl.warn_below, rewards.kl, batch.policy_mask, batch.responses_text)
         self.history.append(metrics)
         if self.logger is not None:  # the main process writes metrics, samples and the console
             self.logger.log(metrics, self.episode)
@@ -394,7 +396,7 @@ class PPOTrainer:
             if not self.accelerator.is_main_process:
                 return {}
             args = (self.tokenizer, self.reward_sources, self.stop_ids, self.reference, self._autocast)
-            metrics = report.heldout_metrics(self.policy, self.holdout_set, self.config, *args)
+            metrics = report.heldout_metrics(self.policy, self.holdout_set, self.config, *args, self.episode_source)
         self.callbacks.call("on_evaluate", self, dict(metrics))
         return metrics
 

@@ -1,0 +1,142 @@
+"""PPO over multi-turn episodes on a tiny in-process model: the rollout's layout (policy turns, observation
+tokens as context), the environment's per-turn rewards, the masks every phase uses, the episode metrics and the
+sample table."""
+
+from __future__ import annotations
+
+import math
+import textwrap
+
+import pytest
+import torch
+
+from conftest import small_config, tiny_llama
+from lmppo.training.trainer import PPOTrainer
+
+ENV = '''
+class Countdown:
+    """Ends after `turns` turns; 0.25 per turn; the observation names the turn."""
+    def __init__(self, turns, prompt=""):
+        self.turns, self.seen, self.prompt = int(turns), 0, prompt
+
+    def reset(self):
+        return self.prompt
+
+    def step(self, action):
+        self.seen += 1
+        done = self.seen >= self.turns
+        return (None if done else f"turn {self.seen} done, go on"), 0.25, done
+'''
+
+ROWS = [{"prompt": f"count down from {n}", "turns": n} for n in (1, 2, 3, 5)]
+
+
+@pytest.fixture()
+def env_path(tmp_path):
+    path = tmp_path / "countdown.py"
+    path.write_text(textwrap.dedent(ENV))
+    return f"{path}:Countdown"
+
+
+def make_trainer(tmp_path, tokenizer, env_path, **fields):
+    settings = dict(
+        environment__path=env_path,
+        environment__max_turns=3,
+        environment__max_episode_tokens=80,
+        rollout__stop_token="<|im_end|>",
+        ppo__micro_batch_size=2,
+    )
+    cfg = small_config(tmp_path / "run", iterations=2, batch=4, **{**settings, **fields})
+    cfg.reward.sources = []
+    cfg.data.shuffle = False
+    return PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=ROWS)
+
+
+def test_an_episode_rollout_is_turns_with_observations_between(tmp_path, tokenizer, env_path):
+    trainer = make_trainer(tmp_path, tokenizer, env_path)
+    batch = trainer.collect_rollout()
+    assert batch.action_mask is not None and batch.turn_ends is not None
+    turns = (batch.turn_ends >= 0).sum(1).tolist()
+    assert turns == [1, 2, 3, 3]  # the row with 5 turns is cut at max_turns = 3
+    assert batch.stop_reasons == ["environment", "environment", "environment", "max_turns"]
+    assert batch.terminated.tolist() == [True, True, True, False] and batch.truncated.tolist() == [False] * 3 + [True]
+    for b in range(4):
+        real, policy = batch.response_mask[b], batch.action_mask[b]
+        observation = real & ~policy
+        text = tokenizer.decode(batch.response_ids[b][observation].tolist())
+        assert text.count("<|im_start|>user\nturn ") == turns[b] - 1  # one observation between two turns
+        assert (policy & ~real).sum() == 0
+        last = int(real.nonzero().max())
+        assert bool(policy[last])  # an episode ends on a policy token
+        assert (batch.logprobs[b][~policy] == 0).all() and (batch.values[b][~policy] == 0).all()
+    assert batch.transcripts[1][1] == "turn 1 done, go on"
+    # the opening is the environment's reset() through the chat template
+    assert batch.prompts_shown[2].startswith("user\ncount down from 3")
+
+
+def test_turn_rewards_kl_and_training_masks_follow_the_policy_tokens(tmp_path, tokenizer, env_path):
+    trainer = make_trainer(tmp_path, tokenizer, env_path)
+    batch = trainer.collect_rollout()
+    scored = trainer.score(batch)
+    assert scored.raw_scores.tolist() == [0.25, 0.5, 0.75, 0.75]
+    ends = batch.turn_ends
+    for b in range(4):
+        on = ends[b][ends[b] >= 0]
+        assert scored.token_scores[b, on].tolist() == [0.25] * len(on)
+    rewards = trainer.token_rewards(batch, scored)
+    assert torch.equal(rewards.train_mask, batch.action_mask)
+    assert (rewards.kl[~batch.action_mask] == 0).all()
+    adv, ret = trainer.advantages(batch, rewards)
+    assert (adv[~batch.action_mask] == 0).all() and (ret[~batch.action_mask] == 0).all()
+
+
+def test_training_on_episodes_logs_the_episode_metrics_and_whole_episodes(tmp_path, tokenizer, env_path):
+    trainer = make_trainer(tmp_path, tokenizer, env_path, log__sample_every=1, log__num_samples=2)
+    history = trainer.train()
+    assert len(history) == 2
+    last = history[-1]
+    assert last["episode/turns"] == pytest.approx(9 / 4)
+    assert last["episode/ended_by_environment"] == 0.75 and last["episode/ended_by_max_turns"] == 0.25
+    assert last["episode/reward_per_turn"] == pytest.approx(0.25)
+    assert 0 < last["episode/policy_token_frac"] < 1
+    assert all(math.isfinite(v) for v in last.values())
+    samples = (tmp_path / "run" / "samples.jsonl").read_text()
+    assert "[1] " in samples and "[2] " in samples and "> turn 1 done, go on" in samples
+
+
+def test_the_native_engine_and_the_hf_engine_play_the_same_episode_layout(tmp_path, tokenizer, env_path):
+    """`hf` samples each turn from the whole history (RepeatedPrefill): different draws, same episode structure."""
+    trainer = make_trainer(tmp_path, tokenizer, env_path, rollout__backend="hf")
+    batch = trainer.collect_rollout()
+    assert (batch.turn_ends >= 0).sum(1).tolist() == [1, 2, 3, 3]
+
+
+def test_the_episode_token_budget_truncates(tmp_path, tokenizer, env_path):
+    """max_episode_tokens 30: after two 6-token turns and a ~15-token observation no second observation fits."""
+    trainer = make_trainer(tmp_path, tokenizer, env_path, environment__max_episode_tokens=30)
+    batch = trainer.collect_rollout()
+    assert batch.response_mask.sum(1).max() <= 30
+    assert batch.stop_reasons[0] == "environment"  # one turn: always fits
+    assert batch.stop_reasons[2:] == ["max_episode_tokens", "max_episode_tokens"]
+    assert batch.truncated.tolist() == [r != "environment" for r in batch.stop_reasons]
+
+
+def test_heldout_evaluation_plays_episodes(tmp_path, tokenizer, env_path):
+    """eval/* during training and the end-of-run summary play one episode per held-out prompt: the environment's
+    total reward is `reward/environment` (0.25 per turn here), the responses are the transcripts."""
+    from lmppo.evaluation.summary import heldout_summary
+
+    rows = ROWS + [{"prompt": f"count down from {n}", "turns": n} for n in (2, 2, 1, 1)]
+    settings = dict(
+        environment__path=env_path, environment__max_turns=3, rollout__stop_token="<|im_end|>", ppo__micro_batch_size=2
+    )
+    cfg = small_config(tmp_path / "run", iterations=1, batch=4, data__holdout=2, log__eval_every=1, **settings)
+    cfg.reward.sources = []
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=rows)
+    held_turns = [min(int(c["turns"]), 3) for c in trainer.holdout_set.columns]
+    history = trainer.train()
+    assert history[-1]["eval/reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
+    summary = heldout_summary(trainer, num_samples=1, samples_per_prompt=1)
+    assert summary["before"]["reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
+    assert summary["after"]["reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
+    assert summary["samples"][0]["after"].startswith("[1] ")
