@@ -47,7 +47,8 @@ def play(tokenizer, script, secrets, **cfg):
 def test_guessing_episodes_turn_by_turn(tokenizer):
     episodes, sampler = play(tokenizer, [["4", "6", "5"], ["2", "9", "3"], ["8", "7", "1"]], [5, 2, 3], max_turns=3)
     won, first_try, lost = episodes
-    assert won.transcript == ["4", "Higher.", "6", "Lower.", "5"] and won.turn_rewards == [0.0, 0.0, 1.0]
+    assert won.transcript == ["4", "Higher. Your next guess?", "6", "Lower. Your next guess?", "5"]
+    assert won.turn_rewards == [0.0, 0.0, 1.0]
     assert won.stop_reason == "environment"
     assert first_try.transcript == ["2"] and first_try.turn_rewards == [1.0]
     assert lost.stop_reason == "max_turns" and lost.turn_rewards == [0.0, 0.0, 0.0] and len(lost.turn_ends) == 3
@@ -55,7 +56,9 @@ def test_guessing_episodes_turn_by_turn(tokenizer):
     start, end = won.turn_starts[1], won.turn_ends[1]
     assert tokenizer.decode(won.tokens[start : end + 1]) == "6<|im_end|>"
     between = won.tokens[won.turn_ends[0] + 1 : won.turn_starts[1]]
-    assert tokenizer.decode(between) == "\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        tokenizer.decode(between) == "\n<|im_start|>user\nHigher. Your next guess?<|im_end|>\n<|im_start|>assistant\n"
+    )
     # the sampler got the ended episode's None, and only new tokens for the others
     assert sampler.given[1][1] is None and sampler.given[1][0] == between
 

@@ -110,7 +110,8 @@ class DataConfig(_Section):
     """Prompt source: a local `.jsonl`, `.csv` or `.txt` file (one prompt a line), a Hugging Face dataset (a folder
     written by `Dataset.save_to_disk`, a `.parquet` or `.arrow` file; needs `pip install lmppo[datasets]`), or a
     built-in set (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles;
-    `builtin:arithmetic`: small arithmetic problems with a `solution` column)."""
+    `builtin:arithmetic`: small arithmetic problems with a `solution` column; `builtin:guess_number`: games for the
+    `guess_number` environment, a `secret` column)."""
     format: Literal["auto", "jsonl", "csv", "text", "dataset", "parquet", "arrow"] = "auto"
     """File format: `auto` (from the extension; a folder is a `save_to_disk` dataset), `jsonl`, `csv`, `text`,
     `dataset` (a `save_to_disk` folder), `parquet` or `arrow` (a file, or a folder of such files)."""

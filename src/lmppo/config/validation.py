@@ -93,7 +93,7 @@ def check_data(c: Config) -> None:
             c.data.prompts,
             "no such file; give a .jsonl/.csv/.txt file, a "
             "dataset (save_to_disk folder, .parquet, .arrow) or `builtin:reviews` / `builtin:news` / "
-            "`builtin:arithmetic`",
+            "`builtin:arithmetic` / `builtin:guess_number`",
         )
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_DIRNAME = "smollm2-135m-instruct"
-PROMPT_SETS = ("reviews", "news", "arithmetic")
+PROMPT_SETS = ("reviews", "news", "arithmetic", "guess_number")
 _MARKER = "lmppo_asset.json"  # written last inside a converted folder; names its source
 _CONVERSION_FORMAT = 1  # bump when the conversion recipe changes, so old caches are rebuilt
 _HEADER_BYTES = 1 << 20  # hashed for the cache key: the GGUF header (metadata, tensor layout) and then some
@@ -186,7 +186,21 @@ def builtin_records(name: str) -> list[str | dict]:
     `prompt` and the columns reward functions read by name (``solution``)."""
     if name == "arithmetic":
         return arithmetic_problems()
+    if name == "guess_number":
+        return guessing_games()
     return builtin_prompts(name)
+
+
+GUESS_PROMPT = (
+    "Let's play a game. I picked a secret number between 1 and {high}. What is your guess? Reply with a single number."
+)
+
+
+def guessing_games(n: int = 400, high: int = 8, seed: int = 0) -> list[dict]:
+    """`n` games of `guess_number` (`lmppo.environments.games.GuessNumber`), always the same ones for the same
+    (n, high, seed): one prompt, and each game's `secret` drawn uniformly from 1..high."""
+    rng = random.Random(seed)
+    return [{"prompt": GUESS_PROMPT.format(high=high), "secret": rng.randint(1, high), "high": high} for _ in range(n)]
 
 
 ARITHMETIC_SIZE = 480
