@@ -7,9 +7,7 @@ import textwrap
 
 import pytest
 
-from lmppo.config import Config
 from lmppo.environments.api import EnvironmentError, EpisodeEnvironments, load_environment
-from lmppo.errors import ConfigError
 
 ENV_FILE = '''
 import asyncio
@@ -117,24 +115,3 @@ def test_a_missing_column_and_a_bad_path_are_one_line(env_file):
         envs(env_file, "Counter", rows=({"prompt": "hi"},))
     with pytest.raises(EnvironmentError, match=r"environment `.*:Nope`: .* has no attribute `Nope`"):
         load_environment(f"{env_file}:Nope")
-
-
-def test_config_checks_the_environment_section():
-    cfg = Config()
-    cfg.environment.path = "not a path"
-    with pytest.raises(ConfigError, match="environment.path"):
-        cfg.validate()
-    cfg.environment.path = "tools"
-    with pytest.raises(ConfigError, match="environment.tools"):
-        cfg.validate()
-    cfg = Config()
-    cfg.environment.path = "guess_number"
-    cfg.reward.sources = []  # an environment's step rewards are a reward of their own
-    cfg.validate()
-    cfg.kl.estimator = "exact"
-    with pytest.raises(ConfigError, match="kl.estimator"):
-        cfg.validate()
-    cfg = Config()
-    cfg.reward.sources = []
-    with pytest.raises(ConfigError, match="reward.sources"):
-        cfg.validate()
