@@ -6,9 +6,9 @@ import copy
 import dataclasses
 from typing import Sequence
 
-import lmppo.config.schema as config_module
 import lmppo.run.storage as storage
 from lmppo.config import Config
+from lmppo.config.fields import section_prefixes
 from lmppo.redact import _SECRET_KEY, MASK, is_env_template, redact_text
 
 CONFIG_HEADER_START = "# lmppo run config (secrets masked); resume with: "
@@ -27,10 +27,11 @@ def is_run_config(path: str) -> bool:
 
 
 def _config_field_names() -> frozenset[str]:
+    """The field names of every section of the config tree (`environment.max_episode_tokens` is a field, not a
+    secret), wherever the section's class is defined."""
     names: set[str] = set()
-    for obj in vars(config_module).values():
-        if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == config_module.__name__:
-            names.update(f.name for f in dataclasses.fields(obj))
+    for section in section_prefixes(Config):
+        names.update(f.name for f in dataclasses.fields(section))
     return frozenset(names)
 
 
