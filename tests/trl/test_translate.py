@@ -57,6 +57,7 @@ def test_fsdp_is_refused_by_name():
         ({"optim": "sgd"}, "optim"),
         ({"save_strategy": "epoch"}, "save_strategy"),
         ({"stop_token": "eos", "stop_token_id": 3}, "stop_token_id"),
+        ({"per_device_train_batch_size": 4, "num_mini_batches": 3}, "num_mini_batches"),  # 4 % 3: before any model
     ],
 )
 def test_values_lmppo_cannot_honour_are_errors_naming_the_field(field_values, name):

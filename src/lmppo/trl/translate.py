@@ -55,6 +55,13 @@ def check_fields(args: PPOConfig) -> None:
         raise refuse("stop_token", args.stop_token, "must be `eos` or None")
     if args.kl_estimator not in ("k1", "k3"):
         raise refuse("kl_estimator", args.kl_estimator, "must be `k1` or `k3`, as in TRL")
+    local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
+    if args.num_mini_batches < 1 or local_batch % args.num_mini_batches:
+        raise refuse(
+            "num_mini_batches",
+            args.num_mini_batches,
+            f"must divide local_batch_size ({local_batch} = per_device_train_batch_size x gradient_accumulation_steps)",
+        )
     resume_folder(args)  # refuses a folder other than output_dir
 
 
