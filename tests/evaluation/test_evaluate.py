@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -17,14 +18,17 @@ from conftest import (
 )
 from lmppo.apps.cli import main as cli_main
 from lmppo.config import Config, RewardSourceConfig
+from lmppo.episodes.road import Road, single_turn_road
 from lmppo.errors import LmppoError
 from lmppo.evaluation.evaluate import eval_device
 from lmppo.evaluation.evaluate import main as eval_main
-from lmppo.evaluation.heldout import repeat_prompts, sample_and_score, win_rate
+from lmppo.evaluation.heldout import EvalChoices, EvalPrompts, repeat_prompts, sample_and_score, win_rate
 from lmppo.evaluation.summary import SAMPLES_PER_PROMPT, print_summary, summarize
 from lmppo.evaluation.tables import default_judge
 from lmppo.models.loading import policy_forward
 from lmppo.rewards import FunctionSource
+from lmppo.sampling.engines import NativeEngine, OneProcess
+from lmppo.training.report import run_record
 from lmppo.training.trainer import PPOTrainer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,25 +64,27 @@ def _ids(tokenizer, texts):
     return [tokenizer.encode(t) for t in texts]
 
 
+def native_road(tokenizer, sources, max_new_tokens: int) -> Road:
+    """The road of an fp32 run on the native engine at temperature 1."""
+    cfg = Config()
+    cfg.rollout.temperature, cfg.rollout.max_new_tokens = 1.0, max_new_tokens
+    stop_ids = torch.tensor([tokenizer.eos_token_id])
+    engine = NativeEngine(cfg, stop_ids, tokenizer.pad_token_id, OneProcess(torch.device("cpu")))
+    return single_turn_road(engine, tokenizer, sources, nullcontext, 1.0)
+
+
 def test_sample_and_score_is_seeded_scores_every_source_and_kl_to_itself_is_zero(tokenizer):
     policy, other = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=3)
     sources = [FunctionSource.from_callable(length_reward), FunctionSource.from_callable(vowel_judge, weight=0.0)]
-    ids = _ids(tokenizer, PROMPTS)
-    common = dict(
-        tokenizer=tokenizer,
-        sources=sources,
-        temperature=1.0,
-        max_new_tokens=6,
-        stop_ids=torch.tensor([tokenizer.eos_token_id]),
-        seed=5,
-        batch_size=3,
-    )
+    road = native_road(tokenizer, sources, max_new_tokens=6)
+    prompts = EvalPrompts(_ids(tokenizer, PROMPTS), PROMPTS)
+    choices = EvalChoices(seed=5, batch_size=3)
 
     def logits_of(model):
         return lambda ids_, att, P: policy_forward(model, ids_, att, P, 1.0).logits
 
-    a = sample_and_score(policy, ids, PROMPTS, reference_logits=logits_of(policy), **common)
-    b = sample_and_score(policy, ids, PROMPTS, **common)
+    a = sample_and_score(road, policy, prompts, choices, logits_of(policy))
+    b = sample_and_score(road, policy, prompts, choices)
     assert a.responses == b.responses  # fixed seed: the same responses, whatever else was computed
     assert len(a.responses) == len(PROMPTS) and a.lengths.shape == (len(PROMPTS),)
     assert torch.allclose(a.scores["length_reward"], torch.tensor(length_reward(PROMPTS, a.responses)))
@@ -87,12 +93,14 @@ def test_sample_and_score_is_seeded_scores_every_source_and_kl_to_itself_is_zero
     for kl in (a.kl_k1, a.kl_k3, a.kl_exact):
         assert torch.allclose(kl, torch.zeros(len(PROMPTS)), atol=1e-6)
     assert b.kl_k1 is None and b.means()["kl"] is None
-    c = sample_and_score(policy, ids, PROMPTS, reference_logits=logits_of(other), **common)
+    c = sample_and_score(road, policy, prompts, choices, logits_of(other))
     assert c.responses == a.responses
     assert (c.kl_k3 >= 0).all() and c.kl_k3.sum() > 0 and c.kl_k1.abs().sum() > 0 and (c.kl_exact > 0).all()
     # the batch split does not change the samples (each response has its own random stream)
-    d = sample_and_score(policy, ids, PROMPTS, **{**common, "batch_size": 8})
+    d = sample_and_score(road, policy, prompts, EvalChoices(seed=5, batch_size=8))
     assert d.responses == a.responses
+    e = sample_and_score(road, policy, prompts, EvalChoices(seed=6, batch_size=3))
+    assert e.responses != a.responses  # the seed is used
 
 
 def test_exact_kl_of_held_out_responses_is_the_vocabulary_sum_and_what_k1_estimates(tokenizer):
@@ -101,23 +109,16 @@ def test_exact_kl_of_held_out_responses_is_the_vocabulary_sum_and_what_k1_estima
     samples, the per-response k1 sums average to it (within 4 standard errors)."""
     policy, other = tiny_llama(tokenizer, seed=0), tiny_llama(tokenizer, seed=3)
     prompts = PROMPTS * 40
-    ids = _ids(tokenizer, prompts)
-    common = dict(
-        tokenizer=tokenizer,
-        sources=[FunctionSource.from_callable(length_reward)],
-        temperature=1.0,
-        max_new_tokens=5,
-        stop_ids=torch.tensor([tokenizer.eos_token_id]),
-        seed=7,
-        batch_size=64,
-    )
+    road = native_road(tokenizer, [FunctionSource.from_callable(length_reward)], max_new_tokens=5)
     seen = []  # the sequences the reference was asked about, to recompute their KL independently
 
     def other_logits(input_ids, attention, P):
         seen.append((input_ids.clone(), attention.clone(), P))
         return policy_forward(other, input_ids, attention, P, 1.0).logits
 
-    res = sample_and_score(policy, ids, prompts, reference_logits=other_logits, **common)
+    res = sample_and_score(
+        road, policy, EvalPrompts(_ids(tokenizer, prompts), prompts), EvalChoices(seed=7, batch_size=64), other_logits
+    )
     input_ids, attention, P = seen[0]
     with torch.no_grad():
         p = policy_forward(policy, input_ids, attention, P, 1.0).logits
@@ -173,7 +174,7 @@ def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, 
     if lora:
         trainer.train()
     console = _console()
-    summary = summarize(trainer, console)
+    summary = summarize(run_record(trainer), console)
     saved = json.load(open(os.path.join(trainer.config.output_dir, "summary.json")))
     assert saved["heldout_prompts"] == 4 == summary["heldout_prompts"]
     assert set(trainer.holdout_set.texts).isdisjoint(trainer.prompt_set.texts)
@@ -189,16 +190,9 @@ def test_summary_before_and_after_on_held_out_prompts(tmp_path, tiny_model_dir, 
     assert k == SAMPLES_PER_PROMPT > 1
     if not lora:
         ids, texts = repeat_prompts(trainer.holdout_set.ids, trainer.holdout_set.texts, k)
+        road = native_road(trainer.tokenizer, trainer.reward_sources, max_new_tokens=6)
         fresh = sample_and_score(
-            trainer.reference.model,
-            ids,
-            texts,
-            tokenizer=trainer.tokenizer,
-            sources=trainer.reward_sources,
-            temperature=1.0,
-            max_new_tokens=6,
-            stop_ids=trainer.stop_ids,
-            seed=trainer.config.seed,
+            road, trainer.reference.model, EvalPrompts(ids, texts), EvalChoices(seed=trainer.config.seed)
         )
         assert [s["before"] for s in saved["samples"]] == fresh.responses[::k][:3]
         assert saved["before"]["reward/length"] == pytest.approx(float(fresh.scores["length"].mean()))
@@ -215,7 +209,7 @@ def test_summary_without_held_out_prompts_says_so(tmp_path, tokenizer):
     )
     trainer.train()
     console = _console()
-    summary = summarize(trainer, console)
+    summary = summarize(run_record(trainer), console)
     assert "after" not in summary and "data.holdout" in summary["note"]
     assert "data.holdout" in console.file.getvalue()
     print_summary(json.load(open(os.path.join(cfg.output_dir, "summary.json"))), _console())
@@ -240,7 +234,7 @@ def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
     summary = (
         json.load(open(os.path.join(run, "summary.json")))
         if os.path.exists(os.path.join(run, "summary.json"))
-        else summarize(full_run)
+        else summarize(run_record(full_run))
     )
     assert [s["trained"] for s in res["samples"][::k][:3]] == [s["after"] for s in summary["samples"]]
     assert res["trained"]["reward/length"] == pytest.approx(summary["after"]["reward/length"], abs=1e-6)

@@ -21,6 +21,7 @@ from lmppo.evaluation.summary import heldout_summary
 from lmppo.models.assets import arithmetic_problems, builtin_records
 from lmppo.rewards import FunctionSource, SourceContext, build_reward_sources, score_rollout
 from lmppo.rewards.builtin import exact_match, final_answer
+from lmppo.training.report import run_record
 from lmppo.training.trainer import PPOTrainer
 
 PROMPTS = ["p0", "p1"]
@@ -183,7 +184,7 @@ def test_each_response_is_scored_with_its_own_prompts_solution(tokenizer, tmp_pa
         cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=records, reward_functions=[accuracy]
     )
     trainer.train()
-    heldout_summary(trainer, num_samples=1, samples_per_prompt=1)
+    heldout_summary(run_record(trainer), num_samples=1, samples_per_prompt=1)
     assert calls["n"] >= 3 and len(pairs) == 8 + 4 + 4  # 2 iterations of 4, held-out before and after
     for prompt, sol in pairs:
         assert prompt.endswith(f"question {sol}"), (prompt, sol)

@@ -13,9 +13,9 @@ import torch
 import lmppo
 from conftest import PROMPTS, frac_target_reward, tiny_llama
 from lmppo.config import Config
-from lmppo.evaluation.summary import summarize
 from lmppo.models.loading import merged_state_dict
 from lmppo.sampling.hf import left_pad
+from lmppo.training.report import summarize_run
 from lmppo.training.trainer import PPOTrainer
 
 
@@ -138,7 +138,7 @@ def test_model_cards(lora_run):
 
 def test_summary_adds_the_heldout_table_to_the_cards(lora_run):
     trainer, final = lora_run
-    summary = summarize(trainer)
+    summary = summarize_run(trainer)
     after = summary["after"]
     for folder in ("policy", "policy-merged", "value"):
         card = (final / folder / "README.md").read_text()

@@ -168,3 +168,16 @@ def test_the_hf_engine_generates_the_same_tokens_from_the_copy(tokenizer, tmp_pa
     want = sample_responses(policy, ids, mask, gen, stop, cfg.rollout.max_new_tokens)
     assert engine.weights.copy is not None and engine.weights.refreshes == 1
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_the_copy_of_a_policy_with_its_adapters_switched_off_is_the_base_model(tokenizer):
+    """Evaluation samples the starting point of a LoRA run through the run's engine as the policy with its adapters
+    off (`policy.disable_adapter()`): the copy must then compute the base model, and the adapters again after."""
+    policy = lora_policy(tokenizer)
+    ids, mask = batch(tokenizer)
+    weights = SamplingWeights()
+    with policy.disable_adapter():
+        copy = weights.model_for(policy)
+        assert torch.allclose(logits_of(copy, ids, mask), logits_of(tiny_llama(tokenizer), ids, mask), atol=1e-5)
+    assert weights.model_for(policy) is copy
+    assert torch.allclose(logits_of(copy, ids, mask), logits_of(policy, ids, mask), atol=1e-5, rtol=1e-5)

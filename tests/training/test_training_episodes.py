@@ -125,6 +125,7 @@ def test_heldout_evaluation_plays_episodes(tmp_path, tokenizer, env_path):
     """eval/* during training and the end-of-run summary play one episode per held-out prompt: the environment's
     total reward is `reward/environment` (0.25 per turn here), the responses are the transcripts."""
     from lmppo.evaluation.summary import heldout_summary
+    from lmppo.training.report import run_record
 
     rows = ROWS + [{"prompt": f"count down from {n}", "turns": n} for n in (2, 2, 1, 1)]
     settings = dict(
@@ -136,7 +137,7 @@ def test_heldout_evaluation_plays_episodes(tmp_path, tokenizer, env_path):
     held_turns = [min(int(c["turns"]), 3) for c in trainer.holdout_set.columns]
     history = trainer.train()
     assert history[-1]["eval/reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
-    summary = heldout_summary(trainer, num_samples=1, samples_per_prompt=1)
+    summary = heldout_summary(run_record(trainer), num_samples=1, samples_per_prompt=1)
     assert summary["before"]["reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
     assert summary["after"]["reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
     assert summary["samples"][0]["after"].startswith("[1] ")

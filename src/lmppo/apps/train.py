@@ -10,8 +10,8 @@ from lmppo.apps.push import check_hub_login, push_after_training
 from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.config.yaml_input import load
 from lmppo.errors import ConfigError
-from lmppo.evaluation.summary import print_run_summary
 from lmppo.training.inputs import ACCEPT_FLAG
+from lmppo.training.report import summarize_run
 from lmppo.training.trainer import PPOTrainer
 
 
@@ -51,7 +51,7 @@ def cmd_train(argv: Sequence[str], console: Any) -> int:
             check_hub_login(cfg.push_to_hub)  # before the models load, not after training
         trainer = PPOTrainer(cfg, console=console)
     trainer.train()
-    print_run_summary(trainer, console)
+    summarize_run(trainer, console)
     if trainer.config.push_to_hub and trainer.accelerator.is_main_process:
         push_after_training(trainer.config.output_dir, trainer.config.push_to_hub, console)
     if trainer.accelerator.num_processes > 1:

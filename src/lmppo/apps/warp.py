@@ -15,11 +15,11 @@ from lmppo.apps.arguments import warp_parser
 from lmppo.apps.merge import check_budget_options, merge_to_budget
 from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.errors import ConfigError, LmppoError
-from lmppo.evaluation.summary import print_run_summary
 from lmppo.run import lock
 from lmppo.run.config_file import redacted_config_dict
 from lmppo.run.manifest import latest_checkpoint
 from lmppo.run.storage import write_json
+from lmppo.training.report import summarize_run
 from lmppo.training.trainer import PPOTrainer
 
 RECORD = "warp.json"
@@ -103,7 +103,7 @@ def train_member(config_path: Optional[str], overrides: dict[str, str], console:
             cfg = load_config(config_path, overrides | {"overwrite": "true"})
         trainer = PPOTrainer(cfg, console=console)
     trainer.train()
-    print_run_summary(trainer, console)
+    summarize_run(trainer, console)
     del trainer
     gc.collect()  # one member's models at a time (and its folder lock released)
     return out

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional, Sequence
 
@@ -18,9 +18,12 @@ from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.episodes.road import Road, autocast_for, single_turn_road
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.arguments import eval_parser
 from lmppo.evaluation.heldout import (
+    EvalChoices,
+    EvalPrompts,
     PolicyEval,
     RefLogits,
     compare,
@@ -32,10 +35,11 @@ from lmppo.evaluation.tables import default_judge, make_console, print_eval, wat
 from lmppo.models.files import is_adapter_folder, load_whole
 from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
-from lmppo.rewards import SourceContext, build_reward_sources
+from lmppo.rewards import RewardSource, SourceContext, build_reward_sources
 from lmppo.run.outputs import result_output
 from lmppo.run.signals import go_on
 from lmppo.run.storage import write_json
+from lmppo.sampling.engines import OneProcess, SamplingEngine, engine_class
 from lmppo.sampling.stop import stop_token_ids
 
 # ----------------------------------------------------------------------------- loading
@@ -200,6 +204,7 @@ def main(argv: Sequence[str], console: Any = None) -> int:
         raise LmppoError(f"--samples-per-prompt {args.samples_per_prompt}: must be >= 1")
     seed = cfg.seed if args.seed is None else args.seed
     device = eval_device(cfg)
+    check_eval_engine(cfg)  # before any model loads
     sources = build_sources(cfg, device)
     judge = choose_judge(sources, args.judge)
     from transformers.utils import logging as hf_logging
@@ -267,32 +272,49 @@ def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
     return judge
 
 
+def check_eval_engine(cfg: Any) -> type[SamplingEngine]:
+    """The run's sampling engine (`rollout.backend`), if this machine runs it and it samples any model handed to it
+    (evaluation samples two: the trained policy and its start); one ConfigError line otherwise, before models load."""
+    name = cfg.rollout.backend
+    engine = engine_class(name)
+    engine.check(cfg)
+    if not engine.samples_any_model:
+        raise ConfigError(
+            "rollout.backend",
+            name,
+            "this engine holds one model's weights, and lmppo eval samples two (the trained policy and its start); "
+            "evaluate with an engine that samples any model (--rollout.backend native)",
+        )
+    return engine
+
+
 @dataclass
 class EvalPlan:
-    """What both sides of an evaluation share: the prompts (each repeated per sample), the sampling settings, and
-    the starting point's logits for the KL."""
+    """What both sides of an evaluation share: the prompts (each repeated per sample), the run's road (its engine,
+    precision and reward sources), evaluation's choices, and the starting point's logits for the KL."""
 
-    ids: list
-    texts: list[str]
-    shown: list[str]  # each prompt as a table shows it, repeated like `texts`
+    prompts: EvalPrompts
+    shown: list[str]  # each prompt as a table shows it, repeated like `prompts.texts`
     num_prompts: int
     held_out: bool
     precision: str
-    common: dict[str, Any]  # sample_and_score's keyword arguments
+    road: Road
+    choices: EvalChoices
     start_logits: RefLogits
 
 
 def eval_plan(
     models: LoadedModels,
     cfg: Any,
-    sources: Sequence[Any],
+    sources: Sequence[RewardSource],
     *,
     seed: int,
     num_prompts: int = 0,
     samples_per_prompt: int = 4,
 ) -> EvalPlan:
-    """The held-out prompts (`eval_prompt_set`), the sampling settings of `cfg.rollout` at the precision a new run
-    here would choose, and the starting point's logits (`models.start`, or the policy with its adapters off)."""
+    """The held-out prompts (`eval_prompt_set`), the run's road (`rollout.backend`'s engine at the precision a new
+    run here would choose, the config's reward sources), and the starting point's logits (`models.start`, or the
+    policy with its adapters off)."""
 
     tokenizer = models.tokenizer
     if tokenizer.pad_token_id is None:
@@ -301,48 +323,46 @@ def eval_plan(
     device = next(models.policy.parameters()).device
     prompt_set, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
     ids, texts = repeat_prompts(prompt_set.ids, prompt_set.texts, samples_per_prompt)
-    columns = repeat_columns(prompt_set.columns, samples_per_prompt)
+    prompts = EvalPrompts(ids, texts, repeat_columns(prompt_set.columns, samples_per_prompt))
     if not held_out:
         warnings.warn(
             "the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts", stacklevel=3
         )
     r = cfg.rollout
     precision = choose_precision(cfg.precision, device.type).precision  # `auto`: as a new run here would choose
-    autocast = (
-        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if precision == "bf16" else nullcontext
-    )
-    common = dict(
-        tokenizer=tokenizer,
-        sources=sources,
-        temperature=r.temperature,
-        max_new_tokens=r.max_new_tokens,
-        stop_ids=stop_token_ids(r.stop_token, tokenizer),
-        seed=seed,
-        backend="hf" if r.backend == "hf" else "native",
-        batch_size=cfg.no_grad_batch_size,
-        autocast=autocast,
-        columns=columns,
-    )
+    autocast = autocast_for(precision, device)
+    stop_ids = stop_token_ids(r.stop_token, tokenizer)
+    engine = check_eval_engine(cfg)(cfg, stop_ids, tokenizer.pad_token_id, OneProcess(device))
+    road = single_turn_road(engine, tokenizer, sources, autocast, r.temperature)
 
-    def start_logits(input_ids, attention, P):
+    def start_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:
         if models.start is not None:
             return policy_forward(models.start, input_ids, attention, P, r.temperature).logits
         with adapters_off(models.policy):
             return policy_forward(models.policy, input_ids, attention, P, r.temperature).logits
 
     shown = [prompt_set.shown_text(i) for i in range(len(prompt_set)) for _ in range(samples_per_prompt)]
-    return EvalPlan(ids, texts, shown, len(prompt_set.ids), held_out, precision, common, start_logits)
+    choices = EvalChoices(seed=seed, batch_size=cfg.no_grad_batch_size)
+    return EvalPlan(prompts, shown, len(prompt_set.ids), held_out, precision, road, choices, start_logits)
 
 
 def sample_trained(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
     """The policy's responses to the plan's prompts, scored, with their KL to the starting point."""
-    return sample_and_score(models.policy, plan.ids, plan.texts, reference_logits=plan.start_logits, **plan.common)
+    return sample_and_score(plan.road, models.policy, plan.prompts, plan.choices, plan.start_logits)
+
+
+def sample_start(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
+    """The starting point's responses to the plan's prompts, scored (its KL to itself is 0)."""
+    if models.start is not None:
+        return sample_and_score(plan.road, models.start, plan.prompts, plan.choices)
+    with adapters_off(models.policy) as base:
+        return sample_and_score(plan.road, base, plan.prompts, plan.choices)
 
 
 def evaluate_models(
     models: LoadedModels,
     cfg: Any,
-    sources: Sequence[Any],
+    sources: Sequence[RewardSource],
     *,
     seed: int,
     judge: Optional[str] = None,
@@ -355,11 +375,7 @@ def evaluate_models(
     judge = choose_judge(sources, judge)
     plan = eval_plan(models, cfg, sources, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt)
     trained = sample_trained(models, plan)
-    if models.start is not None:
-        start = sample_and_score(models.start, plan.ids, plan.texts, **plan.common)
-    else:
-        with adapters_off(models.policy) as base:
-            start = sample_and_score(base, plan.ids, plan.texts, **plan.common)
+    start = sample_start(models, plan)
     wins = compare(trained, start)
     r = cfg.rollout
     return {
@@ -373,6 +389,7 @@ def evaluate_models(
         "max_new_tokens": r.max_new_tokens,
         "seed": seed,
         "precision": plan.precision,
+        "backend": plan.road.engine_name,
         "judge": judge,
         "weights": weights,
         "watch": watched(sources),
@@ -387,9 +404,9 @@ def evaluate_models(
                 "trained": trained.responses[i],
                 "start_scores": {k: float(v[i]) for k, v in start.scores.items()},
                 "trained_scores": {k: float(v[i]) for k, v in trained.scores.items()},
-                "trained_kl": float(trained.kl_k1[i]),
+                "trained_kl": float(trained.kl_k1[i]) if trained.kl_k1 is not None else 0.0,
             }  # this response's log pi - log pi_start, summed (k1)
-            for i in range(len(plan.ids))
+            for i in range(len(plan.prompts.ids))
         ],
     }
 

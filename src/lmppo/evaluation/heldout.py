@@ -1,19 +1,18 @@
 """A policy's responses to held-out prompts, scored and measured against a reference: the building block of
 `lmppo eval`, the end-of-run summary and evaluation during training (`log.eval_every`).
 
-``sample_and_score`` samples one response per prompt by pure sampling at the training temperature, scores it
-with every reward source (the prompts' columns included) and, given the reference's next-token logits, measures
-the KL (k1 and k3 of the sampled tokens, and the exact KL over the vocabulary, each summed per response).
-Nothing here re-implements the trainer's pieces: sampling is `lmppo.sampling.native.sample_native` (or `rollout`'s HF
-backend), log-probabilities come from `models.policy_forward`, the KL from `core.kl`, scores from
-`rewards.score_rollout`.
+``sample_and_score`` takes the run's road (`lmppo.episodes.road`: the run's sampling engine at its temperature and
+precision, its reward sources) for one response per prompt, on evaluation's own random streams, and, given the
+reference's next-token logits, measures the KL (k1 and k3 of the sampled tokens, and the exact KL over the
+vocabulary, each summed per response). What evaluation adds is only its own choices (`EvalChoices`, which prompts,
+which reference); log-probabilities come from `models.policy_forward`, the KL from `core.kl`.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -21,13 +20,14 @@ from torch import nn
 from lmppo.core.kl import KL_ESTIMATORS, exact_kl
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.core.masking import action_mask, masked_sum
-from lmppo.environments.episodes import ENDED_BY_ENVIRONMENT, EpisodePlayer, transcript_text
+from lmppo.environments.episodes import ENDED_BY_ENVIRONMENT, Episode, EpisodePlayer, transcript_text
+from lmppo.episodes.road import EpisodePrompts, ResponseNumbers, Road
 from lmppo.errors import LmppoError
 from lmppo.models.loading import policy_forward
-from lmppo.rewards import decode_completion, score_rollout
-from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
-from lmppo.sampling.native import response_seed, sample_native
-from lmppo.sampling.turns import CachedTurns
+from lmppo.rewards import score_rollout
+from lmppo.sampling.engines import PromptBatch
+from lmppo.sampling.hf import left_pad
+from lmppo.sampling.native import response_seed
 
 EVAL_STREAM = 1 << 40
 """The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
@@ -85,127 +85,143 @@ def win_rate(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(((a > b).float() + 0.5 * (a == b).float()).mean())
 
 
+@dataclass
+class EvalPrompts:
+    """The prompts an evaluation samples (each repeated once per sample: `repeat_prompts`)."""
+
+    ids: Sequence[Sequence[int]]  # N prompt token-id lists, no padding
+    texts: Sequence[str]  # N prompt texts, as the policy saw them
+    columns: Optional[Sequence[dict[str, object]]] = None  # N dicts, the records' other fields; None: none
+
+    def __post_init__(self) -> None:
+        if len(self.ids) != len(self.texts):
+            raise ValueError(f"{len(self.ids)} prompt id lists but {len(self.texts)} prompt texts")
+
+
+@dataclass(frozen=True)
+class EvalChoices:
+    """What an evaluation chooses on the run's road: its random streams and how many prompts go in one pass."""
+
+    seed: int  # response i draws response_seed(seed, EVAL_STREAM, first_position + i); a global-RNG engine seed + chunk
+    batch_size: int = 16  # prompts per sampling and KL pass
+    first_position: int = 0
+
+
+@contextmanager
+def own_random_stream(seed: int, device: torch.device) -> Iterator[None]:
+    """The global torch RNG seeded with `seed` inside the block and restored after: an engine that draws from it
+    (`hf`) samples evaluation's own stream, and training's draws are untouched."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
+
+
+@dataclass
+class ScoredChunk:
+    """One pass of an evaluation: per-response numbers, what a table shows, and the tokens the KL is measured on."""
+
+    numbers: ResponseNumbers
+    shown: list[str]  # N responses (a multi-turn episode: its transcript)
+    prompt_ids: torch.Tensor  # (N, P) left-padded prompts (an episode: its opening)
+    prompt_mask: torch.Tensor  # (N, P) bool
+    response_ids: torch.Tensor  # (N, T) right-padded responses (an episode: all its tokens after the opening)
+    response_mask: torch.Tensor  # (N, T) bool, real tokens
+    policy_mask: torch.Tensor  # (N, T) bool, the policy's own tokens (what lengths and the KL count)
+
+
 def sample_and_score(
+    road: Road,
     policy: nn.Module,
-    prompt_ids: Sequence[Sequence[int]],
-    prompt_texts: Sequence[str],
-    *,
-    tokenizer: Any,
-    sources: Sequence[Any],
-    temperature: float,
-    max_new_tokens: int,
-    stop_ids: torch.Tensor,
-    seed: int,
-    backend: str = "native",
-    batch_size: int = 16,
+    prompts: EvalPrompts,
+    choices: EvalChoices,
     reference_logits: Optional[RefLogits] = None,
-    autocast: Callable[[], Any] = nullcontext,
-    first_position: int = 0,
-    columns: Optional[Sequence[dict]] = None,
-    episodes: Optional[EpisodePlayer] = None,
+    player: Optional[EpisodePlayer] = None,
 ) -> PolicyEval:
-    """Sample one response per prompt from `policy` by pure sampling at `temperature`, score it with every reward
-    source, and, given `reference_logits`, measure its KL to the reference per response: k1 and k3 of the sampled
-    tokens, and the exact KL of each next-token distribution over the vocabulary, summed over the response's
-    states (what k1 and k3 estimate, without their sampling noise).
+    """One response per prompt from `policy` on the run's road (its engine, at its temperature and precision),
+    scored by the road's sources, and, given `reference_logits`, its KL to the reference per response: k1 and k3 of
+    the sampled tokens, and the exact KL of each next-token distribution over the vocabulary, summed over the
+    response's states (what k1 and k3 estimate, without their sampling noise).
 
-    Response i draws from its own random stream `response_seed(seed, EVAL_STREAM, first_position + i)` (backend
-    `native`), so two policies given the same seed and prompts are compared on common random numbers. With backend
-    `hf`, transformers' generate runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
-    `autocast` is the precision context of the log-probability passes (as in training); sampling runs outside it.
-    `columns`: per prompt, its record's other fields, for reward functions that take them by name.
-    `episodes`: play one multi-turn episode per prompt with this environment instead (native engine, the KV cache
-    kept across turns): the sources score the last turn, `reward/environment` is the sum of the environment's turn
-    rewards (in `total` with weight 1), lengths and KL count the policy's tokens, `responses` are the transcripts.
-    """
-
-    if len(prompt_ids) != len(prompt_texts):
-        raise ValueError(f"{len(prompt_ids)} prompt id lists but {len(prompt_texts)} prompt texts")
+    Response i draws from its own random stream `response_seed(seed, EVAL_STREAM, first_position + i)`, so two
+    policies given the same seed and prompts are compared on common random numbers; an engine that draws from the
+    global RNG runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
+    `player`: play one multi-turn episode per prompt with this environment instead (the engine's turn sampler):
+    the sources score the last turn, `reward/environment` is the sum of the environment's turn rewards (in `total`
+    with weight 1), lengths and KL count the policy's tokens, `responses` are the transcripts."""
     device = next(policy.parameters()).device
+    tokenizer = road.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    stop_ids = stop_ids.to(device)
-    responses: list[str] = []
-    per_source: dict[str, list[torch.Tensor]] = {}
-    totals, lengths, terminated_all, k1_all, k3_all, exact_all = [], [], [], [], [], []
-    for chunk, start in enumerate(range(0, len(prompt_ids), batch_size)):
-        ids_list = prompt_ids[start : start + batch_size]
-        texts = list(prompt_texts[start : start + batch_size])
-        p_ids, p_mask = left_pad(ids_list, pad_id)
-        p_ids, p_mask = p_ids.to(device), p_mask.to(device)
-        positions = range(first_position + start, first_position + start + len(ids_list))
-        chunk_columns = list(columns[start : start + batch_size]) if columns else None
-        env_total = None
-        if episodes is None:
-            resp, resp_mask, terminated, _ = _sample(
-                policy, p_ids, p_mask, temperature, max_new_tokens, stop_ids, pad_id, backend, seed, chunk, positions
-            )
-            trained = resp_mask
-            completions = [
-                decode_completion(tokenizer, (r[m][:-1] if t else r[m]).tolist())
-                for r, m, t in zip(resp, resp_mask, terminated)
-            ]
-            shown, scored_ids, scored_mask = completions, resp, resp_mask
-        else:
-            sampler = CachedTurns(policy, temperature, max_new_tokens, stop_ids, pad_id)
-            played = episodes.play(
-                sampler,
-                ids_list,
-                [{"prompt": t, **(c or {})} for t, c in zip(texts, chunk_columns or [{}] * len(texts))],
-                list(positions),
-                [response_seed(seed, EVAL_STREAM, p) for p in positions],
-            )
-            p_ids, p_mask = (x.to(device) for x in left_pad([e.prompt for e in played], pad_id))
-            resp, resp_mask, trained, terminated = _episode_tensors(played, pad_id, device)
-            completions = [e.last_turn for e in played]
-            shown = [transcript_text(e.transcript) for e in played]
-            last = [e.tokens[e.turn_starts[-1] : e.turn_ends[-1] + 1] for e in played]
-            scored_ids, scored_mask = (x.to(device) for x in _right_pad(last, pad_id))
-            env_total = torch.tensor([sum(e.turn_rewards) for e in played])
-        result = score_rollout(
-            sources,
-            texts,
-            completions,
-            scored_ids.cpu(),
-            scored_mask.cpu(),
-            tokenizer,
-            "error",
-            terminated=terminated.cpu() if episodes is None else None,
-            prompt_ids=ids_list,
-            columns=chunk_columns,
-        )
-        for name, values in result.per_source.items():
-            per_source.setdefault(name, []).append(values.float().cpu())
-        total = result.token_scores.sum(1).float().cpu()
-        if env_total is not None:
-            per_source.setdefault("environment", []).append(env_total)
-            total = total + env_total
-        totals.append(total)
-        lengths.append(trained.sum(1).cpu())
-        terminated_all.append(terminated.cpu())
-        responses += shown
+    chunks: list[ScoredChunk] = []
+    kls: list[ResponseKL] = []
+    for chunk, start in enumerate(range(0, len(prompts.ids), choices.batch_size)):
+        batch = _eval_batch(prompts, start, choices, pad_id, device)
+        with own_random_stream(choices.seed + chunk, device):
+            if player is None:
+                part = _sample_chunk(road, policy, batch)
+            else:
+                part = _play_chunk(road, player, policy, batch, choices.first_position + start, pad_id)
+        chunks.append(part)
         if reference_logits is not None:
-            P = p_ids.shape[1]
-            input_ids, attention = torch.cat([p_ids, resp], 1), torch.cat([p_mask, resp_mask], 1)
-            with torch.inference_mode(), autocast():
-                logits = policy_forward(policy, input_ids, attention, P, temperature).logits
-                ref_logits = reference_logits(input_ids, attention, P)
-            logprobs, ref = selective_log_softmax(logits, resp), selective_log_softmax(ref_logits, resp)
-            k1_all.append(masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), trained, dim=1).float().cpu())
-            k3_all.append(masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), trained, dim=1).float().cpu())
-            exact_all.append(masked_sum(exact_kl(logits, ref_logits, chunk_size=64), trained, dim=1).float().cpu())
-    cat = lambda xs: torch.cat(xs) if xs else torch.zeros(0)
+            kls.append(response_kl(road, policy, part, reference_logits))
+    n = ResponseNumbers.concat([c.numbers for c in chunks])
+    kl = ResponseKL.concat(kls) if reference_logits is not None else None
+    weights = {s.name: float(s.weight) for s in road.sources} | ({"environment": 1.0} if player else {})
     return PolicyEval(
-        prompts=list(prompt_texts),
-        responses=responses,
-        scores={k: torch.cat(v) for k, v in per_source.items()},
-        total=cat(totals),
-        lengths=cat(lengths),
-        terminated=cat(terminated_all).bool(),
-        kl_k1=cat(k1_all) if reference_logits is not None else None,
-        kl_k3=cat(k3_all) if reference_logits is not None else None,
-        kl_exact=cat(exact_all) if reference_logits is not None else None,
-        source_weights={s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if episodes else {}),
+        prompts=list(prompts.texts),
+        responses=[text for c in chunks for text in c.shown],
+        scores=n.per_source,
+        total=n.total,
+        lengths=n.lengths,
+        terminated=n.terminated,
+        kl_k1=kl.k1 if kl is not None else None,
+        kl_k3=kl.k3 if kl is not None else None,
+        kl_exact=kl.exact if kl is not None else None,
+        source_weights=weights,
     )
+
+
+def _sample_chunk(road: Road, policy: nn.Module, batch: EpisodePrompts) -> ScoredChunk:
+    scored = road.run(policy, batch)
+    e = scored.episodes
+    p = batch.batch
+    return ScoredChunk(scored.numbers, e.texts, p.ids, p.mask, e.response_ids, e.response_mask, e.response_mask)
+
+
+def _play_chunk(
+    road: Road, player: EpisodePlayer, policy: nn.Module, batch: EpisodePrompts, first: int, pad_id: int
+) -> ScoredChunk:
+    """One multi-turn episode per prompt of `batch`, played with the road's engine in its precision."""
+    b, device = batch.batch, batch.batch.ids.device
+    columns = [{"prompt": t, **c} for t, c in zip(batch.texts, batch.columns or [{} for _ in batch.texts])]
+    with road.precision():
+        sampler = road.producer.engine.turn_sampler(policy)
+        played = player.play(sampler, b.token_lists, columns, list(range(first, first + len(b.seeds))), b.seeds)
+    p_ids, p_mask = (x.to(device) for x in left_pad([e.prompt for e in played], pad_id))
+    resp, resp_mask, trained, ended = _episode_tensors(played, pad_id, device)
+    last = [e.tokens[e.turn_starts[-1] : e.turn_ends[-1] + 1] for e in played]
+    scored_ids, scored_mask = _right_pad(last, pad_id)
+    result = score_rollout(
+        road.sources,
+        batch.texts,
+        [e.last_turn for e in played],
+        scored_ids,
+        scored_mask,
+        road.tokenizer,
+        "error",
+        terminated=None,  # a turn: inferred
+        prompt_ids=b.token_lists,
+        columns=batch.columns,
+    )
+    env_total = torch.tensor([sum(e.turn_rewards) for e in played])
+    numbers = ResponseNumbers(
+        total=result.token_scores.sum(1).float().cpu() + env_total,
+        per_source={**{k: v.float().cpu() for k, v in result.per_source.items()}, "environment": env_total},
+        lengths=trained.sum(1).cpu(),
+        terminated=ended.cpu(),
+        valid=result.valid.cpu(),
+    )
+    shown = [transcript_text(e.transcript) for e in played]
+    return ScoredChunk(numbers, shown, p_ids, p_mask, resp, resp_mask, trained)
 
 
 def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,7 +235,9 @@ def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor
     return ids, mask
 
 
-def _episode_tensors(played: Sequence[Any], pad_id: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+def _episode_tensors(
+    played: Sequence[Episode], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Episodes -> response ids (N, T), their real-token mask, the policy tokens' mask, ended by the environment."""
     ids, mask = _right_pad([e.tokens for e in played], pad_id)
     K = max(len(e.turn_ends) for e in played)
@@ -230,28 +248,61 @@ def _episode_tensors(played: Sequence[Any], pad_id: int, device: torch.device) -
     return ids.to(device), mask.to(device), policy.to(device), ended.to(device)
 
 
-def _sample(
-    policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, backend, seed, chunk, positions
-):
-    if backend == "hf":
-        gen = pure_sampling_config(policy, temperature, max_new_tokens, stop_ids.tolist(), pad_id)
-        devices = [prompt_ids.device] if prompt_ids.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed + chunk)
-            return sample_responses(policy, prompt_ids, prompt_mask, gen, stop_ids, max_new_tokens)
+def _eval_batch(
+    prompts: EvalPrompts, start: int, choices: EvalChoices, pad_id: int, device: torch.device
+) -> EpisodePrompts:
+    stop = min(start + choices.batch_size, len(prompts.ids))
+    token_lists = [list(ids) for ids in prompts.ids[start:stop]]
+    ids, mask = left_pad(token_lists, pad_id)
+    first = choices.first_position + start
+    seeds = [response_seed(choices.seed, EVAL_STREAM, p) for p in range(first, first + len(token_lists))]
+    batch = PromptBatch(ids=ids.to(device), mask=mask.to(device), token_lists=token_lists, seeds=seeds)
+    columns = [dict(c) for c in prompts.columns[start:stop]] if prompts.columns else None
+    return EpisodePrompts(batch, list(prompts.texts[start:stop]), columns)
 
-    seeds = [response_seed(seed, EVAL_STREAM, p) for p in positions]
-    return sample_native(policy, prompt_ids, prompt_mask, temperature, max_new_tokens, stop_ids, pad_id, seeds)
+
+@dataclass
+class ResponseKL:
+    """Per response, its KL to a reference summed over its tokens (N responses)."""
+
+    k1: torch.Tensor  # (N,) sum of log pi - log pi_ref of the sampled tokens
+    k3: torch.Tensor  # (N,) the same with the k3 estimator
+    exact: torch.Tensor  # (N,) sum over the response's states of KL(pi || pi_ref) over the whole vocabulary
+
+    @classmethod
+    def concat(cls, parts: Sequence[ResponseKL]) -> ResponseKL:
+        def cat(xs: list[torch.Tensor]) -> torch.Tensor:
+            return torch.cat(xs) if xs else torch.zeros(0)
+
+        return cls(cat([p.k1 for p in parts]), cat([p.k3 for p in parts]), cat([p.exact for p in parts]))
 
 
-def repeat_prompts(ids: Sequence[Sequence[int]], texts: Sequence[str], k: int) -> tuple[list, list[str]]:
+def response_kl(road: Road, policy: nn.Module, part: ScoredChunk, reference_logits: RefLogits) -> ResponseKL:
+    """The KL of a pass's responses from `policy` to the reference, summed over the policy's tokens, in the road's
+    precision."""
+    resp, counted = part.response_ids, part.policy_mask
+    P = part.prompt_ids.shape[1]
+    input_ids = torch.cat([part.prompt_ids, resp], 1)  # (N, P + T)
+    attention = torch.cat([part.prompt_mask, part.response_mask], 1)
+    with torch.inference_mode(), road.precision():
+        logits = policy_forward(policy, input_ids, attention, P, road.temperature).logits  # (B, T, V)
+        ref_logits = reference_logits(input_ids, attention, P)  # (B, T, V)
+    logprobs, ref = selective_log_softmax(logits, resp), selective_log_softmax(ref_logits, resp)
+    return ResponseKL(
+        k1=masked_sum(KL_ESTIMATORS["k1"](logprobs, ref), counted, dim=1).float().cpu(),
+        k3=masked_sum(KL_ESTIMATORS["k3"](logprobs, ref), counted, dim=1).float().cpu(),
+        exact=masked_sum(exact_kl(logits, ref_logits, chunk_size=64), counted, dim=1).float().cpu(),
+    )
+
+
+def repeat_prompts(ids: Sequence[Sequence[int]], texts: Sequence[str], k: int) -> tuple[list[list[int]], list[str]]:
     """Each prompt `k` times in a row (response i then has its own random stream: see `sample_and_score`)."""
     if k < 1:
         raise LmppoError(f"samples per prompt = {k}: must be >= 1")
-    return [x for x in ids for _ in range(k)], [t for t in texts for _ in range(k)]
+    return [list(x) for x in ids for _ in range(k)], [t for t in texts for _ in range(k)]
 
 
-def repeat_columns(columns: Sequence[dict], k: int) -> Optional[list[dict]]:
+def repeat_columns(columns: Sequence[dict[str, object]], k: int) -> Optional[list[dict[str, object]]]:
     """The prompts' columns repeated like `repeat_prompts` repeats the prompts; None when there are none."""
     return [c for c in columns for _ in range(k)] if columns else None
 

@@ -1,17 +1,40 @@
 """The end-of-training summary: what training changed, measured on the held-out prompts (`data.holdout`).
 
+It reads a `RunRecord` (what the trainer hands over: `PPOTrainer.run_record`), samples on the run's road
+(`lmppo.episodes.road`) and returns the summary; the caller puts its table into the model cards (`card_table`).
 Design notes: docs/design.md, `lmppo.evaluation.summary`."""
 
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from typing import Any, Iterator, Optional
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
-from lmppo.evaluation.heldout import PolicyEval, compare, repeat_columns, repeat_prompts, sample_and_score
+from torch import nn
+
+from lmppo.config import Config
+from lmppo.data.prompts import PromptSet
+from lmppo.environments.episodes import EpisodePlayer
+from lmppo.episodes.road import Road
+from lmppo.evaluation.heldout import (
+    EvalChoices,
+    EvalPrompts,
+    PolicyEval,
+    compare,
+    repeat_columns,
+    repeat_prompts,
+    sample_and_score,
+)
 from lmppo.evaluation.tables import default_judge, metric_rows, sample_comparison, watched, win_rows
 from lmppo.run.metrics_file import run_rows
+from lmppo.run.model_card import HeldoutRows
 from lmppo.run.storage import write_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from lmppo.models.reference import ReferencePolicy
 
 NUM_SAMPLES = 3
 """Held-out prompts shown with their response before and after training."""
@@ -20,11 +43,29 @@ SAMPLES_PER_PROMPT = 4
 few dozen prompts move by about 0.1 from one seed to the next; four make the comparison steadier."""
 
 
+@dataclass
+class RunRecord:
+    """What the summary reads of a finished run (`PPOTrainer.run_record` builds it)."""
+
+    config: Config  # the run's config: output_dir, seed, rollout settings, no_grad_batch_size
+    road: Road  # the run's engine, precision and reward sources
+    policy: nn.Module  # the trained policy
+    reference: ReferencePolicy  # the KL's reference; also where the initial policy may still be found
+    holdout_set: Optional[PromptSet]  # the held-out prompts (None or empty: data.holdout = 0)
+    iteration: int  # completed iterations
+    episode: int  # episodes trained on
+    train_seconds: float
+    history: list[dict[str, float]]  # this process's metrics rows (a resumed run's start at the resume)
+    is_main_process: bool
+    full_weights: Callable[[], AbstractContextManager[object]]  # ZeRO-3: the full weights on every process
+    player: Optional[EpisodePlayer] = None  # an environment (`environment.path`): one episode per prompt
+
+
 @contextmanager
-def initial_policy(trainer: Any) -> Iterator[tuple[Optional[Any], bool]]:
+def initial_policy(run: RunRecord) -> Iterator[tuple[Optional[nn.Module], bool]]:
     """(a model that computes the initial policy, whether it is the reference), or (None, False) when the initial
     weights are no longer available (full weights with a `sync` / `ema` reference)."""
-    ref, policy = trainer.reference, trainer.policy
+    ref, policy = run.reference, run.policy
     if ref.mode == "base":  # the base under the adapters: the initial policy only when the adapter started fresh
         if ref.initial_is_base:
             with policy.disable_adapter():
@@ -45,47 +86,31 @@ def initial_policy(trainer: Any) -> Iterator[tuple[Optional[Any], bool]]:
 
 
 def heldout_summary(
-    trainer: Any, num_samples: int = NUM_SAMPLES, samples_per_prompt: int = SAMPLES_PER_PROMPT
+    run: RunRecord, num_samples: int = NUM_SAMPLES, samples_per_prompt: int = SAMPLES_PER_PROMPT
 ) -> dict[str, Any]:
     """The summary as a JSON-able dict (see the module docstring). Without held-out prompts only the
     `training` part is filled in."""
-    cfg = trainer.config
-    out: dict[str, Any] = {"output_dir": cfg.output_dir, "training": _training_part(trainer)}
-    held = trainer.holdout_set
+    cfg = run.config
+    out: dict[str, Any] = {"output_dir": cfg.output_dir, "training": _training_part(run)}
+    held = run.holdout_set
     if held is None or not len(held.ids):
         out["note"] = "no held-out prompts (data.holdout = 0): set data.holdout to compare before and after"
         return out
     r = cfg.rollout
-    player = trainer.episode_source.player if getattr(trainer, "episode_source", None) else None
-    weights = {s.name: float(s.weight) for s in trainer.reward_sources} | ({"environment": 1.0} if player else {})
-    watch = watched(trainer.reward_sources)
+    sources = run.road.sources
+    weights = {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if run.player else {})
+    watch = watched(sources)
     judge = default_judge(weights, watch)
-    common = dict(
-        tokenizer=trainer.tokenizer,
-        sources=trainer.reward_sources,
-        temperature=r.temperature,
-        max_new_tokens=r.max_new_tokens,
-        stop_ids=trainer.stop_ids,
-        seed=cfg.seed,
-        backend="hf" if r.backend == "hf" else "native",
-        batch_size=cfg.no_grad_batch_size,
-        autocast=trainer._autocast,
-        columns=repeat_columns(held.columns, samples_per_prompt),
-        episodes=player,  # an environment: one episode per prompt, `reward/environment` its success
-    )
-    policy = trainer.policy
-
-    def reference_logits(input_ids, attention, P):
-        return trainer.reference.logits(policy, input_ids, attention, P, r.temperature)
-
     ids, texts = repeat_prompts(held.ids, held.texts, samples_per_prompt)
-    after = sample_and_score(policy, ids, texts, reference_logits=reference_logits, **common)
-    before: Optional[PolicyEval] = None
-    with initial_policy(trainer) as (model, is_reference):
-        if model is not None:
-            before = sample_and_score(model, ids, texts, **common)
-            if is_reference:  # the initial policy is the reference: its KL to it is 0 by definition
-                before.kl_k1 = before.kl_k3 = before.kl_exact = before.total.new_zeros(before.total.shape)
+    prompts = EvalPrompts(ids, texts, repeat_columns(held.columns, samples_per_prompt))
+    choices = EvalChoices(seed=cfg.seed, batch_size=cfg.no_grad_batch_size)
+    policy = run.policy
+
+    def reference_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:
+        return run.reference.logits(policy, input_ids, attention, P, r.temperature)
+
+    after = sample_and_score(run.road, policy, prompts, choices, reference_logits, run.player)
+    before = _before(run, prompts, choices)
     out.update(
         {
             "heldout_prompts": len(held.ids),
@@ -101,10 +126,15 @@ def heldout_summary(
             "win_rate": compare(after, before) if before is not None else None,
         }
     )
+    if before is None and not run.road.samples_any_model:
+        out["note"] = (
+            f"`before` not sampled: the sampling engine `{run.road.engine_name}` holds the trained policy's "
+            "weights only (run `lmppo eval` with --rollout.backend native to compare with the start)"
+        )
     shown = [p * samples_per_prompt for p in range(min(num_samples, len(held.ids)))]  # each prompt's first sample
     out["samples"] = [
         {
-            "prompt": held.shown_text(i // samples_per_prompt) if player is None else after.prompts[i],
+            "prompt": held.shown_text(i // samples_per_prompt) if run.player is None else after.prompts[i],
             "before": before.responses[i] if before is not None else "",
             "after": after.responses[i],
             "before_scores": {k: float(v[i]) for k, v in before.scores.items()} if before else {},
@@ -115,13 +145,27 @@ def heldout_summary(
     return out
 
 
-def _training_part(trainer: Any) -> dict[str, Any]:
+def _before(run: RunRecord, prompts: EvalPrompts, choices: EvalChoices) -> Optional[PolicyEval]:
+    """The initial policy on the held-out prompts, on the run's road; None when its weights are gone or the
+    engine samples only the trained policy."""
+    if not run.road.samples_any_model:
+        return None
+    with initial_policy(run) as (model, is_reference):
+        if model is None:
+            return None
+        before = sample_and_score(run.road, model, prompts, choices, player=run.player)
+    if is_reference:  # the initial policy is the reference: its KL to it is 0 by definition
+        before.kl_k1 = before.kl_k3 = before.kl_exact = before.total.new_zeros(before.total.shape)
+    return before
+
+
+def _training_part(run: RunRecord) -> dict[str, Any]:
     # the whole run: metrics.jsonl from iteration 1 (a resumed trainer's history starts at the resume)
-    h = run_rows(trainer.config.output_dir, trainer.iteration) or trainer.history
+    h = run_rows(run.config.output_dir, run.iteration) or run.history
     part: dict[str, Any] = {
-        "iterations": trainer.iteration,
-        "episodes": trainer.episode,
-        "train_seconds": round(trainer.train_seconds, 1),
+        "iterations": run.iteration,
+        "episodes": run.episode,
+        "train_seconds": round(run.train_seconds, 1),
     }
     if h:
         keys = ("objective/scores", "objective/kl", "objective/kl_coef", "response/length_mean")
@@ -166,6 +210,8 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     for row in win_rows(summary["win_rate"], summary["judge"], watch) if summary.get("win_rate") else []:
         table.add_row(*row)
     console.print(table)
+    if summary.get("note"):  # e.g. why `before` was not sampled
+        console.print(f"[dim]{summary['note']}[/]")
     if summary.get("samples"):
         console.print(
             sample_comparison(
@@ -185,40 +231,44 @@ def write_summary(summary: dict[str, Any], path: str) -> str:
 
 
 def summarize(
-    trainer: Any, console: Any = None, num_samples: int = NUM_SAMPLES, samples_per_prompt: int = SAMPLES_PER_PROMPT
+    run: RunRecord,
+    console: Any = None,
+    num_samples: int = NUM_SAMPLES,
+    samples_per_prompt: int = SAMPLES_PER_PROMPT,
 ) -> Optional[dict[str, Any]]:
     """Compute the summary, print it on `console` (if any) and write `OUTPUT_DIR/summary.json`; returns it.
     Only the main process does this (the others return None)."""
-    if not trainer.accelerator.is_main_process:
+    if not run.is_main_process:
         return None
-    summary = heldout_summary(trainer, num_samples, samples_per_prompt)
-    path = write_summary(summary, os.path.join(trainer.config.output_dir, "summary.json"))
-    final = os.path.join(trainer.config.output_dir, "final")
-    if "after" in summary and os.path.isdir(final) and hasattr(trainer, "rewrite_model_cards"):
-        k = summary["samples_per_prompt"]
-        trainer.rewrite_model_cards(
-            final,
-            metric_rows(summary["before"] or {}, summary["after"], summary["weights"], summary.get("watch")),
-            f"{summary['heldout_prompts']} held-out prompts (`data.holdout`), {k} "
-            f"sample{'s' * (k > 1)} each at temperature {summary['temperature']:g}, seed "
-            f"{summary['seed']}; `before`: the initial policy.",
-        )
+    summary = heldout_summary(run, num_samples, samples_per_prompt)
+    path = write_summary(summary, os.path.join(run.config.output_dir, "summary.json"))
     if console is not None:
         print_summary(summary, console)
-        console.print(
-            f"summary in {path}; model in {os.path.join(trainer.config.output_dir, 'final')}", highlight=False
-        )
+        console.print(f"summary in {path}; model in {os.path.join(run.config.output_dir, 'final')}", highlight=False)
     return summary
 
 
-def print_run_summary(trainer: Any, console: Any) -> None:
+def card_table(summary: Optional[dict[str, Any]]) -> Optional[tuple[HeldoutRows, str]]:
+    """(the before/after rows, their title) for the model cards; None without a held-out comparison."""
+    if summary is None or "after" not in summary:
+        return None
+    k = summary["samples_per_prompt"]
+    rows = metric_rows(summary["before"] or {}, summary["after"], summary["weights"], summary.get("watch"))
+    title = (
+        f"{summary['heldout_prompts']} held-out prompts (`data.holdout`), {k} sample{'s' * (k > 1)} each at "
+        f"temperature {summary['temperature']:g}, seed {summary['seed']}; `before`: the initial policy."
+    )
+    return rows, title
+
+
+def print_run_summary(run: RunRecord, console: Any) -> Optional[dict[str, Any]]:
     """What `lmppo train` prints at the end (`summarize`), announced, with the full weights on every process
-    (ZeRO-3: each process samples with them)."""
-    held = getattr(trainer, "holdout_set", None)
+    (ZeRO-3: each process samples with them); returns the summary (None on other processes)."""
+    held = run.holdout_set
     if console is not None and held is not None and len(held.ids):
         console.print(
             f"[bold]done[/]; sampling the initial and the trained policy on the {len(held.ids)} held-out prompts ...",
             highlight=False,
         )
-    with trainer.strategy.full_weights(trainer.actor):
-        summarize(trainer, console)
+    with run.full_weights():
+        return summarize(run, console)

@@ -32,11 +32,26 @@ class PromptBatch:
     seeds: list[int]  # B per-response seeds (`lmppo.sampling.native.response_seed`)
 
 
+@dataclass(frozen=True)
+class OneProcess:
+    """What an engine reads of the accelerator, for a command that runs in one process (`lmppo eval`)."""
+
+    device: torch.device
+    process_index: int = 0
+    local_process_index: int = 0
+    num_processes: int = 1
+    is_main_process: bool = True
+
+
 class SamplingEngine:
     """One way to sample responses. Built once per run, after every model is loaded, from the run's config, the
     stop token ids, the pad id and the accelerator (device and process layout)."""
 
     name: str = ""
+    samples_any_model: bool = True
+    """`sample` reads the weights of the model it is handed at each call, so evaluation may hand it another model
+    (the initial policy, a loaded checkpoint). False for an engine that holds its own copy of one model's weights
+    (vLLM): evaluation then samples only the trained policy with it, or refuses (`lmppo eval`)."""
 
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
         self.config, self.stop_ids, self.pad_id, self.accelerator = config, stop_ids, pad_id, accelerator
@@ -134,6 +149,8 @@ class VLLMEngine(SamplingEngine):
     """A colocated vLLM engine (`lmppo.sampling.vllm`), built at the first rollout (after every model is loaded, so
     vLLM sizes its memory around them), the policy's weights synced in before each rollout; the native seeds."""
 
+    samples_any_model = False  # its engine holds the policy's weights, synced with what training changes
+
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
         super().__init__(config, stop_ids, pad_id, accelerator)
         self.sampler: Optional[vllm_backend.VLLMSampler] = None
@@ -162,6 +179,7 @@ def build_sampling_engine(
 
 
 __all__: Sequence[str] = [
+    "OneProcess",
     "PromptBatch",
     "SAMPLING_ENGINES",
     "SamplingEngine",

@@ -149,9 +149,12 @@ def _sample_dynamic(
 
 
 def _lora_parts(module: nn.Module) -> Optional[list[tuple[torch.Tensor, torch.Tensor, float]]]:
-    """(A, B, scale) of each active adapter of a PEFT LoRA linear layer; None for a layer that is not one."""
+    """(A, B, scale) of each active adapter of a PEFT LoRA linear layer (none while its adapters are switched off,
+    `disable_adapter()`); None for a layer that is not one."""
     if not (hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "lora_B")):
         return None
+    if getattr(module, "disable_adapters", False):
+        return []
     return [
         (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
         for name in module.active_adapters

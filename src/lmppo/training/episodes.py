@@ -21,7 +21,8 @@ from lmppo.core.masking import action_mask
 from lmppo.core.rewards import place_turn_rewards
 from lmppo.data.prompts import PromptSet
 from lmppo.environments.episodes import ENDED_BY_ENVIRONMENT, STOP_REASONS, Episode, EpisodePlayer
-from lmppo.sampling.engines import PromptBatch, SamplingEngine
+from lmppo.episodes.road import EpisodePrompts, Episodes, Road
+from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.turns import TurnSampler
 
@@ -161,13 +162,22 @@ def episode_source(
     return EpisodeSource(player, prompt_set, tokenizer.pad_token_id)
 
 
-def sample_batch(
-    engine: SamplingEngine, policy: nn.Module, batch: PromptBatch, index: list[int], source: Optional[EpisodeSource]
-) -> tuple[PromptBatch, Responses, Optional[list[Episode]]]:
-    """One response per row of prompts `index` from the engine, or with an environment one episode per row (`batch`
-    then becomes the episodes' openings)."""
+def produce(
+    road: Road,
+    policy: nn.Module,
+    prompts: EpisodePrompts,
+    index: list[int],
+    source: Optional[EpisodeSource],
+) -> tuple[Episodes, Optional[list[Episode]]]:
+    """The batch's episodes on the run's road: one response per row of prompts `index`, or with an environment one
+    multi-turn episode per row, played with the road's engine in its precision (the prompts then become the
+    episodes' openings), and the played episodes."""
     if source is None:
-        return batch, engine.sample(policy, batch), None
-    episodes = source.play(engine.turn_sampler(policy), index, batch.seeds)
-    prompts, responses = source.batches(episodes, batch.seeds, batch.ids.device)
-    return prompts, responses, episodes
+        return road.episodes(policy, prompts), None
+    seeds = prompts.batch.seeds
+    with road.precision():
+        played = source.play(road.producer.engine.turn_sampler(policy), index, seeds)
+    openings, (ids, mask, terminated, truncated) = source.batches(played, seeds, prompts.batch.ids.device)
+    texts = [e.last_turn for e in played]
+    opened = EpisodePrompts(openings, prompts.texts, prompts.columns)
+    return Episodes(opened, ids, mask, terminated, truncated, texts), played

@@ -1,10 +1,12 @@
 """What one iteration reports: its metrics (TRL's names with TRL's meaning, plus lmppo's own; docs/metrics.md),
-the held-out evaluation's `eval/*` and the rows of the sample table."""
+the held-out evaluation's `eval/*` and the rows of the sample table; and what a run reports at its end (the record
+the summary reads, the summary, its table in the model cards)."""
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+import os
+from functools import partial
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -14,18 +16,23 @@ from lmppo.core.batch import Rollout
 from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
 from lmppo.environments.episodes import transcript_text
-from lmppo.evaluation.heldout import sample_and_score
+from lmppo.episodes.road import Road
+from lmppo.evaluation.heldout import EvalChoices, EvalPrompts, sample_and_score
+from lmppo.evaluation.summary import RunRecord, card_table, print_run_summary
+from lmppo.run.model_card import card_folders
+from lmppo.run.storage import write_text
 from lmppo.training.episodes import EpisodeSource, episode_metrics
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import ScoredRollout, TokenRewards
 from lmppo.training.update import MEAN_STATS
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from transformers import PreTrainedTokenizerBase
 
     from lmppo.distributed.strategy import Strategy
     from lmppo.models.reference import ReferencePolicy
-    from lmppo.rewards import RewardSource
+    from lmppo.training.trainer import PPOTrainer
 
 
 def iteration_metrics(
@@ -129,39 +136,54 @@ def sample_rows(
 
 
 def heldout_metrics(
+    road: Road,
     policy: nn.Module,
     held: PromptSet,
     cfg: Config,
-    tokenizer: PreTrainedTokenizerBase,
-    sources: Sequence[RewardSource],
-    stop_ids: torch.Tensor,
     reference: ReferencePolicy,
-    autocast: Callable[[], AbstractContextManager[object]],
     episodes: Optional[EpisodeSource] = None,
 ) -> dict[str, float]:
-    """`eval/*`: one response per held-out prompt of `held` from `policy`, sampled on the evaluation's own random
-    streams (the training draws are untouched), scored by every source, with its KL to the reference and its length
-    (`lmppo.evaluation.heldout`)."""
-    r = cfg.rollout
+    """`eval/*`: one response per held-out prompt of `held` from `policy` on the run's road, sampled on the
+    evaluation's own random streams (the training draws are untouched), scored by every source, with its KL to the
+    reference and its length (`lmppo.evaluation.heldout`)."""
+    temperature = cfg.rollout.temperature
 
-    def reference_logits(input_ids, attention, P):
-        return reference.logits(policy, input_ids, attention, P, r.temperature)
+    def reference_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:
+        return reference.logits(policy, input_ids, attention, P, temperature)
 
-    result = sample_and_score(
-        policy,
-        held.ids,
-        held.texts,
-        tokenizer=tokenizer,
-        sources=sources,
-        temperature=r.temperature,
-        max_new_tokens=r.max_new_tokens,
-        stop_ids=stop_ids,
-        seed=cfg.seed,
-        backend="hf" if r.backend == "hf" else "native",
-        batch_size=cfg.no_grad_batch_size,
-        reference_logits=reference_logits,
-        autocast=autocast,
-        columns=held.columns or None,
-        episodes=episodes.player if episodes is not None else None,
-    )
+    prompts = EvalPrompts(held.ids, held.texts, held.columns or None)
+    choices = EvalChoices(seed=cfg.seed, batch_size=cfg.no_grad_batch_size)
+    player = episodes.player if episodes is not None else None
+    result = sample_and_score(road, policy, prompts, choices, reference_logits, player)
     return {f"eval/{k}": v for k, v in result.means().items() if v is not None}
+
+
+def run_record(trainer: PPOTrainer) -> RunRecord:
+    """What the end-of-run summary reads of `trainer`'s run (`lmppo.evaluation.summary.RunRecord`)."""
+    return RunRecord(
+        config=trainer.config,
+        road=trainer.road(),
+        policy=trainer.policy,
+        reference=trainer.reference,
+        holdout_set=trainer.holdout_set,
+        iteration=trainer.iteration,
+        episode=trainer.episode,
+        train_seconds=trainer.train_seconds,
+        history=trainer.history,
+        is_main_process=trainer.accelerator.is_main_process,
+        full_weights=partial(trainer.strategy.full_weights, trainer.actor),
+        player=trainer.episode_source.player if trainer.episode_source is not None else None,
+    )
+
+
+def summarize_run(trainer: PPOTrainer, console: Optional[Console] = None) -> Optional[dict[str, object]]:
+    """The end-of-run summary (`lmppo.evaluation.summary`), printed on `console`, its held-out table written into
+    the final model cards; None on processes other than the main one."""
+    summary = print_run_summary(run_record(trainer), console)
+    final, table = os.path.join(trainer.config.output_dir, "final"), card_table(summary)
+    if table is not None and os.path.isdir(final):
+        rows, title = table
+        for folder in card_folders(final):
+            text = trainer.model_card(folder, rows, title)
+            write_text(os.path.join(final, folder, "README.md"), text, "the model card")
+    return summary

@@ -1,5 +1,5 @@
-"""Phase 1 of an iteration: the prompts of this process, and the `Rollout` of their sampled responses with the
-logprobs, reference logprobs and values of the rollout's weights (the sampling itself: `lmppo.sampling`)."""
+"""Phase 1 of an iteration: the prompts of this process, and the `Rollout` of their episodes (from the run's road,
+`lmppo.episodes.road`) with the logprobs, reference logprobs and values of the rollout's weights."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, in_row_chunks
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.data.prompts import PromptSet
+from lmppo.episodes.road import EpisodePrompts, Episodes
 from lmppo.models.loading import PolicyOutput
-from lmppo.rewards import decode_completion
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
@@ -122,15 +122,14 @@ def rollout_passes(
     }
 
 
-def completion_text(tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, terminated: bool) -> str:
-    """The text of a response's token ids, without its stop token when it ended on one."""
-    tokens: list[int] = ids.tolist()
-    return decode_completion(tokenizer, tokens[:-1] if terminated else tokens)
+def episode_prompts(batch: PromptBatch, index: list[int], prompt_set: PromptSet) -> EpisodePrompts:
+    """The road's prompts of a rollout: the engine's batch with prompts `index` of `prompt_set` (texts, columns)."""
+    columns = prompt_set.columns_of(index) if prompt_set.columns else None
+    return EpisodePrompts(batch, [prompt_set.texts[i] for i in index], columns)
 
 
 def build_rollout(
-    prompts: PromptBatch,
-    responses: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    episodes: Episodes,
     passes: RolloutPasses,
     group_ids: torch.Tensor,
     index: list[int],
@@ -138,34 +137,33 @@ def build_rollout(
     tokenizer: PreTrainedTokenizerBase,
     played: Optional[list[Episode]] = None,
 ) -> Rollout:
-    """The `Rollout` of a batch: prompts `index` of `prompt_set`, `responses` (response_ids, response_mask,
-    terminated, truncated) from the sampling engine, `passes` from `rollout_passes`; every per-token tensor 0 past
-    each response's end. `played`: the episodes the responses are (`lmppo.training.episodes.with_episodes`)."""
-    response_ids, response_mask, terminated, truncated = responses
-    texts = [completion_text(tokenizer, r[m], bool(t)) for r, m, t in zip(response_ids, response_mask, terminated)]
+    """The `Rollout` of a batch: the `episodes` of prompts `index` of `prompt_set` from the road, `passes` from
+    `rollout_passes`; every per-token tensor 0 past each response's end. `played`: the multi-turn episodes the
+    responses are (`lmppo.training.episodes.with_episodes`)."""
+    response_mask = episodes.response_mask
     zeros = torch.zeros_like(passes["logprobs"])
     all_values = passes["values"]
     lengths = response_mask.sum(1)
     final_values = all_values.gather(1, lengths[:, None]).squeeze(1)  # V of the state after the last token
     exact = passes["exact_kl"]
     out = Rollout(
-        prompt_ids=prompts.ids,
-        prompt_mask=prompts.mask,
-        response_ids=response_ids,
+        prompt_ids=episodes.prompts.batch.ids,
+        prompt_mask=episodes.prompts.batch.mask,
+        response_ids=episodes.response_ids,
         response_mask=response_mask,
         logprobs=torch.where(response_mask, passes["logprobs"], zeros),
         ref_logprobs=torch.where(response_mask, passes["ref_logprobs"], zeros),
         values=torch.where(response_mask, all_values[:, :-1], zeros),
         final_values=final_values,
-        terminated=terminated,
-        truncated=truncated,
+        terminated=episodes.terminated,
+        truncated=episodes.truncated,
         group_ids=group_ids,
-        prompts_text=[prompt_set.texts[i] for i in index],
+        prompts_text=episodes.prompts.texts,
         prompts_shown=[prompt_set.shown_text(i) for i in index],
-        responses_text=texts,
+        responses_text=episodes.texts,
         entropy=passes["entropy"],
         ref_logits=passes["ref_logits"],
         exact_kl=torch.where(response_mask, exact, zeros) if exact is not None else None,
-        prompt_columns=prompt_set.columns_of(index) if prompt_set.columns else None,
+        prompt_columns=episodes.prompts.columns,
     )
     return out if played is None else with_episodes(out, played, tokenizer)

@@ -23,7 +23,9 @@ from lmppo.core.rewards import (
     signal_rows,
     unfinished_scores,
 )
-from lmppo.rewards import RewardResult, RewardSource, score_rollout
+from lmppo.episodes.road import EpisodePrompts, Episodes, score_episodes
+from lmppo.rewards import RewardResult, RewardSource
+from lmppo.sampling.engines import PromptBatch
 from lmppo.training.episodes import episode_scores
 
 if TYPE_CHECKING:
@@ -69,25 +71,12 @@ def score(
     score_moments: RunningMoments,
     device: torch.device,
 ) -> ScoredRollout:
-    """The sources' scores of the batch, placed on its tokens (`lmppo.rewards.score_rollout`), then normalised
-    (`reward.normalize`, updating `score_moments`) or clipped, and the truncation policy's score changes."""
+    """The sources' scores of the batch, placed on its tokens (the road's scoring, `lmppo.episodes.road`), then
+    normalised (`reward.normalize`, updating `score_moments`) or clipped, and the truncation policy's score changes."""
 
     def place(view: Rollout) -> tuple[torch.Tensor, RewardResult]:
-        prompt_ids = None
-        if any(s.wants_token_ids for s in sources):
-            prompt_ids = [ids[mask].tolist() for ids, mask in zip(view.prompt_ids.cpu(), view.prompt_mask.cpu())]
-        result = score_rollout(
-            sources,
-            view.prompts_text,
-            view.responses_text,
-            view.response_ids.cpu(),
-            view.response_mask.cpu(),
-            tokenizer,
-            rc.on_bad_output,
-            terminated=view.terminated.cpu() if rollout.turn_ends is None else None,  # a turn: inferred
-            prompt_ids=prompt_ids,
-            columns=view.prompt_columns,
-        )
+        stop_known = rollout.turn_ends is None  # a turn of an episode: whether it ended on a stop token is inferred
+        result = score_episodes(rollout_episodes(view), sources, tokenizer, rc.on_bad_output, stop_known)
         return result.token_scores.to(device, torch.float32), result
 
     # an episode: the sources score its last turn; each turn's environment reward joins on its last token
@@ -138,6 +127,23 @@ def reward_signal(
         lowest = torch.full_like(scores, -processes.process_max(-lowest.min()))
     rows = signal_rows(highest, lowest, scored.valid, tolerance)
     return RewardSignal(rows=rows, any=processes.process_sum(rows.sum()) > 0)
+
+
+def rollout_episodes(rollout: Rollout) -> Episodes:
+    """The episodes of a rollout, as the road scores them."""
+    ids, mask = rollout.prompt_ids, rollout.prompt_mask
+    token_lists: list[list[int]] = [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
+    prompts = EpisodePrompts(
+        PromptBatch(ids, mask, token_lists, seeds=[]), rollout.prompts_text, rollout.prompt_columns
+    )
+    return Episodes(
+        prompts,
+        rollout.response_ids,
+        rollout.response_mask,
+        rollout.terminated,
+        rollout.truncated,
+        rollout.responses_text,
+    )
 
 
 def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:

@@ -20,11 +20,11 @@ from lmppo.core.batch import Rollout
 from lmppo.core.kl_control import KL_CONTROLLERS
 from lmppo.core.masking import masked_sum
 from lmppo.core.rewards import RunningMoments
+from lmppo.episodes.road import Road, single_turn_road
 from lmppo.models.loading import PolicyOutput
 from lmppo.quiet import quiet_libraries
 from lmppo.run.export import export_final, final_card, warn_unmerged
-from lmppo.run.model_card import HeldoutRows, card_folders
-from lmppo.run.storage import write_text
+from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
 from lmppo.training import episodes, report, rollout, scoring, update
 from lmppo.training.assembly import Components, build_components, prompts_per_iteration
@@ -179,21 +179,28 @@ class PPOTrainer:
             device=self.device,
         )
         # sampling runs in the same precision as the logprob passes below (bf16 autocast: 2.7x faster
-        # generation on SmolLM2 here, benchmarks/speed/sampler_speed.py)
-        with self._autocast(), self.strategy.generation(self.actor):  # (with an environment: whole episodes)
-            engine, source = self.sampling_engine(), self.episode_source
-            batch, responses, played = episodes.sample_batch(engine, self.policy, batch, index, source)
-        ids, mask = torch.cat([batch.ids, responses[0]], 1), torch.cat([batch.mask, responses[1]], 1)
+        # generation on SmolLM2 here, benchmarks/speed/sampler_speed.py); with an environment: whole episodes
+        with self.strategy.generation(self.actor):
+            to_sample = rollout.episode_prompts(batch, index, self.prompt_set)
+            sampled, played = episodes.produce(self.road(), self.policy, to_sample, index, self.episode_source)
+        prompt_ids, prompt_mask = sampled.prompts.batch.ids, sampled.prompts.batch.mask
+        ids = torch.cat([prompt_ids, sampled.response_ids], 1)  # (B, P + T)
+        mask = torch.cat([prompt_mask, sampled.response_mask], 1)
         B = ids.shape[0]
         chunk = cfg.rollout.forward_batch_size or B
         reuse = rollout.reuses_rollout_forward(cfg, self.strategy.reuses_rollout_forward, acc.num_processes, B, chunk)
         reference_logits = partial(self.reference.logits, self.policy, temperature=cfg.rollout.temperature)
         policy_and_values = partial(self._old_policy_and_values, keep_graph=reuse)
         with self._autocast():
-            passes = rollout.rollout_passes(ids, mask, responses[0], cfg, reference_logits, policy_and_values, chunk)
-        return rollout.build_rollout(
-            batch, responses, passes, group_ids, index, self.prompt_set, self.tokenizer, played=played
-        )
+            passes = rollout.rollout_passes(
+                ids, mask, sampled.response_ids, cfg, reference_logits, policy_and_values, chunk
+            )
+        return rollout.build_rollout(sampled, passes, group_ids, index, self.prompt_set, self.tokenizer, played)
+
+    def road(self) -> Road:
+        """The run's road (`lmppo.episodes.road`), which training and every evaluation take."""
+        engine, temperature = self.sampling_engine(), self.config.rollout.temperature
+        return single_turn_road(engine, self.tokenizer, self.reward_sources, self._autocast, temperature)
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
         """The engine of `rollout.backend` (or `name`), built from the registry (lmppo.sampling.engines) on first
@@ -395,8 +402,9 @@ class PPOTrainer:
         with self.strategy.full_weights(self.actor):  # ZeRO-3: the full weights, as for the end-of-run summary
             if not self.accelerator.is_main_process:
                 return {}
-            args = (self.tokenizer, self.reward_sources, self.stop_ids, self.reference, self._autocast)
-            metrics = report.heldout_metrics(self.policy, self.holdout_set, self.config, *args, self.episode_source)
+            metrics = report.heldout_metrics(
+                self.road(), self.policy, self.holdout_set, self.config, self.reference, self.episode_source
+            )
         self.callbacks.call("on_evaluate", self, dict(metrics))
         return metrics
 
@@ -437,12 +445,6 @@ class PPOTrainer:
             heldout=heldout,
             heldout_title=heldout_title,
         )
-
-    def rewrite_model_cards(self, directory: str, heldout: HeldoutRows, heldout_title: str) -> None:
-        """The cards of the folders in `directory` written again with the held-out before/after table."""
-        for folder in card_folders(directory):
-            text = self.model_card(folder, heldout, heldout_title)
-            write_text(os.path.join(directory, folder, "README.md"), text, "the model card")
 
     def save_checkpoint(self) -> Optional[str]:
         path = checkpoint_trainer(self)  # (sharded under DeepSpeed: `lmppo.distributed.strategy`)
