@@ -193,3 +193,24 @@ def test_negative_knobs_are_refused(field):
 
     with pytest.raises(ConfigError, match=field.split(".")[1]):
         load_config(None, {field: "-1"})
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo", "gae"])
+def test_critic_free_estimators_train_no_value_head(tmp_path, tokenizer, estimator):
+    """Trait `uses_values`: with `grpo` / `rloo` the shared value head (and so the trunk, through it) gets no value
+    gradient (`ppo.vf_coef` counts as 0); with `gae` it learns."""
+    groups = {} if estimator == "gae" else {"rollout__num_samples_per_prompt": 4}
+    trainer = make(
+        tmp_path,
+        tokenizer,
+        lambda p, c: [len(x) / 20.0 for x in c],
+        1,
+        ppo__advantage_estimator=estimator,
+        ppo__vf_coef=0.5,
+        **groups,
+    )
+    head = trainer.accelerator.unwrap_model(trainer.actor).value_head
+    before = [p.detach().clone() for p in head.parameters()]
+    trainer.train()
+    moved = any(not torch.equal(a, b) for a, b in zip(before, head.parameters()))
+    assert moved == (estimator == "gae")

@@ -325,7 +325,8 @@ class PPOConfig(_Section):
     value_clip_range: PositiveFloat = 0.2
     """Value clip: new values are clipped to old value +- this in the clipped value loss."""
     vf_coef: NonNegativeFloat = 0.1
-    """Weight of the value loss."""
+    """Weight of the value loss. Counts as 0 with an advantage estimator that reads no values (`grpo`, `rloo`,
+    `reinforce_pp`): no value function is trained for nothing (a shared head's value loss would move the policy)."""
     entropy_coef: NonNegativeFloat = 0.0
     """Weight of the entropy bonus (subtracted from the loss); 0 is the usual RLHF choice."""
     target_kl: NonNegativeFloat = 0.0

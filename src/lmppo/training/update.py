@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Sequen
 import torch
 
 from lmppo.config import Config
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.losses import clipped_value_loss, token_mean
@@ -185,7 +186,7 @@ def micro_batch_objective(
         num_tokens,
         clip_range=cfg.ppo.clip_range,
         value_clip_range=cfg.ppo.value_clip_range,
-        vf_coef=cfg.ppo.vf_coef,
+        vf_coef=value_coef(cfg),
         entropy_coef=cfg.ppo.entropy_coef,
         kl_coef=kl_coef,
         kl_estimator=loss_kl_estimator(cfg),
@@ -195,6 +196,13 @@ def micro_batch_objective(
     for name, value in objective_stats.items():
         stats.add(name, value)
     return loss
+
+
+def value_coef(cfg: Config) -> float:
+    """`ppo.vf_coef`, or 0 with an advantage estimator that reads no values (trait `uses_values`): a value function
+    nobody reads is not trained, and a shared head's value loss would move the policy's trunk for nothing."""
+    uses_values = ADVANTAGE_ESTIMATORS.trait(cfg.ppo.advantage_estimator, "uses_values")
+    return cfg.ppo.vf_coef if uses_values else 0.0
 
 
 def critic_only_loss(
@@ -223,7 +231,7 @@ def critic_only_loss(
     vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
     stats.add(STAT_NAMES["value"], masked_mean(vf_loss.detach(), mask))
     stats.add(STAT_NAMES["value_clipped"], masked_mean(vf_stats["clipped"], mask))
-    return token_mean(cfg.ppo.vf_coef * vf_loss, mask, num_tokens)
+    return token_mean(value_coef(cfg) * vf_loss, mask, num_tokens)
 
 
 def hold_policy(
