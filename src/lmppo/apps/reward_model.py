@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from lmppo.apps.arguments import reward_model_parser
-from lmppo.run import signals
 from lmppo.training.reward_model import RewardModelSettings, train_reward_model
 
 
@@ -18,16 +17,7 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     if args.resume is not None:
         settings = RewardModelSettings(output_dir=args.resume)
     say = console.print if console is not None else print
-    try:
-        result = train_reward_model(settings, resume=args.resume is not None, say=say)
-    except KeyboardInterrupt as stop:
-        out = settings.output_dir
-        step = (
-            f"continue with `lmppo reward-model --resume {out}`"
-            if signals.has_checkpoint(out)
-            else "it wrote no checkpoint yet: start it again with `--overwrite`"
-        )
-        print(f"{signals.how_stopped(stop)}; {step}")
-        return signals.exit_code(stop)
+    # a stop signal ends in the CLI with one line on stderr (`lmppo.apps.cli.AFTER_STOP`): resume it with --resume
+    result = train_reward_model(settings, resume=args.resume is not None, say=say)
     say(f"{result.steps} steps in {result.seconds:.0f} s")
     return 0

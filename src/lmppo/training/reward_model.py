@@ -7,10 +7,11 @@ right-padded text). Held-out pairs (the last `held_out` of a seeded shuffle) giv
 margin before training, after each epoch and at the end.
 
 The run folder follows `lmppo train`'s rules: a folder holding other files is refused unless `overwrite` (then only
-what a reward-model run writes is removed), one process at a time (`lmppo.run.lock`), checkpoints written whole or
-not at all (`checkpoints/iter-STEP`, verified by their manifest), `--resume OUTPUT_DIR` continuing from the latest
-complete one to the same weights as a run never stopped (the data order is a function of (seed, epoch), the loss
-has no randomness: LoRA dropout is 0), and the final model published at once as OUTPUT_DIR/model with its card.
+what a reward-model run writes is removed); the folder is checked writable before any model loads; one process at a
+time (`lmppo.run.outputs.result_output`: the run lock); checkpoints written whole or not at all
+(`checkpoints/iter-STEP`, verified by their manifest); `--resume OUTPUT_DIR` continuing from the latest complete one
+to the same weights as a run never stopped (the data order is a function of (seed, epoch), the loss has no
+randomness: LoRA dropout is 0); the final model published at once as OUTPUT_DIR/model with its card.
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ from safetensors.torch import load_file, save_file
 from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin
 from lmppo.data.preference_pairs import PreferencePair, load_preference_pairs, pair_texts
 from lmppo.errors import CheckpointError, ConfigError
+from lmppo.models.files import load_whole
 from lmppo.models.loading import resolve_model_path
 from lmppo.rewards.model import sequence_scores
-from lmppo.run import lock, storage
+from lmppo.run import storage
 from lmppo.run.folder import checkpoint_name, checkpoints_dir
 from lmppo.run.manifest import latest_checkpoint, prune_checkpoints, write_manifest
 from lmppo.run.metrics_file import read_jsonl
 from lmppo.run.model_card import lmppo_version
+from lmppo.run.outputs import check_writable, result_output
 from lmppo.run.state import RngState
 
 if TYPE_CHECKING:
@@ -137,7 +140,9 @@ def load_model(settings: RewardModelSettings) -> tuple[torch.nn.Module, PreTrain
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     torch.manual_seed(settings.seed)  # the new score head's initial weights
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1)
+    model = load_whole(  # a causal LM's `score` head is new by design, its `lm_head` goes; nothing else may differ
+        AutoModelForSequenceClassification.from_pretrained, path, "reward-model base", True, ("score.",), num_labels=1
+    )
     model.config.pad_token_id = tokenizer.pad_token_id
     decoder_head = hasattr(model, "score") and hasattr(model, "base_model")
     if settings.lora:
@@ -165,6 +170,7 @@ class RewardModelTrainer:
             with open(os.path.join(settings.output_dir, SETTINGS), encoding="utf-8") as fh:
                 settings = RewardModelSettings(**{**json.load(fh), "output_dir": settings.output_dir})
         settings.check()
+        check_writable(os.path.join(settings.output_dir, MODEL), "the reward model")  # before any model loads
         prepare_folder(settings, resume)
         self.settings, self.say, self.resume = settings, say, resume
         pairs = load_preference_pairs(settings.data)
@@ -204,8 +210,7 @@ class RewardModelTrainer:
     # ------------------------------------------------------------------ the run
     def train(self) -> RewardModelResult:
         out, s = self.settings.output_dir, self.settings
-        lock.acquire(out)
-        try:
+        with result_output(os.path.join(out, MODEL), "the reward model", "lmppo reward-model", run_dir=out):
             start = time.time()
             before = self._begin()
             total = s.epochs * self.steps_per_epoch
@@ -237,8 +242,6 @@ class RewardModelTrainer:
             after = self.evaluate()
             model_dir = self._export(before, after)
             return RewardModelResult(model_dir, before, after, self.step, time.time() - start)
-        finally:
-            lock.release(out)
 
     def _begin(self) -> tuple[float, float]:
         """A new run: its settings written and the held-out numbers before training. A resume: the latest complete
