@@ -12,7 +12,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-ROWS = [{"prompt": f"count down from {n}", "turns": n} for n in (1, 2, 3, 5, 2, 4, 1, 3)]
+ROWS = [{"prompt": f"count down from {n}", "turns": n, "per_word": 0.1} for n in (1, 2, 3, 5, 2, 4, 1, 3)]
 
 
 def config(out: str, env: str):

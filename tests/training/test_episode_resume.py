@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -18,19 +17,6 @@ from conftest import TESTS
 from train_worker import comparable, read_jsonl
 
 WORKER = os.path.join(TESTS, "env_worker.py")
-ENV = """
-class Countdown:
-    def __init__(self, turns, prompt=""):
-        self.turns, self.seen, self.prompt = int(turns), 0, prompt
-
-    def reset(self):
-        return self.prompt
-
-    def step(self, action):
-        self.seen += 1
-        done = self.seen >= self.turns
-        return (None if done else f"turn {self.seen}: {len(action)} characters"), 0.1 * len(action.split()), done
-"""
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 
 
@@ -49,9 +35,7 @@ def weights(out: str) -> dict:
 
 
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
-    env_file = tmp_path / "countdown.py"
-    env_file.write_text(textwrap.dedent(ENV))
-    env = f"{env_file}:Countdown"
+    env = os.path.join(TESTS, "countdown_env.py") + ":Countdown"  # rows with per_word: rewards follow the samples
     whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
     reference = run(whole, env)
     marker = str(tmp_path / "marker")

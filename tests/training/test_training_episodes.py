@@ -5,37 +5,20 @@ sample table."""
 from __future__ import annotations
 
 import math
-import textwrap
+import os
 
 import pytest
 import torch
 
-from conftest import small_config, tiny_llama
+from conftest import TESTS, small_config, tiny_llama
 from lmppo.training.trainer import PPOTrainer
-
-ENV = '''
-class Countdown:
-    """Ends after `turns` turns; 0.25 per turn; the observation names the turn."""
-    def __init__(self, turns, prompt=""):
-        self.turns, self.seen, self.prompt = int(turns), 0, prompt
-
-    def reset(self):
-        return self.prompt
-
-    def step(self, action):
-        self.seen += 1
-        done = self.seen >= self.turns
-        return (None if done else f"turn {self.seen} done, go on"), 0.25, done
-'''
 
 ROWS = [{"prompt": f"count down from {n}", "turns": n} for n in (1, 2, 3, 5)]
 
 
 @pytest.fixture()
-def env_path(tmp_path):
-    path = tmp_path / "countdown.py"
-    path.write_text(textwrap.dedent(ENV))
-    return f"{path}:Countdown"
+def env_path():
+    return os.path.join(TESTS, "countdown_env.py") + ":Countdown"  # 0.25 per turn
 
 
 def make_trainer(tmp_path, tokenizer, env_path, **fields):
