@@ -601,8 +601,9 @@ class _LmppoIterations:
             rollout=metrics.get("time/rollout", 0.0),
             reward=metrics.get("time/score", 0.0),
             update=metrics.get("time/update", 0.0),
+            compile=metrics.get("time/compile", 0.0),  # `ppo.compile`: first calls of new shapes, not in update
         )
-        it["other"] = it["wall"] - it["rollout"] - it["reward"] - it["update"]
+        it["other"] = it["wall"] - it["rollout"] - it["reward"] - it["update"] - it["compile"]
         self.iterations.append(it)
         self.last_wall, self.last_cpu = wall, cpu
 

@@ -1,6 +1,7 @@
 """What the CPU tests cannot check, run on a CUDA machine (issue 32): the native sampler's noise is bit-identical on
 CPU and GPU, the CUDA-graph decoding gives the eager static and the dynamic loop's tokens, CPU and GPU sample the
-same tokens from one fp32 model, blockwise bf16 logprobs match the fp32 formula, AdamW is fused. Prints one JSON
+same tokens from one fp32 model, blockwise bf16 logprobs match the fp32 formula, AdamW is fused; the compiled update
+(issue 44, CUDA graphs) computes the eager one's update, and a non-finite step is skipped on the device. Prints one JSON
 line per check and `ALL OK` or the failed checks; exit status 1 if one failed.
 
     PYTHONPATH=src python3 benchmarks/speed/gpu_check.py
@@ -110,12 +111,54 @@ def adamw() -> None:
     report("adamw_fused_on_cuda", is_fused(opt))
 
 
+def compiled_update(device: str = "cuda") -> None:
+    """Issue 44: one PPO update of a tiny Llama on CUDA, `ppo.compile` on (reduce-overhead: CUDA graphs) against off,
+    from the same rollout: the statistics and the weights agree; a non-finite step is skipped in the fused kernel."""
+    import tempfile
+
+    bench_path.put_first(bench_path.TESTS)
+    from conftest import PROMPTS, small_config, tiny_llama
+    from helpers_tokenizers import make_bpe_tokenizer
+    from lmppo.training.metrics import MetricsAccumulator
+    from lmppo.training.trainer import PPOTrainer
+    from lmppo.training.update import NonfiniteGuard
+
+    tok, folder = make_bpe_tokenizer(), Path(tempfile.mkdtemp())
+    reward = [lambda prompts, completions: [len(c) / 20.0 for c in completions]]
+    trainers = {
+        mode: PPOTrainer(small_config(folder / mode, 1, 8, device=device, ppo__compile=mode), policy=tiny_llama(tok),
+                         tokenizer=tok, prompts=PROMPTS, reward_functions=reward)
+        for mode in ("off", "on")
+    }  # fmt: skip
+    source = trainers["off"]
+    rollout = source.collect_rollout()
+    rewards = source.token_rewards(rollout, source.score(rollout))
+    advantages, returns = source.advantages(rollout, rewards)
+    means = {}
+    for mode, trainer in trainers.items():
+        stats = MetricsAccumulator()
+        trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, stats)
+        means[mode] = stats.means()
+    stat_err = max(abs(means["on"][k] - v) for k, v in means["off"].items())
+    weights = [dict(t.actor.named_parameters()) for t in trainers.values()]
+    weight_err = max(float((weights[1][k] - w).abs().max()) for k, w in weights[0].items())
+    compiled = trainers["on"].compiled
+    report("compiled_update_cuda_graphs", stat_err < 1e-4 and weight_err < 1e-4 and compiled.compiled_calls == 4,
+           stat_max_abs_error=stat_err, weight_max_abs_error=weight_err, failure=compiled.failure,
+           compiled_calls=compiled.compiled_calls, compile_seconds=round(compiled.take_seconds(), 1))  # fmt: skip
+    weight = torch.nn.Parameter(torch.ones(4, device=device))
+    guard = NonfiniteGuard(make_adamw([weight], 0.1, 1e-8, 0.0), 0, 3, torch.device(device))
+    weight.grad = torch.full((4,), float("nan"), device=device)
+    guard.step(lambda: torch.linalg.vector_norm(weight.grad), torch.tensor(1.0, device=device), MetricsAccumulator())
+    report("nonfinite_step_skipped_on_device", guard.on_device and bool((weight == 1).all()) and guard.check() == 1)
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("error: no CUDA device: this script checks the GPU paths")
         return 2
     print(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cuda": torch.version.cuda}))
-    for check in (noise, decoding, logprobs, adamw):
+    for check in (noise, decoding, logprobs, adamw, compiled_update):
         try:
             check()
         except Exception as err:  # one broken check must not hide the others' results

@@ -15,6 +15,10 @@ On a bare GPU machine with no network (wheels from `benchmarks/tools/gpu_wheels.
     python3 benchmarks/speed/gpu_side_by_side.py [--policy 1.7b] [--sides trl,critic,shared,hf]
 
 `--tiny` runs the same code on tiny shapes (and the CPU when there is no GPU), for testing the script.
+`--then-1.7b --budget 540`: after the 360M sides, TRL and lmppo (critic) with the 1.7B policy, each worker stopped
+when the budget (seconds since the start) runs out; the summary says what did not finish. The summary lines give
+issue 44's figures: lmppo / TRL episodes/s, GPU peak against TRL's, the update phase, decoding ms/step and the first
+iteration's compile time (`time/compile`, `ppo.compile`).
 Worker mode (used by the driver): `--worker build|trl|lmppo --cfg run.json --result out.json`.
 """
 
@@ -291,6 +295,80 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def must_show(results: dict) -> list[str]:
+    """Issue 44's figures from one set of sides: ratios to TRL, memory, update phase, decoding, compile time."""
+    trl, lines = results.get("trl"), []
+    for side, asked in (("critic", 3.5), ("shared", 5.0)):
+        r = results.get(side)
+        if r is None:
+            continue
+        if trl:
+            lines.append(f"{side}: episodes/s {r['eps'] / trl['eps']:.2f}x TRL's (issue 44 asks >= {asked}x)")
+        if trl and r.get("gpu_peak_gib") is not None and trl.get("gpu_peak_gib") is not None:
+            lines.append(f"{side}: GPU peak {r['gpu_peak_gib']:.1f} GiB, TRL {trl['gpu_peak_gib']:.1f} GiB (asks <=)")
+        steady = r["iterations"][1:]
+        if steady:
+            update = [i["update"] for i in steady]
+            lines.append(f"{side}: update phase {sum(update) / len(update):.2f} s ({_range(update)}; asks <= 1.5 s)")
+        first = r["iterations"][0] if r["iterations"] else {}
+        lines.append(f"{side}: compile time in the first iteration {first.get('compile', 0.0):.1f} s (time/compile)")
+        if "decode" in r:
+            lines.append(f"{side}: decoding {r['decode']['native_ms_per_step']:.2f} ms/step (asks <= 3 ms)")
+    return lines
+
+
+def run_sides(sides: list[str], settings: dict, work: Path, timeout: float, deadline: float, decode: bool) -> dict:
+    """Each side in its own worker, in order; a side past `deadline` (time.perf_counter) is left out, said so."""
+    results: dict = {}
+    for side in sides:
+        left = min(timeout, deadline - time.perf_counter())
+        if left < 30:
+            print(f"{side}: not run, the budget is spent", flush=True)
+            continue
+        kind, over = SIDES[side]
+        cfg = dict(settings, **over, side=side, out_dir=str(work / side), decode_timings=side == "critic" and decode)
+        try:
+            results[side] = spawn(kind, cfg, work, left)
+        except subprocess.TimeoutExpired:
+            print(f"{side}: stopped after {left:.0f} s (budget or --timeout), no figures", flush=True)
+            continue
+        results[side]["batch_size"] = settings["batch_size"]
+        r = results[side]
+        print(f"{side}: {r['eps']:.2f} episodes/s, process {r['process_seconds']:.0f} s", flush=True)
+        (work / "results.json").write_text(json.dumps(results, indent=1))  # kept if a later side fails
+    return results
+
+
+def _one_policy(settings: dict, sides: list[str], args, deadline: float, subfolder: str = "") -> dict:
+    """Build the models of `settings`, run `sides`, print the table and the summary; returns the results."""
+    work = args.work / subfolder if subfolder else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    cache = args.work / f"models-{settings['policy_shape']}"
+    settings = dict(settings, cache=str(cache))
+    left = min(args.timeout, deadline - time.perf_counter())
+    try:
+        built = spawn("build", dict(settings, side="build"), work, left)
+    except subprocess.TimeoutExpired:
+        print(f"{settings['policy_shape']}: the models were not built within the budget", flush=True)
+        return {}
+    print(f"models: {built['parameters']} built on {built['device']} in {built['process_seconds']:.0f} s", flush=True)
+    results = run_sides(sides, settings, work, args.timeout, deadline, not args.no_decode)
+    first = next(iter(results.values()), {})
+    torch_version, cuda = first.get("versions", {}).get("torch"), first.get("torch_cuda")
+    print(f"\ndevice: {first.get('gpu') or settings['device']}; torch {torch_version} (CUDA {cuda})")
+    print(f"versions: {json.dumps({s: r.get('versions') for s, r in results.items()})}")
+    print(
+        f"policy {settings['policy_shape']}, critic/reward {settings['value_shape']}; batch {settings['batch_size']}, "
+        f"{settings['num_mini_batches']} minibatches, {settings['ppo_epochs']} epochs, "
+        f"{settings['response_length']} new tokens, no stop token, {settings['iterations']} iterations "
+        "(the first dropped from steady, rollout, update)"
+    )
+    print(table(results))
+    for line in must_show(results):
+        print(f"{settings['policy_shape']} {line}")
+    return results
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -308,6 +386,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", type=Path, default=bench_path.BENCHMARKS / ".cache" / "gpu_side_by_side")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per worker process")
     ap.add_argument("--no-decode", action="store_true", help="skip the decoding ms/step measurement")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run; later sides are skipped")
+    ap.add_argument("--then-1.7b", dest="then_17b", action="store_true", help="then TRL and critic with 1.7B")
     ap.add_argument("--worker", choices=["build", "trl", "lmppo"], help=argparse.SUPPRESS)
     ap.add_argument("--cfg", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--result", type=Path, help=argparse.SUPPRESS)
@@ -332,37 +412,12 @@ def main(argv=None) -> int:
         policy_shape="tiny" if args.tiny else args.policy, value_shape="tiny" if args.tiny else "135m",
     )  # fmt: skip
     args.work.mkdir(parents=True, exist_ok=True)
-    cache = args.work / f"models-{settings['policy_shape']}"
-    settings["cache"] = str(cache)
     t0 = time.perf_counter()
-    built = spawn("build", dict(settings, side="build"), args.work, args.timeout)
-    print(f"models: {built['parameters']} built on {built['device']} in {built['process_seconds']:.0f} s", flush=True)
-    results = {}
-    for side in sides:
-        kind, over = SIDES[side]
-        cfg = dict(
-            settings,
-            **over,
-            side=side,
-            out_dir=str(args.work / side),
-            decode_timings=side == "critic" and not args.no_decode,
-        )
-        results[side] = spawn(kind, cfg, args.work, args.timeout)
-        results[side]["batch_size"] = settings["batch_size"]
-        r = results[side]
-        print(f"{side}: {r['eps']:.2f} episodes/s, process {r['process_seconds']:.0f} s", flush=True)
-        (args.work / "results.json").write_text(json.dumps(results, indent=1))  # kept if a later side fails
-    first = next(iter(results.values()), {})
-    torch_version, cuda = first.get("versions", {}).get("torch"), first.get("torch_cuda")
-    print(f"\ndevice: {first.get('gpu') or device}; torch {torch_version} (CUDA {cuda})")
-    print(f"versions: {json.dumps({s: r.get('versions') for s, r in results.items()})}")
-    print(
-        f"policy {settings['policy_shape']}, critic/reward {settings['value_shape']}; batch {settings['batch_size']}, "
-        f"{settings['num_mini_batches']} minibatches, {settings['ppo_epochs']} epochs, "
-        f"{settings['response_length']} new tokens, no stop token, {settings['iterations']} iterations "
-        "(the first dropped from steady, rollout, update)"
-    )
-    print(table(results))
+    deadline = t0 + (args.budget or float("inf"))
+    results = _one_policy(settings, sides, args, deadline)
+    if args.then_17b:  # (--tiny: the same code path on the tiny shape)
+        big = dict(settings, policy_shape="tiny" if args.tiny else "1.7b")
+        _one_policy(big, [s for s in ("trl", "critic") if s in sides], args, deadline, subfolder="1.7b")
     print(f"total {time.perf_counter() - t0:.0f} s")
     (args.work / "results.json").write_text(json.dumps(results, indent=1))
     return 0

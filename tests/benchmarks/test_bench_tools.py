@@ -46,3 +46,27 @@ def test_phase_ab_unpacks_a_commits_src_and_refuses_a_worker_that_imported_anoth
     shadowed.write_text(json.dumps({"rows": rows, "lmppo": str(ROOT / "src" / "lmppo" / "__init__.py")}))
     with pytest.raises(SystemExit, match="imported lmppo from"):
         phase_ab.read_result(shadowed, src)
+
+
+def test_the_gpu_side_by_side_summary_gives_issue_44s_figures():
+    import gpu_side_by_side
+
+    def side(eps, peak, updates, compile_s=0.0, decode=None):
+        its = [
+            dict(wall=1.0, rollout=0.5, update=u, compile=compile_s if i == 0 else 0.0) for i, u in enumerate(updates)
+        ]
+        return dict(eps=eps, gpu_peak_gib=peak, iterations=its, **({"decode": decode} if decode else {}))
+
+    results = {
+        "trl": side(4.0, 25.0, [8.0, 8.0]),
+        "critic": side(14.0, 18.0, [9.0, 1.0, 2.0], compile_s=42.0, decode={"native_ms_per_step": 2.5}),
+        "shared": side(22.0, 14.0, [3.0, 1.0]),
+    }
+    lines = gpu_side_by_side.must_show(results)
+    assert "critic: episodes/s 3.50x TRL's (issue 44 asks >= 3.5x)" in lines
+    assert "shared: episodes/s 5.50x TRL's (issue 44 asks >= 5.0x)" in lines
+    assert "critic: GPU peak 18.0 GiB, TRL 25.0 GiB (asks <=)" in lines
+    assert "critic: update phase 1.50 s (1.0-2.0; asks <= 1.5 s)" in lines  # iteration 1 left out
+    assert "critic: compile time in the first iteration 42.0 s (time/compile)" in lines
+    assert "critic: decoding 2.50 ms/step (asks <= 3 ms)" in lines
+    assert not any(line.startswith("trl") for line in lines)

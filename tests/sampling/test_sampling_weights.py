@@ -181,3 +181,34 @@ def test_the_copy_of_a_policy_with_its_adapters_switched_off_is_the_base_model(t
         assert torch.allclose(logits_of(copy, ids, mask), logits_of(tiny_llama(tokenizer), ids, mask), atol=1e-5)
     assert weights.model_for(policy) is copy
     assert torch.allclose(logits_of(copy, ids, mask), logits_of(policy, ids, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_a_working_copy_holds_every_linear_weight_in_bf16_and_computes_what_autocast_computes(tokenizer):
+    """The GPU path (`cpu_working_copy` takes it on CPU): under bf16 autocast a copy of every fp32 linear layer in
+    bf16, made once per rollout instead of a cast at every decoding step, gives autocast's own logits; embeddings
+    and norms stay the policy's fp32 tensors; an optimizer step reaches the copy at the next rollout."""
+    model = tiny_llama(tokenizer)
+    ids, mask = batch(tokenizer)
+    weights = SamplingWeights(cpu_working_copy=True)
+    assert weights.model_for(model) is model  # no autocast: nothing to cast, no copy
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        copy = weights.model_for(model)
+        assert copy is not model and weights.working
+        linear = [m for m in copy.modules() if isinstance(m, nn.Linear)]
+        assert linear and all(m.weight.dtype == torch.bfloat16 for m in linear)
+        assert copy.model.embed_tokens.weight is model.model.embed_tokens.weight
+        assert copy.model.layers[0].input_layernorm.weight is model.model.layers[0].input_layernorm.weight
+        assert torch.equal(logits_of(copy, ids, mask), logits_of(model, ids, mask))
+        seeds = [response_seed(0, 0, p) for p in range(ids.shape[0])]
+        stop = torch.tensor([tokenizer.eos_token_id])
+        drawn = [sample_native(m, ids, mask, 1.0, 8, stop, tokenizer.pad_token_id, seeds) for m in (model, copy)]
+        assert all(torch.equal(a, b) for a, b in zip(*drawn))
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=0.05, fused=True)  # in place, without bumping tensor versions
+    for p in params:
+        p.grad = torch.ones_like(p)
+    optimizer.step()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(logits_of(copy, ids, mask), logits_of(model, ids, mask)) is False  # stale until refreshed
+        assert weights.model_for(model) is copy and weights.refreshes == 2
+        assert torch.equal(logits_of(copy, ids, mask), logits_of(model, ids, mask))

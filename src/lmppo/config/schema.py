@@ -364,6 +364,10 @@ class PPOConfig(_Section):
     """With one minibatch that is one micro-batch, keep the rollout's policy/value pass (and its graph) as the
     first epoch's forward instead of running it again: the same update, one forward pass per model fewer per
     iteration, at the cost of holding that graph while the rewards are computed."""
+    compile: Literal["auto", "on", "off"] = "auto"
+    """A micro-batch's forward, objective and backward through torch.compile (CUDA graphs on CUDA), widths rounded
+    up to a few fixed ones; `auto`: on CUDA only. Compile time is logged once (`time/compile`); a failure to
+    compile warns once and the update runs eagerly (`lmppo.training.compiled_update`)."""
 
 
 @section

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
@@ -391,7 +392,7 @@ def run_trunk(
 ) -> torch.Tensor:
     """(B, L) -> (B, L, H) last hidden states. `padded`: whether `attention_mask` holds any padding, when the caller
     knows it without reading the device (the update loop); None: transformers reads the mask to find out."""
-    with padding_known(padded):
+    with nullcontext() if padded is None else padding_known(padded):  # (None: nothing for a compiler to trace)
         out = trunk(
             input_ids=input_ids,
             attention_mask=attention_mask.long(),
@@ -416,7 +417,8 @@ def policy_forward(
     value_head: Optional[ValueHead] = None,
     padded: Optional[bool] = None,
 ) -> PolicyOutput:
-    """One trunk pass over prompt + response; LM head only where response tokens are predicted.
+    """One trunk pass over prompt + response; LM head only where response tokens are predicted. Logits in fp32, or
+    bf16 under bf16 autocast at temperature 1 (`lmppo.core.logprobs` reads them in fp32 blocks: no fp32 copy).
 
     The hidden state at position P - 1 + t predicts response token t, so positions P-1 .. P+T-2 give the
     logits, and positions P-1 .. P+T-1 give the values of the T + 1 response states.
@@ -424,7 +426,9 @@ def policy_forward(
     trunk, head = trunk_and_head(policy)
     hidden = run_trunk(trunk, input_ids, attention_mask, padded)  # (B, P + T, H)
     response_hidden = hidden[:, prompt_len - 1 :]  # (B, T + 1, H)
-    logits = head(response_hidden[:, :-1]).float() / temperature  # (B, T, V)
+    logits = head(response_hidden[:, :-1])  # (B, T, V), bf16 under bf16 autocast
+    if temperature != 1.0 or logits.dtype != torch.bfloat16:
+        logits = logits.float() / temperature
     values = value_head(response_hidden).float() if value_head is not None else None
     return PolicyOutput(logits=logits, values=values)
 

@@ -96,9 +96,10 @@ def engine_class(name: str) -> type[SamplingEngine]:
 class NativeEngine(SamplingEngine):
     """lmppo's own loop (`lmppo.sampling.native.sample_native`): Gumbel-max over the KV-cached model, one random stream
     per response, so the same responses come out whatever the batching or number of processes. On CUDA the decoding
-    step is replayed from CUDA graphs (`lmppo.sampling.cuda_graphs`), one per batch bucket. With LoRA on CPU it
-    runs a sampling copy of the policy (`lmppo.sampling.native.SamplingWeights`: the adapters folded into the weights),
-    refreshed at every rollout; under DeepSpeed the policy itself (its weights are gathered for generation)."""
+    step is replayed from CUDA graphs (`lmppo.sampling.cuda_graphs`), one per batch bucket. On a GPU under bf16
+    autocast, and with LoRA on CPU, it runs a sampling copy of the policy (`lmppo.sampling.native.SamplingWeights`:
+    linear weights in the autocast dtype, adapters folded in), refreshed at every rollout; under DeepSpeed the policy
+    itself (its weights are gathered for generation)."""
 
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
         super().__init__(config, stop_ids, pad_id, accelerator)

@@ -179,53 +179,73 @@ def _foldable(module: nn.Module) -> bool:
 
 
 class SamplingWeights:
-    """The model the native sampler runs for a LoRA policy on CPU: a copy whose LoRA layers are plain nn.Linear with
-    the adapters folded in, in the autocast dtype; elsewhere (GPU, no LoRA) the policy's own model.
+    """The model the native sampler runs: a copy whose linear layers are plain nn.Linear in the autocast dtype, made
+    from the policy's at every call (once per rollout, not at every decoding step), sharing every other tensor
+    (embeddings, norms) with the policy; or the policy's own model where a copy gains nothing.
+
+    A copy is made (1) on a GPU under bf16/fp16 autocast: every fp32 linear layer (autocast would otherwise cast
+    each weight again at each of a rollout's decoding steps; a cast copy computes the same thing), LoRA layers with
+    their adapters folded in; (2) for a LoRA policy on CPU: the LoRA layers folded; `cpu_working_copy=True` copies
+    every linear layer on CPU too (without LoRA a copy gains nothing measurable there, docs/performance.md).
 
     `model_for(policy)` rebuilds the copy when handed another policy and refreshes its linear weights from the
-    policy's at every call (once per rollout: a fold costs about one decoding step of a batch of r tokens)."""
+    policy's at every call (fused optimizers update in place without bumping tensor versions; in place, so
+    captured CUDA graphs stay valid)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cpu_working_copy: bool = False) -> None:
         self.source: Optional[nn.Module] = None
         self.copy: Optional[nn.Module] = None
-        self.layers: list[tuple[nn.Module, nn.Linear]] = []  # (policy's LoRA layer, the copy's plain layer)
+        self.layers: list[tuple[nn.Module, nn.Linear]] = []  # (policy's layer, the copy's plain layer)
         self.dtype: Optional[torch.dtype] = None
+        self.working = False  # every linear layer copied, not only the LoRA ones
         self.refreshes = 0
+        self.cpu_working_copy = cpu_working_copy
         self.keep_casts = (
             True  # the copy's other frozen linear layers (the LM head) cast once (lmppo.models.frozen_casts)
         )
 
     @staticmethod
-    def compute_dtype(model: nn.Module) -> Optional[torch.dtype]:
-        """The dtype the copy's linear weights take: the CPU autocast dtype when autocast is on, else None (the
-        weights' own dtype)."""
-        return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    def compute_dtype(device_type: str = "cpu") -> Optional[torch.dtype]:
+        """The dtype the copy's linear weights take: the autocast dtype of `device_type` when autocast is on there,
+        else None (the weights' own dtype)."""
+        return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
     def model_for(self, policy: nn.Module) -> nn.Module:
         model = hf_model(policy)
         params = list(model.parameters())
-        if not params or params[0].device.type != "cpu":
+        if not params:
             return model
-        if not any(_lora_parts(m) is not None for m in model.modules()):
-            return model  # without LoRA a copy gains nothing measurable, even pre-cast to bf16 (docs/performance.md)
-        dtype = self.compute_dtype(model)
-        if self.source is not model or self.dtype != dtype:
-            if not self._build(model, dtype):
+        device = params[0].device.type
+        dtype = self.compute_dtype(device)
+        working = dtype in (torch.bfloat16, torch.float16) and (device != "cpu" or self.cpu_working_copy)
+        lora = any(_lora_parts(m) is not None for m in model.modules())
+        if not working and not (lora and device == "cpu"):
+            return model
+        if self.source is not model or self.dtype != dtype or self.working != working:
+            if not self._build(model, dtype, working):
                 return model
         self._refresh()  # every call: fused optimizers update in place without bumping tensor versions
         reuse_frozen_casts(self.copy, enabled=self.keep_casts and self.dtype is not None)  # under autocast
         return self.copy
 
-    def _build(self, model: nn.Module, dtype: Optional[torch.dtype]) -> bool:
-        targets = [(name, m) for name, m in model.named_modules() if _lora_parts(m) is not None]
-        if any(not _foldable(m) for _, m in targets):
+    def _build(self, model: nn.Module, dtype: Optional[torch.dtype], working: bool) -> bool:
+        """The copy: LoRA layers folded, and with `working` every other fp32 nn.Linear too, in `dtype`."""
+        lora = [(name, m) for name, m in model.named_modules() if _lora_parts(m) is not None]
+        inside_lora = {f"{name}.{child}" for name, _ in lora for child, _ in model.get_submodule(name).named_modules()}
+        linear = [
+            (name, m)
+            for name, m in model.named_modules()
+            if working and isinstance(m, nn.Linear) and m.weight.dtype == torch.float32 and name not in inside_lora
+        ]
+        targets = lora + linear
+        if any(not _foldable(m) for _, m in lora):
             self.source = self.copy = None
             return False
         shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
         clone = copy.deepcopy(model, memo=shared)  # new modules around the same parameters and buffers
         layers = []
         for name, m in targets:
-            base = m.base_layer
+            base = m.base_layer if _lora_parts(m) is not None else m
             # built on the meta device, then given empty storage: no random init, the global RNG is left untouched
             plain = nn.Linear(
                 base.in_features,
@@ -233,20 +253,21 @@ class SamplingWeights:
                 bias=base.bias is not None,
                 device="meta",
                 dtype=dtype or base.weight.dtype,
-            ).to_empty(device="cpu")
+            ).to_empty(device=base.weight.device)
             plain.requires_grad_(False)
             parent_name, _, attr = name.rpartition(".")
             setattr(clone.get_submodule(parent_name) if parent_name else clone, attr, plain)
             layers.append((m, plain))
-        self.source, self.copy, self.layers, self.dtype = model, clone.eval(), layers, dtype
+        self.source, self.copy, self.layers, self.dtype, self.working = model, clone.eval(), layers, dtype, working
         return True
 
     @torch.no_grad()
     def _refresh(self) -> None:
         for layer, plain in self.layers:
-            base = layer.base_layer
+            parts = _lora_parts(layer) or []  # [] for a plain linear layer or switched-off adapters
+            base = layer.base_layer if hasattr(layer, "base_layer") else layer
             weight = base.weight.float()
-            for a, b, scale in _lora_parts(layer):
+            for a, b, scale in parts:
                 weight = weight + scale * (b.float() @ a.float())
             plain.weight.copy_(weight)
             if base.bias is not None:

@@ -26,7 +26,7 @@ from lmppo.quiet import quiet_libraries
 from lmppo.run.export import export_final, final_card, warn_unmerged
 from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
-from lmppo.training import episodes, report, rollout, scoring, update
+from lmppo.training import compiled_update, episodes, report, rollout, scoring, update
 from lmppo.training.assembly import Components, build_components, prompts_per_iteration
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
@@ -105,6 +105,7 @@ class PPOTrainer:
         self.score_moments = RunningMoments()
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
         self.first_epoch_forward: Optional[PolicyOutput] = None  # see `lmppo.training.rollout.reuses_rollout_forward`
+        self.compiled = compiled_update.build(cfg.ppo.compile, self.device, self.micro_batch_forward, cfg)
         self.iteration = 0  # completed iterations
         self.episode = 0  # episodes trained on
         self.nonfinite_in_a_row = 0
@@ -143,6 +144,7 @@ class PPOTrainer:
                     advantages, returns = self.advantages(batch, rewards)  # 4. GAE, whitening
                 with timer("update"):
                     self.ppo_update(batch, advantages, returns, rewards.train_mask, stats, signal.any)  # 5. PPO epochs
+                compiled_update.split_compile_time(self.compiled, timer.seconds)  # `time/compile`, when it ran
                 self.train_seconds = time.perf_counter() - started
                 self.finish_iteration(batch, scored, rewards, stats, timer)  # 6. log, adapt KL, sync ref
         finally:
@@ -271,29 +273,15 @@ class PPOTrainer:
         stats: MetricsAccumulator,
         learn_policy: bool = True,
     ) -> None:
-        """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each (`lmppo.training.update`).
-
-        No host read inside the minibatch loop: the epoch's row order is drawn on the host and every field gathered
-        once per epoch (micro-batches are slices), the widths of each micro-batch come from the rows' widths read
-        once per iteration, non-finite steps are skipped on the device (`update.NonfiniteGuard`), metrics stay
-        tensors; `ppo.target_kl`, when set, reads one number per minibatch. `learn_policy` False: a batch without
-        a reward signal (`update.hold_policy`)."""
+        """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each, no host read inside the
+        minibatch loop (`lmppo.training.update.run_epochs`). `learn_policy` False: a batch without a reward signal
+        (`update.hold_policy`)."""
         cfg = self.config
         loss_of = None if learn_policy else update.hold_policy(stats, self.critic, self._autocast, cfg)
         self.first_epoch_forward = self.first_epoch_forward if learn_policy else None  # no policy pass: graph goes
         epochs = cfg.ppo.num_epochs if learn_policy or self.critic is not None else 0  # a shared head: no value step
-        widths = update.row_widths(batch)  # one read per iteration
-        guard = update.NonfiniteGuard(
-            self.optimizer, self.nonfinite_in_a_row, cfg.ppo.max_nonfinite_updates, self.device
-        )
         whole = update.UpdateBatch(batch, advantages, returns, train_mask)
-        try:
-            for epoch, order in update.epoch_orders(epochs, batch.batch_size, self.update_generator):
-                shuffled = whole.shuffled(order)  # one index copy, every field gathered once
-                if not update.update_epoch(self, shuffled, order, widths, epoch, guard, stats, loss_of):
-                    break  # ppo.target_kl: the rest of this iteration's epochs are skipped
-        finally:
-            self.nonfinite_in_a_row = guard.check()  # TrainingError at ppo.max_nonfinite_updates in a row
+        self.nonfinite_in_a_row = update.run_epochs(self, whole, stats, epochs, loss_of)  # TrainingError: too many
         self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
         update.step_schedule(self.scheduler)
 
@@ -311,18 +299,30 @@ class PPOTrainer:
         """The micro-batch's share of the minibatch loss; `forward`: its policy/value pass if already run;
         `widths`: its columns, taken on the host (None: read from the batch, `update.trim`)."""
         batch, keep = update.trim(batch, widths)
-        advantages, returns, mask = advantages[:, :keep], returns[:, :keep], mask[:, :keep]
-        if forward is None:
-            P, temperature = batch.prompt_ids.shape[1], self.config.rollout.temperature
-            ids, att, padded = batch.input_ids, batch.attention_mask, None if widths is None else widths.padded
-            with self._autocast():
-                out = self.actor(ids, att, P, temperature, padded)
-                values = out.values if self.critic is None else self.critic(ids, att, P, padded)
-            forward = PolicyOutput(logits=out.logits, values=values)
-        coef = self.kl_controller.coef
-        return update.micro_batch_objective(
-            batch, forward, advantages, returns, mask, num_tokens, self.config, coef, stats
+        advantages, returns, mask, coef = (
+            advantages[:, :keep],
+            returns[:, :keep],
+            mask[:, :keep],
+            self.kl_controller.coef,
         )
+        if forward is None and self.compiled is not None and widths is not None:  # ppo.compile
+            loss, objective_stats = self.compiled(batch, advantages, returns, mask, num_tokens, coef)
+        else:
+            forward = forward or self.micro_batch_forward(batch, None if widths is None else widths.padded)
+            loss, objective_stats = update.objective_and_stats(
+                batch, forward, advantages, returns, mask, num_tokens, self.config, coef
+            )
+        for name, value in objective_stats.items():
+            stats.add(name, value)
+        return loss
+
+    def micro_batch_forward(self, batch: Rollout, padded: Optional[bool] = None) -> PolicyOutput:
+        """The policy's response logits and the values of a trimmed micro-batch (`padded`: `run_trunk`)."""
+        P, ids, att = batch.prompt_ids.shape[1], batch.input_ids, batch.attention_mask
+        with self._autocast():
+            out = self.actor(ids, att, P, self.config.rollout.temperature, padded)
+            values = out.values if self.critic is None else self.critic(ids, att, P, padded)
+        return PolicyOutput(logits=out.logits, values=values)
 
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: update.NonfiniteGuard) -> None:
         clip = update.gradient_clipper(

@@ -5,7 +5,7 @@ step. The epochs are `PPOTrainer.ppo_update`; the minibatches of one, `update_ep
 from __future__ import annotations
 
 import warnings
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Sequence
@@ -27,8 +27,12 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from lmppo.distributed.strategy import Strategy
+    from lmppo.training.compiled_update import CompiledMicroBatch
 
 
+WIDTH_BUCKETS = 4
+"""Compiled update (`ppo.compile`): each micro-batch width is rounded up to one of this many fixed widths per
+axis, so a run compiles (and captures) a few shapes only."""
 GRAD_NORM = "policy/grad_norm"
 """Each optimizer step's gradient norm before clipping (`NonfiniteGuard.step`)."""
 MEAN_STATS = (*STAT_NAMES.values(), GRAD_NORM)
@@ -158,7 +162,7 @@ def loss_kl_estimator(cfg: Config) -> str | None:
     return cfg.kl.loss_estimator if cfg.kl.placement in ("loss", "both") else None
 
 
-def micro_batch_objective(
+def objective_and_stats(
     batch: Rollout,
     forward: PolicyOutput,
     advantages: torch.Tensor,
@@ -166,15 +170,14 @@ def micro_batch_objective(
     mask: torch.Tensor,
     num_tokens: torch.Tensor,
     cfg: Config,
-    kl_coef: float,
-    stats: MetricsAccumulator,
-) -> torch.Tensor:
-    """`ppo_objective` of a trimmed micro-batch (`trim`), its statistics added to `stats`. `forward`: the policy's
+    kl_coef: float | torch.Tensor,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`ppo_objective` of a trimmed micro-batch (`trim`): the loss and its statistics. `forward`: the policy's
     response logits and values, maybe wider than the batch (a reused rollout pass): cut to its width here."""
     keep = batch.response_ids.shape[1]
     assert forward.values is not None, "the micro-batch forward returns values"
     logits, values = forward.logits[:, :keep], forward.values[:, :keep]  # V(s_0) .. V(s_{keep-1})
-    loss, objective_stats = ppo_objective(
+    return ppo_objective(
         logits,
         values,
         batch.response_ids,
@@ -188,14 +191,11 @@ def micro_batch_objective(
         value_clip_range=cfg.ppo.value_clip_range,
         vf_coef=value_coef(cfg),
         entropy_coef=cfg.ppo.entropy_coef,
-        kl_coef=kl_coef,
+        kl_coef=kl_coef,  # type: ignore[arg-type]  # a 0-dim tensor when compiled (no recompile when beta moves)
         kl_estimator=loss_kl_estimator(cfg),
         ref_logprobs=batch.ref_logprobs,
         ref_logits=batch.ref_logits,
     )
-    for name, value in objective_stats.items():
-        stats.add(name, value)
-    return loss
 
 
 def value_coef(cfg: Config) -> float:
@@ -373,6 +373,11 @@ class Updating(Protocol):
     actor: torch.nn.Module
     critic: Optional[torch.nn.Module]
     first_epoch_forward: Optional[PolicyOutput]
+    compiled: Optional[CompiledMicroBatch]
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    update_generator: torch.Generator
+    nonfinite_in_a_row: int
 
     def micro_batch_loss(
         self,
@@ -387,6 +392,34 @@ class Updating(Protocol):
     ) -> torch.Tensor: ...
 
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: NonfiniteGuard) -> None: ...
+
+
+def run_epochs(
+    trainer: Updating,
+    whole: UpdateBatch,
+    stats: MetricsAccumulator,
+    epochs: int,
+    loss_of: Optional[MicroBatchLoss] = None,
+) -> int:
+    """`epochs` passes over `whole` in minibatches, one optimizer step each; returns the streak of non-finite
+    steps skipped in a row (TrainingError at `ppo.max_nonfinite_updates`, `NonfiniteGuard`). `loss_of`: the
+    micro-batch loss instead of `trainer.micro_batch_loss` (`hold_policy`).
+
+    No host read inside the minibatch loop: the epoch's row order is drawn on the host and every field gathered
+    once per epoch (micro-batches are slices), each micro-batch's widths come from the rows' widths read once per
+    iteration, non-finite steps are skipped on the device, metrics stay tensors; `ppo.target_kl`, when set,
+    reads one number per minibatch."""
+    ppo = trainer.config.ppo
+    widths = row_widths(whole.rollout)  # one read per iteration
+    guard = NonfiniteGuard(trainer.optimizer, trainer.nonfinite_in_a_row, ppo.max_nonfinite_updates, trainer.device)
+    try:
+        for epoch, order in epoch_orders(epochs, whole.rollout.batch_size, trainer.update_generator):
+            shuffled = whole.shuffled(order)  # one index copy, every field gathered once
+            if not update_epoch(trainer, shuffled, order, widths, epoch, guard, stats, loss_of):
+                break  # ppo.target_kl: the rest of this iteration's epochs are skipped
+    finally:
+        streak = guard.check()
+    return streak
 
 
 def update_epoch(
@@ -413,16 +446,19 @@ def update_epoch(
         losses = []
         for m in range(0, mb, micro):
             part = minibatch.rows(m, m + micro)
-            columns = widths.micro_batch(order[start + m : start + m + micro])  # taken on the host
+            buckets = 0 if trainer.compiled is None else WIDTH_BUCKETS  # compiled: a few fixed shapes
+            columns = widths.micro_batch(order[start + m : start + m + micro], buckets)  # taken on the host
             forward = None
             if epoch == 0 and trainer.first_epoch_forward is not None:  # the rollout's pass, graph kept
                 forward, trainer.first_epoch_forward = trainer.first_epoch_forward, None
                 assert forward.values is not None  # the rollout's pass keeps the values with the logits
                 rows = part.index  # the rollout's rows of this micro-batch, on the device
                 forward = PolicyOutput(logits=forward.logits[rows], values=forward.values[rows])
-            with trainer.strategy.sync_gradients(
-                m + micro >= mb, trainer.actor, trainer.critic
-            ):  # all-reduce: last one
+            last = m + micro >= mb  # the gradient all-reduce runs with the minibatch's last micro-batch
+            with (
+                trainer.strategy.sync_gradients(last, trainer.actor, trainer.critic),
+                nullcontext() if trainer.compiled is None else trainer.compiled.timing(columns, micro),
+            ):
                 loss = (loss_of or trainer.micro_batch_loss)(
                     part.rollout, part.advantages, part.returns, part.train_mask, num_tokens, stats, forward, columns
                 )
