@@ -46,7 +46,8 @@ class CompiledMicroBatch:
         # graphs are still recorded per shape (a few: the widths are bucketed)
         self.compiled = torch.compile(forward_objective, mode="reduce-overhead" if self.cuda_graphs else None)
         dynamo = torch._dynamo.config
-        dynamo.recompile_limit = max(dynamo.recompile_limit, RECOMPILE_LIMIT)
+        limit = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # (torch < 2.7)
+        setattr(dynamo, limit, max(getattr(dynamo, limit), RECOMPILE_LIMIT))
         self.failure = ""  # why compilation failed (then every call runs eagerly)
         self.compiled_calls = 0  # calls that ran the compiled function
         self.shapes: set[tuple[int, int, int, bool]] = set()
