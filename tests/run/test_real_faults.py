@@ -302,7 +302,14 @@ def cli_process(argv, **env) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         env=full_env,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the child: Ctrl-C (SIGINT) handled as in a terminal. A shell starts background jobs with SIGINT ignored (the
+    test suite under `&` or a job runner), and Python then keeps ignoring it, as it should: the child would not stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, list[str]]:

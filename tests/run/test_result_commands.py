@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from test_real_faults import base_config, cli_process, finish, wait_for_file
+from test_real_faults import base_config, cli_process, ctrl_c_as_in_a_terminal, finish, wait_for_file
 
 from conftest import REPO, tiny_llama
 
@@ -60,6 +60,7 @@ def _held_merge(tmp_path, argv: list[str]) -> tuple[subprocess.Popen, str]:
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     return proc, gate
 

@@ -173,10 +173,11 @@ def _link(src: str, dst: str) -> None:
         shutil.copy2(src, dst, follow_symlinks=False)
 
 
-def keep_foreign(old: str, new: str) -> list[str]:
-    """Hard-link the files of folder `old` that lmppo did not write into folder `new`, which is about to replace
-    it, at the same place (a name lmppo now writes itself: `NAME.yours`); returns them."""
-    foreign = foreign_files(old)
+def keep_foreign(old: str, new: str, foreign: list[str] | None = None) -> list[str]:
+    """Hard-link the files of folder `old` that lmppo did not write (`foreign`, default `foreign_files(old)`) into
+    folder `new`, which is about to replace it, at the same place (a name lmppo now writes itself: `NAME.yours`);
+    returns them."""
+    foreign = foreign_files(old) if foreign is None else foreign
     for rel in foreign:
         dst = os.path.join(new, *rel.split("/"))
         _link(os.path.join(old, *rel.split("/")), dst + ".yours" if os.path.lexists(dst) else dst)
@@ -186,9 +187,11 @@ def keep_foreign(old: str, new: str) -> list[str]:
 def publishing(tmp: str, final_path: str) -> None:
     """Before folder `tmp` replaces lmppo's folder `final_path` (`storage.atomic_dir(before_publish=...)`): its
     files are listed as lmppo's, and the old folder's files lmppo did not write are kept (`keep_foreign`)."""
-    write_listing(final_path, _files(tmp))  # first: a kill before the rename keeps too much, never too little
-    if os.path.isdir(final_path):
-        announce_kept(final_path, keep_foreign(final_path, tmp))
+    foreign = foreign_files(final_path)  # before the new listing: an old file of a name lmppo writes again, which no
+    # record names (a final/ of an older lmppo), is kept as `NAME.yours`, not taken for lmppo's
+    write_listing(final_path, _files(tmp))  # then: a kill before the rename keeps too much, never too little
+    if foreign:
+        announce_kept(final_path, keep_foreign(final_path, tmp, foreign))
 
 
 def announce_kept(where: str, kept: list[str]) -> None:
@@ -209,7 +212,7 @@ def remove_keeping(path: str, what: str) -> list[str]:
     with storage.writing(f"(removing) {what}", path):
         os.makedirs(tmp)
         try:
-            keep_foreign(path, tmp)
+            keep_foreign(path, tmp, foreign)
             if _listing(path) is not None:
                 write_listing(path, [])  # lmppo owns nothing left here
             storage.publish(tmp, path)
