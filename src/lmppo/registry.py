@@ -276,7 +276,7 @@ REWARD_SOURCES: Registry[Any] = Registry(
     "reward.sources[*].kind",
     {
         "model": "lmppo.rewards.model:ModelSource",
-        "function": "lmppo.rewards.sources:FunctionSource",
+        "function": "lmppo.rewards.functions:FunctionSource",
         "http": "lmppo.rewards.http:HttpSource",
     },
     group="lmppo.reward_sources",

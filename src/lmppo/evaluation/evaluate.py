@@ -35,7 +35,7 @@ from lmppo.evaluation.tables import default_judge, make_console, print_eval, wat
 from lmppo.models.files import is_adapter_folder, load_whole
 from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
-from lmppo.rewards import RewardSource, SourceContext, build_reward_sources
+from lmppo.rewards import RewardSource, build_reward_sources, run_source_context
 from lmppo.run.outputs import result_output
 from lmppo.run.signals import go_on
 from lmppo.run.storage import write_json
@@ -245,20 +245,15 @@ def eval_device(cfg: Any) -> torch.device:
     return torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
 
 
-def build_sources(cfg: Any, device: torch.device) -> list:
-    """The config's reward sources (as the trainer builds them)."""
+def eval_precision(cfg: Any, device: torch.device) -> str:
+    """The precision of an evaluation here: the config's, `auto` decided as a new run on this machine would."""
+    return choose_precision(cfg.precision, device.type).precision
 
-    return build_reward_sources(
-        cfg.reward,
-        ctx=SourceContext(
-            device=str(device),
-            allow_pickle=cfg.model.allow_pickle,
-            trust_remote_code=cfg.model.trust_remote_code,
-            strict=cfg.model.strict,
-            batch_size=cfg.no_grad_batch_size,
-            resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
-        ),
-    )
+
+def build_sources(cfg: Any, device: torch.device) -> list[RewardSource]:
+    """The config's reward sources, built as the trainer builds them (`rewards.run_source_context`: reward models
+    under the run's bf16 autocast when the evaluation's precision is bf16)."""
+    return build_reward_sources(cfg.reward, ctx=run_source_context(cfg, device, eval_precision(cfg, device)))
 
 
 def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
@@ -329,7 +324,7 @@ def eval_plan(
             "the run kept no prompts out of training (data.holdout = 0): evaluating on training prompts", stacklevel=3
         )
     r = cfg.rollout
-    precision = choose_precision(cfg.precision, device.type).precision  # `auto`: as a new run here would choose
+    precision = eval_precision(cfg, device)
     autocast = autocast_for(precision, device)
     stop_ids = stop_token_ids(r.stop_token, tokenizer)
     engine = check_eval_engine(cfg)(cfg, stop_ids, tokenizer.pad_token_id, OneProcess(device))

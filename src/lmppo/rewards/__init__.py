@@ -5,6 +5,8 @@ rollout batch and returns the weighted per-token scores, which samples are valid
 Importing this package registers the built-in kinds (`function`, `model`, `http`).
 """
 
+from lmppo.rewards.building import build_reward_sources, run_source_context  # noqa: F401,E402
+from lmppo.rewards.functions import FunctionSource, check_source_arguments, import_callable  # noqa: F401,E402
 from lmppo.rewards.http import HttpSource  # noqa: F401,E402
 from lmppo.rewards.model import ModelSource  # noqa: F401,E402
 from lmppo.rewards.placement import (  # noqa: F401,E402
@@ -13,18 +15,13 @@ from lmppo.rewards.placement import (  # noqa: F401,E402
     place_scores,
     token_char_offsets,
 )
-from lmppo.rewards.sources import (  # noqa: F401  (the registry must be defined before the kinds register)
+from lmppo.rewards.scoring import RewardResult, score_rollout  # noqa: F401,E402
+from lmppo.rewards.sources import (  # noqa: F401
     REWARD_SOURCES,
-    FunctionSource,
-    RewardResult,
     RewardSource,
     SourceContext,
-    build_reward_sources,
-    check_source_arguments,
-    import_callable,
     mask_url,
     register_reward_source,
-    score_rollout,
 )
 
 __all__ = [
@@ -36,6 +33,7 @@ __all__ = [
     "RewardSource",
     "SourceContext",
     "build_reward_sources",
+    "run_source_context",
     "check_source_arguments",
     "decode_completion",
     "import_callable",

@@ -46,7 +46,7 @@ from lmppo.models.loading import (
 from lmppo.models.optim import lr_factor, make_adamw
 from lmppo.models.precision import PrecisionChoice, choose_precision
 from lmppo.models.reference import ReferencePolicy
-from lmppo.rewards import RewardSource, SourceContext, build_reward_sources, check_source_arguments
+from lmppo.rewards import RewardSource, build_reward_sources, check_source_arguments, run_source_context
 from lmppo.rewards.http_url import check_reward_urls
 from lmppo.run.folder import prepare_output_dir
 from lmppo.sampling.engines import SamplingEngine
@@ -184,15 +184,7 @@ def build_components(
     reward_sources = build_reward_sources(
         cfg.reward,
         reward_functions,
-        ctx=SourceContext(
-            device=str(device),
-            allow_pickle=cfg.model.allow_pickle,
-            trust_remote_code=cfg.model.trust_remote_code,
-            strict=cfg.model.strict,
-            batch_size=cfg.no_grad_batch_size,
-            resolve_path=lambda p: resolve_model_path(p, "reward model", cfg.model.allow_pickle),
-            autocast_dtype=torch.bfloat16 if cfg.precision == "bf16" else None,
-        ),
+        ctx=run_source_context(cfg, device, cfg.precision),  # cfg.precision: chosen above
     )
     _check_token_input(reward_sources, tokenizer)
     check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
