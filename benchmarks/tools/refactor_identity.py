@@ -5,7 +5,7 @@
 
 Each configuration trains a tiny Llama (built in-process, as in tests/conftest.py) for a few iterations: the shared
 value head and a separate critic, with the native and the HF sampler, a KL term in the loss, a syncing reference,
-checkpoints. `--compare` prints, per configuration, whether every metric except the wall-clock ones (`time/*`, and
+checkpoints, the held-out evaluation during training. `--compare` prints, per configuration, whether every metric except the wall-clock ones (`time/*`, and
 `eps` and `tokens_per_s`, which divide by seconds) and the final weights are identical, and exits non-zero if not.
 
 A baseline taken before commit c9e5e4d (the native sampler's noise moved to the device: the same seeds sample other
@@ -70,6 +70,9 @@ CONFIGS = {
         "reference.ema_alpha": 0.5,
         "resume_after": 2,
     },  # 2 iterations, then `PPOTrainer.resume` for the other 2
+    # the held-out evaluation during training (`eval/*`): under the run's bf16 autocast, and in fp32 on the HF engine
+    "shared_native_eval": {"data.holdout": 4, "log.eval_every": 2},
+    "shared_hf_eval_fp32": {"rollout.backend": "hf", "data.holdout": 4, "log.eval_every": 2, "precision": "fp32"},
 }
 
 
