@@ -5,8 +5,9 @@
 
 Each configuration trains a tiny Llama (built in-process, as in tests/conftest.py) for a few iterations: the shared
 value head and a separate critic, with the native and the HF sampler, a KL term in the loss, a syncing reference,
-checkpoints, the held-out evaluation during training. `--compare` prints, per configuration, whether every metric except the wall-clock ones (`time/*`, and
-`eps` and `tokens_per_s`, which divide by seconds) and the final weights are identical, and exits non-zero if not.
+checkpoints, the held-out evaluation during training. `--compare` prints, per configuration, whether every metric
+except the wall-clock ones (`time/*`, and `eps` and `tokens_per_s`, which divide by seconds) and the final weights
+are identical, and exits non-zero if not.
 
 A baseline taken before commit c9e5e4d (the native sampler's noise moved to the device: the same seeds sample other
 tokens, docs/performance.md "Native sampler noise") does not match runs after it: take the baseline again.
