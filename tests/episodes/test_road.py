@@ -186,3 +186,29 @@ def test_single_turn_samples_in_the_runs_precision_and_reduces_per_response(toke
     both = ResponseNumbers.concat([scored.numbers, scored.numbers])
     assert both.total.shape == (6,) and torch.equal(both.total[3:], scored.numbers.total)
     assert ResponseNumbers.concat([]).total.shape == (0,)
+
+
+def test_lmppo_eval_of_an_environment_run_plays_its_episodes(tmp_path, tiny_model_dir):
+    """A run with an environment is evaluated on episodes, as training and its held-out evaluation play them:
+    `reward/environment` is the sum of the turn rewards (Countdown: 0.25 a turn, ended after `turns` turns)."""
+    from conftest import TESTS
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"count down from {n}", "turns": n}) + "\n" for n in (1, 2) * 4))
+    cfg = small_config(tmp_path / "run", iterations=1, batch=4)
+    cfg.model.policy = tiny_model_dir
+    cfg.data.prompts, cfg.data.holdout = str(rows), 2
+    cfg.environment.path = os.path.join(TESTS, "countdown_env.py") + ":Countdown"
+    cfg.environment.max_turns, cfg.environment.max_episode_tokens = 3, 80
+    cfg.rollout.stop_token, cfg.ppo.micro_batch_size = "<|im_end|>", 2
+    cfg.reward.sources = []
+    PPOTrainer(cfg).train()
+    out = tmp_path / "eval.json"
+    assert eval_main([cfg.output_dir, "-o", str(out), "--samples-per-prompt", "1"]) == 0
+    res = json.loads(out.read_text())
+    assert res["judge"] == "environment" and res["weights"] == {"environment": 1.0}
+    turns = [1 if "from 1" in s["prompt"] else 2 for s in res["samples"]]
+    rewards = [s["trained_scores"]["environment"] for s in res["samples"]]
+    # an episode ends when the environment says so (its reward: 0.25 per turn) or at max_episode_tokens (fewer)
+    assert all(r <= 0.25 * t + 1e-6 for r, t in zip(rewards, turns)) and max(rewards) >= 0.25
+    assert res["trained"]["reward/environment"] == pytest.approx(sum(rewards) / len(rewards))

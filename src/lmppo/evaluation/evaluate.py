@@ -18,6 +18,7 @@ from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.environments.episodes import EpisodePlayer
 from lmppo.episodes.road import Road, autocast_for, single_turn_road
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.arguments import eval_parser
@@ -206,7 +207,7 @@ def main(argv: Sequence[str], console: Any = None) -> int:
     device = eval_device(cfg)
     check_eval_engine(cfg)  # before any model loads
     sources = build_sources(cfg, device)
-    judge = choose_judge(sources, args.judge)
+    judge = choose_judge(sources, args.judge, cfg)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # "Loading weights" bars: noise in a report
@@ -256,9 +257,16 @@ def build_sources(cfg: Any, device: torch.device) -> list[RewardSource]:
     return build_reward_sources(cfg.reward, ctx=run_source_context(cfg, device, eval_precision(cfg, device)))
 
 
-def choose_judge(sources: Sequence[Any], judge: Optional[str]) -> str:
-    """`judge` checked against the source names, or the default judge (see `default_judge`)."""
-    weights = {s.name: float(s.weight) for s in sources}
+def scored_weights(sources: Sequence[Any], cfg: Any) -> dict[str, float]:
+    """Name -> weight of what an evaluation scores: the reward sources, and `environment` (weight 1: the sum of its
+    turn rewards) when the run plays one (`environment.path`)."""
+    return {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if cfg.environment.path else {})
+
+
+def choose_judge(sources: Sequence[Any], judge: Optional[str], cfg: Any = None) -> str:
+    """`judge` checked against the source names (and `environment` with an environment), or the default judge (see
+    `default_judge`)."""
+    weights = scored_weights(sources, cfg) if cfg is not None else {s.name: float(s.weight) for s in sources}
     judge = judge or default_judge(weights, watched(sources))
     if judge not in weights:
         raise LmppoError(
@@ -296,6 +304,7 @@ class EvalPlan:
     road: Road
     choices: EvalChoices
     start_logits: RefLogits
+    player: Optional[EpisodePlayer] = None  # the run's environment (`environment.path`): one episode per prompt
 
 
 def eval_plan(
@@ -338,20 +347,21 @@ def eval_plan(
 
     shown = [prompt_set.shown_text(i) for i in range(len(prompt_set)) for _ in range(samples_per_prompt)]
     choices = EvalChoices(seed=seed, batch_size=cfg.no_grad_batch_size)
-    return EvalPlan(prompts, shown, len(prompt_set.ids), held_out, precision, road, choices, start_logits)
+    player = EpisodePlayer(cfg.environment, tokenizer, stop_ids.tolist()) if cfg.environment.path else None
+    return EvalPlan(prompts, shown, len(prompt_set.ids), held_out, precision, road, choices, start_logits, player)
 
 
 def sample_trained(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
     """The policy's responses to the plan's prompts, scored, with their KL to the starting point."""
-    return sample_and_score(plan.road, models.policy, plan.prompts, plan.choices, plan.start_logits)
+    return sample_and_score(plan.road, models.policy, plan.prompts, plan.choices, plan.start_logits, plan.player)
 
 
 def sample_start(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
     """The starting point's responses to the plan's prompts, scored (its KL to itself is 0)."""
     if models.start is not None:
-        return sample_and_score(plan.road, models.start, plan.prompts, plan.choices)
+        return sample_and_score(plan.road, models.start, plan.prompts, plan.choices, player=plan.player)
     with adapters_off(models.policy) as base:
-        return sample_and_score(plan.road, base, plan.prompts, plan.choices)
+        return sample_and_score(plan.road, base, plan.prompts, plan.choices, player=plan.player)
 
 
 def evaluate_models(
@@ -366,8 +376,8 @@ def evaluate_models(
 ) -> dict[str, Any]:
     """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
 
-    weights = {s.name: float(s.weight) for s in sources}
-    judge = choose_judge(sources, judge)
+    weights = scored_weights(sources, cfg)
+    judge = choose_judge(sources, judge, cfg)
     plan = eval_plan(models, cfg, sources, seed=seed, num_prompts=num_prompts, samples_per_prompt=samples_per_prompt)
     trained = sample_trained(models, plan)
     start = sample_start(models, plan)
