@@ -54,7 +54,8 @@ def test_an_episode_rollout_is_turns_with_observations_between(tmp_path, tokeniz
         assert (batch.logprobs[b][~policy] == 0).all() and (batch.values[b][~policy] == 0).all()
     assert batch.transcripts[1][1] == "turn 1 done, go on"
     # the opening is the environment's reset() through the chat template
-    assert batch.prompts_shown[2].startswith("user\ncount down from 3")
+    assert batch.prompts_shown[2] == "count down from 3"
+    assert batch.prompts_text[2].startswith("<|im_start|>user\ncount down from 3<|im_end|>")
 
 
 def test_turn_rewards_kl_and_training_masks_follow_the_policy_tokens(tmp_path, tokenizer, env_path):

@@ -15,10 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+import torch
+from torch import nn
+
 from lmppo.config import EnvironmentConfig
+from lmppo.core.masking import action_mask
 from lmppo.environments.api import EpisodeEnvironments, load_environment, load_tools
 from lmppo.environments.render import Observations, observation_encoder
 from lmppo.environments.tools import tool_schemas
+from lmppo.episodes.road import EpisodePrompts, Episodes, Precision, Turns
+from lmppo.sampling.engines import PromptBatch, SamplingEngine
+from lmppo.sampling.hf import left_pad
 from lmppo.sampling.turns import TurnSampler
 
 ENDED_BY_ENVIRONMENT = "environment"
@@ -151,18 +158,69 @@ class EpisodePlayer:
         return play_episodes(envs, sampler, self.encoder, self.tokenizer, prompts, seeds, self.cfg, self.stop_ids)
 
 
-def transcript_text(transcript: Optional[list[str]]) -> str:
-    """An episode turn by turn, for sample tables: `[1] turn`, `> observation`, `[2] turn`, ..."""
-    lines, turn = [], 0
-    for k, text in enumerate(transcript or []):
-        if k % 2 == 0:
-            turn += 1
-            lines.append(f"[{turn}] {text}")
-        else:
-            lines.append("> " + text.replace("\n", "\n> "))
-    return "\n".join(lines)
-
-
 def _schemas(envs: EpisodeEnvironments, episode: int) -> Optional[list[dict[str, Any]]]:
     tools = envs.tools(episode)
     return tool_schemas(tools) if tools else None
+
+
+@dataclass
+class MultiTurn:
+    """The road's second producer (`lmppo.episodes.road.EpisodeProducer`): one episode per prompt, played with the
+    run's environment on the engine's turn sampler in the run's precision. The prompts' columns (and `prompt`, the
+    prompt's text) build each episode's environment; the episodes' openings become their prompts."""
+
+    engine: SamplingEngine
+    player: EpisodePlayer
+    tokenizer: Any
+    precision: Precision
+    pad_id: int
+
+    def produce(self, policy: nn.Module, prompts: EpisodePrompts) -> Episodes:
+        b = prompts.batch
+        rows = prompts.rows if prompts.rows is not None else list(range(len(b.token_lists)))
+        given = prompts.columns or [{} for _ in prompts.texts]
+        columns = [{"prompt": text, **c} for text, c in zip(prompts.texts, given)]
+        with self.precision():
+            played = self.player.play(self.engine.turn_sampler(policy), b.token_lists, columns, rows, b.seeds)
+        return as_episodes(played, prompts, self.tokenizer, self.pad_id)
+
+
+def as_episodes(played: list[Episode], prompts: EpisodePrompts, tokenizer: Any, pad_id: int) -> Episodes:
+    """Played episodes as the road's `Episodes`: the openings left-padded as the prompts, every token after them
+    right-padded as the response, the turns' structure in `turns`."""
+    device = prompts.batch.ids.device
+    openings = [e.prompt for e in played]
+    ids, mask = left_pad(openings, pad_id)
+    batch = PromptBatch(ids.to(device), mask.to(device), openings, list(prompts.batch.seeds))
+    texts = [str(tokenizer.decode(o, skip_special_tokens=False)) for o in openings]
+    opened = EpisodePrompts(batch, texts, prompts.columns, prompts.rows)
+    B, T, K = len(played), max(1, max(len(e.tokens) for e in played)), max(len(e.turn_ends) for e in played)
+    response_ids = torch.full((B, T), pad_id, dtype=torch.long)
+    response_mask = torch.zeros(B, T, dtype=torch.bool)
+    starts, ends = torch.full((B, K), -1, dtype=torch.long), torch.full((B, K), -1, dtype=torch.long)
+    rewards = torch.zeros(B, K)
+    for row, e in enumerate(played):
+        response_ids[row, : len(e.tokens)] = torch.as_tensor(e.tokens, dtype=torch.long)
+        response_mask[row, : len(e.tokens)] = True
+        k = len(e.turn_ends)
+        starts[row, :k], ends[row, :k] = torch.tensor(e.turn_starts), torch.tensor(e.turn_ends)
+        rewards[row, :k] = torch.tensor(e.turn_rewards)
+    terminated = torch.tensor([e.stop_reason == ENDED_BY_ENVIRONMENT for e in played])
+    turns = Turns(
+        action_mask=action_mask(starts, ends, T).to(device),
+        turn_ends=ends.to(device),
+        turn_rewards=rewards.to(device),
+        tool_calls=torch.tensor([float(e.tool_calls) for e in played], device=device),
+        tool_errors=torch.tensor([float(e.tool_errors) for e in played], device=device),
+        transcripts=[list(e.transcript) for e in played],
+        stop_reasons=[e.stop_reason for e in played],
+    )
+    return Episodes(
+        opened,
+        response_ids.to(device),
+        response_mask.to(device),
+        terminated.to(device),
+        (~terminated).to(device),
+        [e.last_turn for e in played],
+        turns,
+    )

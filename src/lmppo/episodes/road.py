@@ -9,12 +9,13 @@ scoring and reduction stay as they are."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
 
+from lmppo.core.rewards import place_turn_rewards
 from lmppo.rewards import RewardResult, RewardSource, decode_completion, score_rollout
 from lmppo.sampling.engines import PromptBatch, SamplingEngine
 
@@ -42,6 +43,35 @@ class EpisodePrompts:
     batch: PromptBatch
     texts: list[str]  # B prompt texts, as the policy saw them
     columns: Optional[Columns] = None  # B dicts; None: the prompts have no other fields
+    rows: Optional[list[int]] = None  # B indices of the prompts in their data (for messages); None: 0..B-1
+
+
+@dataclass
+class Turns:
+    """The turns of multi-turn episodes (`lmppo.environments`): the response is every token after the opening,
+    the policy's turns with the environment's observations between them."""
+
+    action_mask: torch.Tensor  # (B, T) bool, True on the policy's tokens (the only ones trained on)
+    turn_ends: torch.Tensor  # (B, K) long, each turn's last policy token; -1 for turns a row does not have
+    turn_rewards: torch.Tensor  # (B, K) float, the environment's reward for each turn
+    tool_calls: torch.Tensor  # (B,) float, tool calls made in the episode
+    tool_errors: torch.Tensor  # (B,) float, of which failed
+    transcripts: list[list[str]]  # B lists: turn, observation, turn, ... as text
+    stop_reasons: list[str]  # B: environment, max_turns or max_episode_tokens
+
+    def last_turn(self, response_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each episode's last turn: its ids (B, W) right-padded, their mask (B, W), and (B,) where it starts."""
+        B, T = response_ids.shape
+        last_end = self.turn_ends.max(dim=1).values  # (B,)
+        positions = torch.arange(T, device=last_end.device)[None, :].expand(B, T)
+        before = (~self.action_mask) & (positions < last_end[:, None])  # the turn starts after the last context token
+        start = torch.where(before, positions, torch.full_like(positions, -1)).max(dim=1).values + 1  # (B,)
+        length = last_end - start + 1
+        width = max(1, int(length.max()))
+        offsets = torch.arange(width, device=start.device)[None, :]
+        take = (start[:, None] + offsets).clamp(max=T - 1)  # (B, W)
+        inside = offsets < length[:, None]
+        return torch.where(inside, response_ids.gather(1, take), torch.zeros_like(take)), inside, start
 
 
 @dataclass
@@ -53,12 +83,37 @@ class Episodes:
     response_mask: torch.Tensor  # (B, T) bool, True on the response's own tokens (stop token included)
     terminated: torch.Tensor  # (B,) bool, the response ended with the stop token
     truncated: torch.Tensor  # (B,) bool, the response hit max_new_tokens without it
-    texts: list[str]  # B completions, decoded without padding or the stop token
+    texts: list[str]  # B completions, decoded without padding or the stop token (an episode: its last turn)
+    turns: Optional[Turns] = None  # multi-turn episodes; None: one response each
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """(B, T) bool, the policy's own tokens: an episode's action mask, else the response mask."""
+        return self.response_mask if self.turns is None else self.turns.action_mask
 
     @property
     def lengths(self) -> torch.Tensor:
-        """(B,) response tokens, stop token included."""
-        return self.response_mask.sum(1)
+        """(B,) the policy's tokens, stop tokens included."""
+        return self.policy_mask.sum(1)
+
+    @property
+    def shown(self) -> list[str]:
+        """B responses for tables: the completion, or an episode turn by turn (`[1] ...`, `> observation`, ...)."""
+        if self.turns is None:
+            return list(self.texts)
+        return [transcript_text(t) for t in self.turns.transcripts]
+
+
+def transcript_text(transcript: Sequence[str]) -> str:
+    """An episode turn by turn: `[1] turn`, `> observation`, `[2] turn`, ..."""
+    lines, turn = [], 0
+    for k, text in enumerate(transcript):
+        if k % 2 == 0:
+            turn += 1
+            lines.append(f"[{turn}] {text}")
+        else:
+            lines.append("> " + text.replace("\n", "\n> "))
+    return "\n".join(lines)
 
 
 class EpisodeProducer(Protocol):
@@ -182,19 +237,38 @@ def score_episodes(
     stop_known: bool,
 ) -> RewardResult:
     """The sources' scores of `episodes` placed on their tokens (CPU tensors). `stop_known`: `terminated` says
-    whether each response ended on its stop token; False: read from its text (one turn of an episode)."""
+    whether each response ended on its stop token; False: read from its text.
+
+    Multi-turn episodes: the sources score each episode's last turn (its text is the completion), their scores are
+    placed on that turn's tokens, and each turn's environment reward joins on the turn's last policy token;
+    `per_source["environment"]` is an episode's total environment reward (weight 1)."""
     p = episodes.prompts
-    return score_rollout(
+    turns = episodes.turns
+    ids, mask = episodes.response_ids.cpu(), episodes.response_mask.cpu()
+    if turns is not None:
+        ids, mask, start = turns.last_turn(ids)
+    result = score_rollout(
         sources,
         p.texts,
         episodes.texts,
-        episodes.response_ids.cpu(),
-        episodes.response_mask.cpu(),
+        ids,
+        mask,
         tokenizer,
         on_bad_output,
-        terminated=episodes.terminated.cpu() if stop_known else None,
+        terminated=episodes.terminated.cpu() if stop_known and turns is None else None,
         prompt_ids=p.batch.token_lists,
         columns=p.columns,
+    )
+    if turns is None:
+        return result
+    B, T = episodes.response_ids.shape
+    columns = (start[:, None] + torch.arange(mask.shape[1])[None, :]).clamp(max=T - 1)
+    placed = torch.zeros(B, T).scatter_add_(1, columns, torch.where(mask, result.token_scores, 0.0))
+    environment = place_turn_rewards(turns.turn_ends.cpu(), turns.turn_rewards.cpu().float(), T)
+    return replace(
+        result,
+        token_scores=placed + environment,
+        per_source={**result.per_source, "environment": environment.sum(1)},
     )
 
 

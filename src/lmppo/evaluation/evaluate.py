@@ -18,7 +18,7 @@ from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
-from lmppo.environments.episodes import EpisodePlayer
+from lmppo.environments.episodes import EpisodePlayer, MultiTurn
 from lmppo.episodes.road import Road, autocast_for, single_turn_road
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.arguments import eval_parser
@@ -304,7 +304,6 @@ class EvalPlan:
     road: Road
     choices: EvalChoices
     start_logits: RefLogits
-    player: Optional[EpisodePlayer] = None  # the run's environment (`environment.path`): one episode per prompt
 
 
 def eval_plan(
@@ -337,7 +336,12 @@ def eval_plan(
     autocast = autocast_for(precision, device)
     stop_ids = stop_token_ids(r.stop_token, tokenizer)
     engine = check_eval_engine(cfg)(cfg, stop_ids, tokenizer.pad_token_id, OneProcess(device))
-    road = single_turn_road(engine, tokenizer, sources, autocast, r.temperature)
+    if cfg.environment.path:  # the run's environment: one multi-turn episode per prompt
+        player = EpisodePlayer(cfg.environment, tokenizer, stop_ids.tolist())
+        producer = MultiTurn(engine, player, tokenizer, autocast, tokenizer.pad_token_id)
+        road = Road(producer, sources, tokenizer, autocast, r.temperature)
+    else:
+        road = single_turn_road(engine, tokenizer, sources, autocast, r.temperature)
 
     def start_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:
         if models.start is not None:
@@ -347,21 +351,20 @@ def eval_plan(
 
     shown = [prompt_set.shown_text(i) for i in range(len(prompt_set)) for _ in range(samples_per_prompt)]
     choices = EvalChoices(seed=seed, batch_size=cfg.no_grad_batch_size)
-    player = EpisodePlayer(cfg.environment, tokenizer, stop_ids.tolist()) if cfg.environment.path else None
-    return EvalPlan(prompts, shown, len(prompt_set.ids), held_out, precision, road, choices, start_logits, player)
+    return EvalPlan(prompts, shown, len(prompt_set.ids), held_out, precision, road, choices, start_logits)
 
 
 def sample_trained(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
     """The policy's responses to the plan's prompts, scored, with their KL to the starting point."""
-    return sample_and_score(plan.road, models.policy, plan.prompts, plan.choices, plan.start_logits, plan.player)
+    return sample_and_score(plan.road, models.policy, plan.prompts, plan.choices, plan.start_logits)
 
 
 def sample_start(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
     """The starting point's responses to the plan's prompts, scored (its KL to itself is 0)."""
     if models.start is not None:
-        return sample_and_score(plan.road, models.start, plan.prompts, plan.choices, player=plan.player)
+        return sample_and_score(plan.road, models.start, plan.prompts, plan.choices)
     with adapters_off(models.policy) as base:
-        return sample_and_score(plan.road, base, plan.prompts, plan.choices, player=plan.player)
+        return sample_and_score(plan.road, base, plan.prompts, plan.choices)
 
 
 def evaluate_models(

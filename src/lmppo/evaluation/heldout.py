@@ -19,12 +19,10 @@ from torch import nn
 
 from lmppo.core.kl import KL_ESTIMATORS, exact_kl
 from lmppo.core.logprobs import selective_log_softmax
-from lmppo.core.masking import action_mask, masked_sum
-from lmppo.environments.episodes import ENDED_BY_ENVIRONMENT, Episode, EpisodePlayer, transcript_text
+from lmppo.core.masking import masked_sum
 from lmppo.episodes.road import EpisodePrompts, ResponseNumbers, Road
 from lmppo.errors import LmppoError
 from lmppo.models.loading import policy_forward
-from lmppo.rewards import score_rollout
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
@@ -135,7 +133,6 @@ def sample_and_score(
     prompts: EvalPrompts,
     choices: EvalChoices,
     reference_logits: Optional[RefLogits] = None,
-    player: Optional[EpisodePlayer] = None,
 ) -> PolicyEval:
     """One response per prompt from `policy` on the run's road (its engine, at its temperature and precision),
     scored by the road's sources, and, given `reference_logits`, its KL to the reference per response: k1 and k3 of
@@ -145,9 +142,9 @@ def sample_and_score(
     Response i draws from its own random stream `response_seed(seed, EVAL_STREAM, first_position + i)`, so two
     policies given the same seed and prompts are compared on common random numbers; an engine that draws from the
     global RNG runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
-    `player`: play one multi-turn episode per prompt with this environment instead (the engine's turn sampler):
-    the sources score the last turn, `reward/environment` is the sum of the environment's turn rewards (in `total`
-    with weight 1), lengths and KL count the policy's tokens, `responses` are the transcripts."""
+    A road whose producer plays multi-turn episodes (an environment) gives one episode per prompt: the sources score
+    the last turn, `reward/environment` is the sum of the environment's turn rewards (in `total` with weight 1),
+    lengths and KL count the policy's tokens, `responses` are the transcripts."""
     device = next(policy.parameters()).device
     tokenizer = road.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -156,16 +153,14 @@ def sample_and_score(
     for chunk, start in enumerate(range(0, len(prompts.ids), choices.batch_size)):
         batch = _eval_batch(prompts, start, choices, pad_id, device)
         with own_random_stream(choices.seed + chunk, device):
-            if player is None:
-                part = _sample_chunk(road, policy, batch)
-            else:
-                part = _play_chunk(road, player, policy, batch, choices.first_position + start, pad_id)
+            part = _sample_chunk(road, policy, batch)
         chunks.append(part)
         if reference_logits is not None:
             kls.append(response_kl(road, policy, part, reference_logits))
     n = ResponseNumbers.concat([c.numbers for c in chunks])
     kl = ResponseKL.concat(kls) if reference_logits is not None else None
-    weights = {s.name: float(s.weight) for s in road.sources} | ({"environment": 1.0} if player else {})
+    weights = {s.name: float(s.weight) for s in road.sources}
+    weights.update({"environment": 1.0} if "environment" in n.per_source else {})  # an environment's rewards
     return PolicyEval(
         prompts=list(prompts.texts),
         responses=[text for c in chunks for text in c.shown],
@@ -183,69 +178,8 @@ def sample_and_score(
 def _sample_chunk(road: Road, policy: nn.Module, batch: EpisodePrompts) -> ScoredChunk:
     scored = road.run(policy, batch)
     e = scored.episodes
-    p = batch.batch
-    return ScoredChunk(scored.numbers, e.texts, p.ids, p.mask, e.response_ids, e.response_mask, e.response_mask)
-
-
-def _play_chunk(
-    road: Road, player: EpisodePlayer, policy: nn.Module, batch: EpisodePrompts, first: int, pad_id: int
-) -> ScoredChunk:
-    """One multi-turn episode per prompt of `batch`, played with the road's engine in its precision."""
-    b, device = batch.batch, batch.batch.ids.device
-    columns = [{"prompt": t, **c} for t, c in zip(batch.texts, batch.columns or [{} for _ in batch.texts])]
-    with road.precision():
-        sampler = road.producer.engine.turn_sampler(policy)
-        played = player.play(sampler, b.token_lists, columns, list(range(first, first + len(b.seeds))), b.seeds)
-    p_ids, p_mask = (x.to(device) for x in left_pad([e.prompt for e in played], pad_id))
-    resp, resp_mask, trained, ended = _episode_tensors(played, pad_id, device)
-    last = [e.tokens[e.turn_starts[-1] : e.turn_ends[-1] + 1] for e in played]
-    scored_ids, scored_mask = _right_pad(last, pad_id)
-    result = score_rollout(
-        road.sources,
-        batch.texts,
-        [e.last_turn for e in played],
-        scored_ids,
-        scored_mask,
-        road.tokenizer,
-        "error",
-        terminated=None,  # a turn: inferred
-        prompt_ids=b.token_lists,
-        columns=batch.columns,
-    )
-    env_total = torch.tensor([sum(e.turn_rewards) for e in played])
-    numbers = ResponseNumbers(
-        total=result.token_scores.sum(1).float().cpu() + env_total,
-        per_source={**{k: v.float().cpu() for k, v in result.per_source.items()}, "environment": env_total},
-        lengths=trained.sum(1).cpu(),
-        terminated=ended.cpu(),
-        valid=result.valid.cpu(),
-    )
-    shown = [transcript_text(e.transcript) for e in played]
-    return ScoredChunk(numbers, shown, p_ids, p_mask, resp, resp_mask, trained)
-
-
-def _right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Id lists -> (N, T) ids padded on the right and (N, T) bool mask."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.as_tensor(list(r), dtype=torch.long)
-        mask[i, : len(r)] = True
-    return ids, mask
-
-
-def _episode_tensors(
-    played: Sequence[Episode], pad_id: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Episodes -> response ids (N, T), their real-token mask, the policy tokens' mask, ended by the environment."""
-    ids, mask = _right_pad([e.tokens for e in played], pad_id)
-    K = max(len(e.turn_ends) for e in played)
-    starts = torch.tensor([e.turn_starts + [-1] * (K - len(e.turn_starts)) for e in played])
-    ends = torch.tensor([e.turn_ends + [-1] * (K - len(e.turn_ends)) for e in played])
-    policy = action_mask(starts, ends, ids.shape[1])
-    ended = torch.tensor([e.stop_reason == ENDED_BY_ENVIRONMENT for e in played])
-    return ids.to(device), mask.to(device), policy.to(device), ended.to(device)
+    p = e.prompts.batch  # (an episode's opening)
+    return ScoredChunk(scored.numbers, e.shown, p.ids, p.mask, e.response_ids, e.response_mask, e.policy_mask)
 
 
 def _eval_batch(

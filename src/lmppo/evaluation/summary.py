@@ -15,7 +15,6 @@ from torch import nn
 
 from lmppo.config import Config
 from lmppo.data.prompts import PromptSet
-from lmppo.environments.episodes import EpisodePlayer
 from lmppo.episodes.road import Road
 from lmppo.evaluation.heldout import (
     EvalChoices,
@@ -58,7 +57,7 @@ class RunRecord:
     history: list[dict[str, float]]  # this process's metrics rows (a resumed run's start at the resume)
     is_main_process: bool
     full_weights: Callable[[], AbstractContextManager[object]]  # ZeRO-3: the full weights on every process
-    player: Optional[EpisodePlayer] = None  # an environment (`environment.path`): one episode per prompt
+    environment: bool = False  # the road plays multi-turn episodes (`environment.path`): `reward/environment`
 
 
 @contextmanager
@@ -98,7 +97,7 @@ def heldout_summary(
         return out
     r = cfg.rollout
     sources = run.road.sources
-    weights = {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if run.player else {})
+    weights = {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if run.environment else {})
     watch = watched(sources)
     judge = default_judge(weights, watch)
     ids, texts = repeat_prompts(held.ids, held.texts, samples_per_prompt)
@@ -109,7 +108,7 @@ def heldout_summary(
     def reference_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:
         return run.reference.logits(policy, input_ids, attention, P, r.temperature)
 
-    after = sample_and_score(run.road, policy, prompts, choices, reference_logits, run.player)
+    after = sample_and_score(run.road, policy, prompts, choices, reference_logits)
     before = _before(run, prompts, choices)
     out.update(
         {
@@ -134,7 +133,7 @@ def heldout_summary(
     shown = [p * samples_per_prompt for p in range(min(num_samples, len(held.ids)))]  # each prompt's first sample
     out["samples"] = [
         {
-            "prompt": held.shown_text(i // samples_per_prompt) if run.player is None else after.prompts[i],
+            "prompt": held.shown_text(i // samples_per_prompt),
             "before": before.responses[i] if before is not None else "",
             "after": after.responses[i],
             "before_scores": {k: float(v[i]) for k, v in before.scores.items()} if before else {},
@@ -153,7 +152,7 @@ def _before(run: RunRecord, prompts: EvalPrompts, choices: EvalChoices) -> Optio
     with initial_policy(run) as (model, is_reference):
         if model is None:
             return None
-        before = sample_and_score(run.road, model, prompts, choices, player=run.player)
+        before = sample_and_score(run.road, model, prompts, choices)
     if is_reference:  # the initial policy is the reference: its KL to it is 0 by definition
         before.kl_k1 = before.kl_k3 = before.kl_exact = before.total.new_zeros(before.total.shape)
     return before

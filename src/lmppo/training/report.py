@@ -15,13 +15,12 @@ from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
-from lmppo.environments.episodes import transcript_text
-from lmppo.episodes.road import Road
+from lmppo.episodes.road import Road, transcript_text
 from lmppo.evaluation.heldout import EvalChoices, EvalPrompts, sample_and_score
 from lmppo.evaluation.summary import RunRecord, card_table, print_run_summary
 from lmppo.run.model_card import card_folders
 from lmppo.run.storage import write_text
-from lmppo.training.episodes import EpisodeSource, episode_metrics
+from lmppo.training.episodes import episode_metrics
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import ScoredRollout, TokenRewards
 from lmppo.training.update import MEAN_STATS
@@ -141,7 +140,6 @@ def heldout_metrics(
     held: PromptSet,
     cfg: Config,
     reference: ReferencePolicy,
-    episodes: Optional[EpisodeSource] = None,
 ) -> dict[str, float]:
     """`eval/*`: one response per held-out prompt of `held` from `policy` on the run's road, sampled on the
     evaluation's own random streams (the training draws are untouched), scored by every source, with its KL to the
@@ -153,8 +151,7 @@ def heldout_metrics(
 
     prompts = EvalPrompts(held.ids, held.texts, held.columns or None)
     choices = EvalChoices(seed=cfg.seed, batch_size=cfg.no_grad_batch_size)
-    player = episodes.player if episodes is not None else None
-    result = sample_and_score(road, policy, prompts, choices, reference_logits, player)
+    result = sample_and_score(road, policy, prompts, choices, reference_logits)
     return {f"eval/{k}": v for k, v in result.means().items() if v is not None}
 
 
@@ -172,7 +169,7 @@ def run_record(trainer: PPOTrainer) -> RunRecord:
         history=trainer.history,
         is_main_process=trainer.accelerator.is_main_process,
         full_weights=partial(trainer.strategy.full_weights, trainer.actor),
-        player=trainer.episode_source.player if trainer.episode_source is not None else None,
+        environment=trainer.environment is not None,
     )
 
 

@@ -17,10 +17,10 @@ from lmppo.models.loading import PolicyOutput
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
-from lmppo.training.episodes import Episode, with_episodes
+from lmppo.training.episodes import with_turns
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
+    pass
 
 
 class RolloutPasses(TypedDict):
@@ -125,7 +125,7 @@ def rollout_passes(
 def episode_prompts(batch: PromptBatch, index: list[int], prompt_set: PromptSet) -> EpisodePrompts:
     """The road's prompts of a rollout: the engine's batch with prompts `index` of `prompt_set` (texts, columns)."""
     columns = prompt_set.columns_of(index) if prompt_set.columns else None
-    return EpisodePrompts(batch, [prompt_set.texts[i] for i in index], columns)
+    return EpisodePrompts(batch, [prompt_set.texts[i] for i in index], columns, rows=list(index))
 
 
 def build_rollout(
@@ -134,12 +134,10 @@ def build_rollout(
     group_ids: torch.Tensor,
     index: list[int],
     prompt_set: PromptSet,
-    tokenizer: PreTrainedTokenizerBase,
-    played: Optional[list[Episode]] = None,
 ) -> Rollout:
     """The `Rollout` of a batch: the `episodes` of prompts `index` of `prompt_set` from the road, `passes` from
-    `rollout_passes`; every per-token tensor 0 past each response's end. `played`: the multi-turn episodes the
-    responses are (`lmppo.training.episodes.with_episodes`)."""
+    `rollout_passes`; every per-token tensor 0 past each response's end (multi-turn episodes: off the policy's
+    tokens, `lmppo.training.episodes.with_turns`)."""
     response_mask = episodes.response_mask
     zeros = torch.zeros_like(passes["logprobs"])
     all_values = passes["values"]
@@ -166,4 +164,4 @@ def build_rollout(
         exact_kl=torch.where(response_mask, exact, zeros) if exact is not None else None,
         prompt_columns=episodes.prompts.columns,
     )
-    return out if played is None else with_episodes(out, played, tokenizer)
+    return out if episodes.turns is None else with_turns(out, episodes.turns)

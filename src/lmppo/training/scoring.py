@@ -24,9 +24,9 @@ from lmppo.core.rewards import (
     unfinished_scores,
 )
 from lmppo.episodes.road import EpisodePrompts, Episodes, score_episodes
-from lmppo.rewards import RewardResult, RewardSource
+from lmppo.rewards import RewardSource
 from lmppo.sampling.engines import PromptBatch
-from lmppo.training.episodes import episode_scores
+from lmppo.training.episodes import rollout_turns
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -74,14 +74,9 @@ def score(
     """The sources' scores of the batch, placed on its tokens (the road's scoring, `lmppo.episodes.road`), then
     normalised (`reward.normalize`, updating `score_moments`) or clipped, and the truncation policy's score changes."""
 
-    def place(view: Rollout) -> tuple[torch.Tensor, RewardResult]:
-        stop_known = rollout.turn_ends is None  # a turn of an episode: whether it ended on a stop token is inferred
-        result = score_episodes(rollout_episodes(view), sources, tokenizer, rc.on_bad_output, stop_known)
-        return result.token_scores.to(device, torch.float32), result
-
-    # an episode: the sources score its last turn; each turn's environment reward joins on its last token
-    token_scores, result = place(rollout) if rollout.turn_ends is None else episode_scores(rollout, place)
-    placed = token_scores
+    # multi-turn episodes: the sources score the last turn; each turn's environment reward joins on its last token
+    result = score_episodes(rollout_episodes(rollout), sources, tokenizer, rc.on_bad_output, stop_known=True)
+    token_scores = placed = result.token_scores.to(device, torch.float32)
     raw = token_scores.sum(1)
     mask, valid = rollout.policy_mask, result.valid.to(device)
     if rc.normalize or rc.clip > 0:
@@ -143,6 +138,7 @@ def rollout_episodes(rollout: Rollout) -> Episodes:
         rollout.terminated,
         rollout.truncated,
         rollout.responses_text,
+        rollout_turns(rollout),
     )
 
 

@@ -100,7 +100,7 @@ class PPOTrainer:
         self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
         self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
         self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
-        self.episode_source = episodes.episode_source(cfg, c.tokenizer, c.stop_ids, c.prompt_set)  # or None
+        self.environment = episodes.episode_player(cfg, c.tokenizer, c.stop_ids)  # environment.path, or None
         self.base_model, self.prompt_source = c.base_model, c.prompt_source  # as the model cards name them
         self.score_moments = RunningMoments()
         self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
@@ -184,7 +184,7 @@ class PPOTrainer:
         # generation on SmolLM2 here, benchmarks/speed/sampler_speed.py); with an environment: whole episodes
         with self.strategy.generation(self.actor):
             to_sample = rollout.episode_prompts(batch, index, self.prompt_set)
-            sampled, played = episodes.produce(self.road(), self.policy, to_sample, index, self.episode_source)
+            sampled = self.road().episodes(self.policy, to_sample)
         prompt_ids, prompt_mask = sampled.prompts.batch.ids, sampled.prompts.batch.mask
         ids = torch.cat([prompt_ids, sampled.response_ids], 1)  # (B, P + T)
         mask = torch.cat([prompt_mask, sampled.response_mask], 1)
@@ -197,11 +197,14 @@ class PPOTrainer:
             passes = rollout.rollout_passes(
                 ids, mask, sampled.response_ids, cfg, reference_logits, policy_and_values, chunk
             )
-        return rollout.build_rollout(sampled, passes, group_ids, index, self.prompt_set, self.tokenizer, played)
+        return rollout.build_rollout(sampled, passes, group_ids, index, self.prompt_set)
 
     def road(self) -> Road:
         """The run's road (`lmppo.episodes.road`), which training and every evaluation take."""
         engine, temperature = self.sampling_engine(), self.config.rollout.temperature
+        if self.environment is not None:  # multi-turn episodes: the environment's producer
+            producer = episodes.multi_turn(engine, self.environment, self.tokenizer, self._autocast)
+            return Road(producer, self.reward_sources, self.tokenizer, self._autocast, temperature)
         return single_turn_road(engine, self.tokenizer, self.reward_sources, self._autocast, temperature)
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
@@ -402,9 +405,7 @@ class PPOTrainer:
         with self.strategy.full_weights(self.actor):  # ZeRO-3: the full weights, as for the end-of-run summary
             if not self.accelerator.is_main_process:
                 return {}
-            metrics = report.heldout_metrics(
-                self.road(), self.policy, self.holdout_set, self.config, self.reference, self.episode_source
-            )
+            metrics = report.heldout_metrics(self.road(), self.policy, self.holdout_set, self.config, self.reference)
         self.callbacks.call("on_evaluate", self, dict(metrics))
         return metrics
 
