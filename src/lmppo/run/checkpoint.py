@@ -18,7 +18,8 @@ import lmppo.run.signals as signals
 import lmppo.run.storage as storage
 from lmppo.errors import CheckpointError, StorageError
 from lmppo.models.partition import real_shard
-from lmppo.run.folder import checkpoint_name, checkpoints_dir, list_checkpoints, os_reason
+from lmppo.run.folder import checkpoints_dir, list_checkpoints, os_reason
+from lmppo.run.layout import OPTIMIZER, STATE, TRAINED, checkpoint_name, checkpoint_temporary, rng_files
 from lmppo.run.manifest import FORMAT, prune_checkpoints, write_json, write_manifest
 from lmppo.run.state import RngState, TrainingState
 
@@ -133,8 +134,9 @@ def _write_rng(folder: str, rank: int, state: TrainingState) -> None:
     info: dict[str, object] = {"python": rng.python, "score_moments": state.score_moments}  # this process's moments
     if rng.numpy is not None:
         info["numpy"] = rng.numpy
-    save_file(tensors, os.path.join(folder, f"rng-rank{rank}.safetensors"))
-    write_json(os.path.join(folder, f"rng-rank{rank}.json"), info)
+    tensors_file, info_file = rng_files(rank)
+    save_file(tensors, os.path.join(folder, tensors_file))
+    write_json(os.path.join(folder, info_file), info)
 
 
 def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, keep_last: int) -> str:
@@ -147,7 +149,7 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
     root = checkpoints_dir(output_dir)
     name = checkpoint_name(state.iteration)
     final = os.path.join(root, name)
-    tmp = os.path.join(root, f".{name}.tmp")
+    tmp = os.path.join(root, checkpoint_temporary(name))
     main = acc.is_main_process
     previous = [p for _i, p in list_checkpoints(output_dir) if p != final]
     if sharded:
@@ -180,8 +182,8 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
         acc.wait_for_everyone()  # every part is written: process 0 completes and publishes the folder
         if main:
             if not sharded:
-                save_file(trained, os.path.join(tmp, "trained.safetensors"))
-                torch.save(state.optimizer, os.path.join(tmp, "optimizer.pt"))
+                save_file(trained, os.path.join(tmp, TRAINED))
+                torch.save(state.optimizer, os.path.join(tmp, OPTIMIZER))
             if reference_tensors and not parts.reference_partitioned:
                 save_file(reference_tensors, os.path.join(tmp, "reference.safetensors"))
             layout = strategy.checkpoint_layout()
@@ -195,7 +197,7 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
                 config=state.config,
                 inputs=state.inputs,
             )
-            write_json(os.path.join(tmp, "state.json"), saved)
+            write_json(os.path.join(tmp, STATE), saved)
             write_manifest(tmp, state.iteration, acc.num_processes, layout)
             _publish(tmp, final)
     except BaseException as err:  # the real writers raise OSError, RuntimeError (torch), SafetensorError, ...
@@ -218,7 +220,7 @@ def save_checkpoint(output_dir: str, state: TrainingState, parts: ModelParts, ke
 def read_state_file(path: str) -> dict:
     """state.json of checkpoint folder `path`; CheckpointError when it is unreadable or of another format."""
     try:
-        with open(os.path.join(path, "state.json"), encoding="utf-8") as fh:
+        with open(os.path.join(path, STATE), encoding="utf-8") as fh:
             state = json.load(fh)
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path}: state.json is unreadable ({err})") from None
@@ -261,7 +263,7 @@ def check_layout(state: dict, processes: int, stage: Optional[int], where: str, 
 def _load_whole_tensors(path: str, modules: dict[str, Optional[nn.Module]]) -> dict:
     """trained.safetensors of checkpoint `path` into `modules`; returns the optimizer's state_dict."""
     params = trained_parameters(modules)
-    loaded = load_file(os.path.join(path, "trained.safetensors"))
+    loaded = load_file(os.path.join(path, TRAINED))
     if set(loaded) != set(params):
         diff = sorted(set(loaded) ^ set(params))[:3]
         raise CheckpointError(f"checkpoint {path}: its trained tensors do not match this model's (e.g. {diff})")
@@ -274,7 +276,7 @@ def _load_whole_tensors(path: str, modules: dict[str, Optional[nn.Module]]) -> d
                     f"model has {tuple(p.shape)} {p.dtype}"
                 )
             p.copy_(t)
-    return torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
+    return torch.load(os.path.join(path, OPTIMIZER), map_location="cpu", weights_only=True)
 
 
 def read_checkpoint(path: str, parts: ModelParts) -> TrainingState:
@@ -297,12 +299,12 @@ def read_checkpoint(path: str, parts: ModelParts) -> TrainingState:
     reference_tensors = {}
     if os.path.isfile(os.path.join(path, reference_file + ".safetensors")):
         reference_tensors = load_file(os.path.join(path, reference_file + ".safetensors"))
-    rng_file = os.path.join(path, f"rng-rank{acc.process_index}")
-    if not os.path.isfile(rng_file + ".safetensors"):
-        rng_file = os.path.join(path, "rng-rank0")
-    with open(rng_file + ".json", encoding="utf-8") as fh:
+    tensors_file, info_file = rng_files(acc.process_index)
+    if not os.path.isfile(os.path.join(path, tensors_file)):
+        tensors_file, info_file = rng_files(0)
+    with open(os.path.join(path, info_file), encoding="utf-8") as fh:
         info = json.load(fh)
-    tensors = load_file(rng_file + ".safetensors")
+    tensors = load_file(os.path.join(path, tensors_file))
     cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("cuda_")), key=lambda k: int(k[5:]))]
     return TrainingState(
         iteration=int(saved["iteration"]),

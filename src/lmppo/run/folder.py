@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Callable, Optional, Sequence
 
 import lmppo.run.lock as lock
@@ -16,16 +15,7 @@ import lmppo.run.storage as storage
 from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.run.config_file import write_run_config
-
-CHECKPOINTS = "checkpoints"
-"""The folder of the run's checkpoints, `checkpoints/iter-00000004/`, ..."""
-MANIFEST = "manifest.json"
-"""The last file written into a checkpoint folder: sizes and sha256 of the others (`lmppo.run.manifest`)."""
-CHECKPOINT_NAME = re.compile(r"^iter-(\d+)$")
-
-
-def checkpoint_name(iteration: int) -> str:
-    return f"iter-{iteration:08d}"
+from lmppo.run.layout import CHECKPOINT_NAME, CHECKPOINTS, CONFIG, MANIFEST, METRICS, SAMPLES, STATE
 
 
 def checkpoints_dir(output_dir: str) -> str:
@@ -53,7 +43,7 @@ def checkpoint_folder_run(path: str) -> Optional[str]:
         CHECKPOINT_NAME.match(os.path.basename(norm)) or os.path.isfile(os.path.join(norm, MANIFEST))
     ):
         return os.path.dirname(parent)
-    if os.path.isfile(os.path.join(norm, MANIFEST)) and os.path.isfile(os.path.join(norm, "state.json")):
+    if os.path.isfile(os.path.join(norm, MANIFEST)) and os.path.isfile(os.path.join(norm, STATE)):
         return parent
     return None
 
@@ -112,7 +102,7 @@ def _prepare_locked(cfg: Config, out: str, is_main_process: bool, resuming: bool
             os.makedirs(out, exist_ok=True)
             if not resuming:
                 ownership.claim(out)
-            write_run_config(cfg, os.path.join(out, "config.yaml"), comments)
+            write_run_config(cfg, os.path.join(out, CONFIG), comments)
         except OSError as err:
             raise ConfigError("output_dir", out, f"cannot be written: {os_reason(err, out)}") from None
 
@@ -145,5 +135,5 @@ def truncate_logs(output_dir: str, iteration: int, episode: int) -> None:
 
         return keep
 
-    _truncate_jsonl(os.path.join(output_dir, "metrics.jsonl"), upto("iteration", iteration))
-    _truncate_jsonl(os.path.join(output_dir, "samples.jsonl"), upto("episode", episode))
+    _truncate_jsonl(os.path.join(output_dir, METRICS), upto("iteration", iteration))
+    _truncate_jsonl(os.path.join(output_dir, SAMPLES), upto("episode", episode))

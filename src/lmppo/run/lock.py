@@ -21,9 +21,10 @@ import time
 from typing import Optional
 
 from lmppo.errors import RunLockedError, StorageError
+from lmppo.run.layout import LOCK
 from lmppo.run.storage import reason, remove_temporaries
 
-LOCK_NAME = ".lmppo.lock"
+LOCK_NAME = LOCK
 _held: dict[str, list[int]] = {}  # real path of the folder -> [pid that took it, fd, holders in this process]
 
 try:

@@ -17,12 +17,19 @@ import lmppo.run.ownership as ownership
 import lmppo.run.storage as storage
 from lmppo.distributed.zero import ENGINE_TAG
 from lmppo.errors import CheckpointError, LmppoError
-from lmppo.run.folder import CHECKPOINT_NAME, CHECKPOINTS, MANIFEST, checkpoints_dir, list_checkpoints
+from lmppo.run.folder import checkpoints_dir, list_checkpoints
+from lmppo.run.layout import (
+    CHECKPOINT_NAME,
+    CHECKPOINTS,
+    MANIFEST,
+    REQUIRED_FILES,
+    STATE,
+    is_checkpoint_leftover,
+    rng_files,
+)
 
 FORMAT = 1
 """Version of the checkpoint layout; bumped when it changes incompatibly."""
-REQUIRED_FILES = ("state.json", "trained.safetensors", "optimizer.pt")
-"""Files every checkpoint of whole tensors lists (a sharded one: `required_files`)."""
 
 
 def write_json(path: str, obj: object) -> None:
@@ -49,10 +56,10 @@ def required_files(manifest: dict) -> list[str]:
         return list(REQUIRED_FILES)
     processes = manifest.get("processes")
     if not isinstance(processes, int) or processes < 1:
-        return ["state.json", "(the number of processes)"]
-    files = ["state.json"]
+        return [STATE, "(the number of processes)"]
+    files = [STATE]
     for rank in range(processes):
-        files += [f"rng-rank{rank}.safetensors", f"rng-rank{rank}.json"]
+        files += rng_files(rank)
     return files
 
 
@@ -188,5 +195,5 @@ def prune_checkpoints(output_dir: str, keep_last: int, newest: str) -> None:
             with contextlib.suppress(LmppoError):  # renamed aside first: a kill never leaves a half-removed iter-N
                 storage.remove_tree(path, f"the old checkpoint {os.path.basename(path)}")
     for name in os.listdir(root):
-        if name.startswith(".iter-") and (".tmp" in name or ".old-" in name or ".del-" in name):
+        if is_checkpoint_leftover(name):
             storage.discard(os.path.join(root, name))

@@ -7,7 +7,7 @@ import json
 import os
 import warnings
 
-METRICS = "metrics.jsonl"
+from lmppo.run.layout import METRICS
 
 
 def read_jsonl(path: str) -> tuple[list[dict], int]:

@@ -7,18 +7,24 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import warnings
 
 import lmppo.run.storage as storage
 from lmppo.run.config_file import is_run_config
+from lmppo.run.layout import (
+    ARTIFACTS,
+    CHECKPOINT_ENTRY,
+    CHECKPOINT_NAME,
+    CHECKPOINTS,
+    CONFIG,
+    FINAL,
+    MANIFEST,
+    OWNED,
+    TENSORBOARD,
+)
 
-OWNED = ".lmppo-owned.json"
-ARTIFACTS = ("metrics.jsonl", "samples.jsonl", "checkpoints", "final", "tensorboard", "summary.json", "config.yaml")
 """Names a run writes at the top of its output_dir (besides the lock file and this record)."""
-_CHECKPOINT_ENTRY = re.compile(r"^(iter-\d+|\.iter-\d+\..*|corrupt-iter-\d+-\w+)$")
-_PUBLISHED_CHECKPOINT = re.compile(r"^iter-\d+$")
 
 
 def _record(output_dir: str) -> dict:
@@ -43,16 +49,16 @@ def recorded(output_dir: str) -> set[str] | None:
 def _looks_own(output_dir: str, name: str) -> bool:
     """For a folder without a record: does `name` have the shape of what lmppo writes?"""
     path = os.path.join(output_dir, name)
-    own_config = is_run_config(os.path.join(output_dir, "config.yaml"))
+    own_config = is_run_config(os.path.join(output_dir, CONFIG))
     try:
-        if name == "checkpoints":
-            return os.path.isdir(path) and all(_CHECKPOINT_ENTRY.match(e) for e in os.listdir(path))
-        if name == "final":
+        if name == CHECKPOINTS:
+            return os.path.isdir(path) and all(CHECKPOINT_ENTRY.match(e) for e in os.listdir(path))
+        if name == FINAL:
             entries = set(os.listdir(path)) if os.path.isdir(path) else None
             return entries is not None and entries <= {"policy", "policy-merged", "value"}
     except OSError:
         return False
-    if name == "config.yaml":
+    if name == CONFIG:
         return own_config
     return False  # a file at the top (metrics.jsonl, ...) is lmppo's only when a record names it
 
@@ -66,10 +72,10 @@ def survey(output_dir: str) -> tuple[list[str], list[str]]:
     foreign: list[str] = []
     for name in present:
         is_own = name in mine if mine is not None else _looks_own(output_dir, name)
-        if name == "config.yaml" and not is_own and is_run_config(os.path.join(output_dir, name)):
+        if name == CONFIG and not is_own and is_run_config(os.path.join(output_dir, name)):
             is_own = True  # lmppo's header: written by some lmppo run
         (own if is_own else foreign).append(name)
-    if own == ["config.yaml"]:
+    if own == [CONFIG]:
         own = []
     return own, foreign
 
@@ -93,7 +99,7 @@ def claim(output_dir: str) -> None:
         if n in mine
         or not os.path.lexists(os.path.join(output_dir, n))
         or _empty_dir(output_dir, n)
-        or (n == "config.yaml" and is_run_config(os.path.join(output_dir, n)))
+        or (n == CONFIG and is_run_config(os.path.join(output_dir, n)))
     )
     _write_record(output_dir, {**_record(output_dir), "files": names})  # (`inside` kept: what final/ holds of ours)
 
@@ -128,30 +134,30 @@ def _listing(folder: str) -> set[str] | None:
 
 def _manifest_files(checkpoint: str) -> set[str] | None:
     try:
-        with open(os.path.join(checkpoint, "manifest.json"), encoding="utf-8") as fh:
+        with open(os.path.join(checkpoint, MANIFEST), encoding="utf-8") as fh:
             files = json.load(fh).get("files")
     except (OSError, ValueError, AttributeError):
         return None
-    return set(files) | {"manifest.json"} if isinstance(files, dict) else None
+    return set(files) | {MANIFEST} if isinstance(files, dict) else None
 
 
 def own_files(folder: str) -> set[str] | None:
     """The files lmppo wrote below its folder `folder` (`a/b` paths) as its records name them, None when no record
     lists them (a `final/` of an lmppo version without listings: none is taken as lmppo's)."""
     name = os.path.basename(os.path.normpath(folder))
-    if name == "checkpoints":
+    if name == CHECKPOINTS:
         own: set[str] = set()
         for entry in os.listdir(folder) if os.path.isdir(folder) else []:
-            if not _CHECKPOINT_ENTRY.match(entry):
+            if not CHECKPOINT_ENTRY.match(entry):
                 continue
             path = os.path.join(folder, entry)
-            listed = _manifest_files(path) if _PUBLISHED_CHECKPOINT.match(entry) else None
+            listed = _manifest_files(path) if CHECKPOINT_NAME.match(entry) else None
             inside = _files(path) if os.path.isdir(path) else [""]
             own |= {f"{entry}/{f}".rstrip("/") for f in inside if listed is None or f in listed}
         return own
-    if _PUBLISHED_CHECKPOINT.match(name):
+    if CHECKPOINT_NAME.match(name):
         return _manifest_files(folder)
-    if name == "tensorboard":
+    if name == TENSORBOARD:
         return {f for f in _files(folder) if os.path.basename(f).startswith("events.out.tfevents.")}
     return _listing(folder)
 
@@ -254,7 +260,7 @@ def remove_own(output_dir: str, names: list[str]) -> None:
     kept = []
     for name in names:
         path = os.path.join(output_dir, name)
-        if name == "config.yaml":
+        if name == CONFIG:
             continue  # replaced by the new run's
         if os.path.islink(path) and os.path.isdir(path):  # on another disk: followed and kept, not replaced
             kept += [f"{name}/{f}" for f in clear_linked(path, name)]

@@ -15,7 +15,6 @@ prints one line and exits at once (`ended`).
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import signal
 import sys
@@ -24,6 +23,7 @@ from types import FrameType
 from typing import Optional, Sequence
 
 import lmppo.run.storage as storage
+from lmppo.run.layout import CHECKPOINT_NAME, CHECKPOINTS, CONFIG, MANIFEST
 
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
@@ -31,7 +31,6 @@ STOP_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, 
 _HOW: dict[int, str] = {int(signal.SIGINT): "interrupted", int(signal.SIGTERM): "terminated (SIGTERM)"}
 if hasattr(signal, "SIGHUP"):
     _HOW[int(signal.SIGHUP)] = "hung up (SIGHUP: the terminal or session closed)"
-_CHECKPOINT = re.compile(r"^iter-\d+$")
 
 
 class Stopped(KeyboardInterrupt):
@@ -127,12 +126,12 @@ def how_stopped(interrupt: BaseException) -> str:
 
 def has_checkpoint(output_dir: str) -> bool:
     """Whether run folder `output_dir` holds a published checkpoint (`checkpoints/iter-N/manifest.json`)."""
-    root = os.path.join(output_dir, "checkpoints")
+    root = os.path.join(output_dir, CHECKPOINTS)
     try:
         names = os.listdir(root)
     except OSError:
         return False
-    return any(_CHECKPOINT.match(n) and os.path.isfile(os.path.join(root, n, "manifest.json")) for n in names)
+    return any(CHECKPOINT_NAME.match(n) and os.path.isfile(os.path.join(root, n, MANIFEST)) for n in names)
 
 
 def go_on(output_dir: str) -> str:
@@ -165,7 +164,7 @@ def next_step(output_dir: Optional[str], argv: Sequence[str]) -> str:
             continue
         args.append(arg)
     if "--resume" in args:
-        args = [os.path.join(output_dir, "config.yaml")]
+        args = [os.path.join(output_dir, CONFIG)]
     return (
         "it wrote no checkpoint, so there is nothing to resume: start it again with "
         f"`lmppo train {shlex.join(args)} --overwrite true`"

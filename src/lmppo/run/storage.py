@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional, TypedDict
 
 from lmppo.errors import LmppoError, StorageError, write_failure_words
+from lmppo.run.layout import CHECKPOINT_TEMPORARY, LINKABLE_FOLDERS
 
 try:
     import resource
@@ -179,7 +180,7 @@ def temp_name(path: str, kind: str = "tmp") -> str:
     return os.path.join(parent, f".{name}.{kind}-{uuid.uuid4().hex[:8]}")
 
 
-_TEMPORARY = re.compile(r"^\..+\.(tmp|old|del)-[0-9a-f]{8}$|^\.iter-\d+\.tmp$|^.+\.tmp-\d+\.png$")
+_TEMPORARY = re.compile(rf"^\..+\.(tmp|old|del)-[0-9a-f]{{8}}$|{CHECKPOINT_TEMPORARY.pattern}|^.+\.tmp-\d+\.png$")
 """Names lmppo gives its temporaries: `temp_name`'s `.NAME.tmp-XXXXXXXX` (`.old-`, `.del-`), the checkpoint
 writer's `.iter-N.tmp` and the plot's `NAME.tmp-PID.png`. A user's own `notes.tmp` does not match."""
 
@@ -190,17 +191,12 @@ _DEPTH = 4
 of `.` would otherwise walk all below it)."""
 
 
-LINKED_FOLDERS = ("checkpoints", "final", "tensorboard")
-"""Run sub-folders that may be links to another disk: their temporaries are looked for in the link's target (and a
-`final/` link is written through, `atomic_dir`)."""
-
-
 def temporaries(folder: str) -> list[str]:
     """Every temporary lmppo made below `folder` (`_TEMPORARY`), outermost only: none is left after a write that
     finished or failed, only after a kill (SIGKILL, power loss) or a signal during the clean-up itself. Below a
-    linked run sub-folder (`LINKED_FOLDERS`), and beside the target of a linked `final/` (where it writes)."""
+    linked run sub-folder (`LINKABLE_FOLDERS`), and beside the target of a linked `final/` (where it writes)."""
     left = _temporaries_below(folder)
-    for name in LINKED_FOLDERS:
+    for name in LINKABLE_FOLDERS:
         link = os.path.join(folder, name)
         if os.path.islink(link) and os.path.isdir(link):
             left += _temporaries_below(link)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, TypeVar
 
 import torch
 
+import lmppo.run.layout as layout
 import lmppo.run.signals as signals
 import lmppo.run.storage as storage
 from lmppo.core.masking import masked_sum
@@ -332,8 +333,8 @@ class MetricsLogger:
     """metrics.jsonl + trackers + the sample table on the console."""
 
     def __init__(self, output_dir: str, trackers: list[Tracker], console=None, append: bool = False):
-        self.path = os.path.join(output_dir, "metrics.jsonl")
-        self.samples_path = os.path.join(output_dir, "samples.jsonl")
+        self.path = os.path.join(output_dir, layout.METRICS)
+        self.samples_path = os.path.join(output_dir, layout.SAMPLES)
         if not append:  # a new run starts an empty file (lmppo.run.storage: written atomically, failures named)
             storage.write_text(self.path, "", "the metrics log (metrics.jsonl)")
         self.trackers = trackers

@@ -28,6 +28,7 @@ from lmppo.run.checkpoint import (
 )
 from lmppo.run.config_file import masked_fields, redacted_config_dict
 from lmppo.run.folder import checkpoint_folder_run, list_checkpoints, truncate_logs
+from lmppo.run.layout import CONFIG, set_aside_name
 from lmppo.run.manifest import resolve_checkpoint
 from lmppo.run.state import RngState, TrainingState
 from lmppo.training.inputs import (
@@ -281,7 +282,7 @@ def _resume_config(output_dir: str, saved: dict, config: Optional[Config], confi
         return cfg
     if config_path:
         return load_config(config_path, overrides)
-    own = os.path.join(output_dir, "config.yaml")
+    own = os.path.join(output_dir, CONFIG)
     if os.path.isfile(own):
         cfg = load_config(own, overrides)
     else:
@@ -357,7 +358,7 @@ def resume_trainer(
     for p in stale if trainer.accelerator.is_main_process else []:
         # newer checkpoints that failed verification: set aside so they are neither used nor pruned
         with contextlib.suppress(OSError):
-            os.rename(p, os.path.join(os.path.dirname(p), f"corrupt-{os.path.basename(p)}-{uuid.uuid4().hex[:6]}"))
+            os.rename(p, os.path.join(os.path.dirname(p), set_aside_name(os.path.basename(p), uuid.uuid4().hex[:6])))
     load_trainer_checkpoint(trainer, path, verified=True, moved=moved)
     if console is not None:
         done = trainer.iteration >= cfg.num_iterations

@@ -33,7 +33,8 @@ from lmppo.models.files import load_whole
 from lmppo.models.loading import resolve_model_path
 from lmppo.rewards.model import sequence_scores
 from lmppo.run import storage
-from lmppo.run.folder import checkpoint_name, checkpoints_dir
+from lmppo.run.folder import checkpoints_dir
+from lmppo.run.layout import checkpoint_name
 from lmppo.run.manifest import latest_checkpoint, prune_checkpoints, write_manifest
 from lmppo.run.metrics_file import read_jsonl
 from lmppo.run.model_card import lmppo_version
