@@ -103,7 +103,9 @@ def build_components(
     resuming: bool = False,
 ) -> Components:
     """Everything the trainer needs, from `config`; objects passed in replace what the config would load (see
-    `PPOTrainer`). `resuming`: the output folder holds this run already (`PPOTrainer.resume`)."""
+    `PPOTrainer`). `resuming`: the output folder holds this run already (`PPOTrainer.resume`). The steps in the
+    order of the random draws a seeded run makes: checks before anything loads, the run's start (processes, seed,
+    precision, folder), the models, the prompts, the reward sources, the optimisation."""
     if reward_functions is not None and not _has_user_sources(config):
         config.reward.sources = []
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
@@ -113,37 +115,108 @@ def build_components(
     check_machine(cfg)  # device, sampling engine, attention kernel, trackers: before the run folder or any model
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
     fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
-    given_policy = policy
+    run = start_run(cfg, console, resuming, value_model=value_model, ref_model=ref_model)
+    models = load_models(cfg, run, policy=policy, tokenizer=tokenizer, value_model=value_model, ref_model=ref_model)
+    all_prompts = tokenize_prompts(records, models.tokenizer, cfg.data)
+    prompt_set, holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
+    check_process_split(cfg, run.accelerator.num_processes)
+    reward_sources = build_run_reward_sources(cfg, reward_functions, run.accelerator.device)
+    _check_token_input(reward_sources, models.tokenizer)
+    check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
+    optimisation = build_optimisation(cfg, run, models)
+    warn_distorting_once(distorting)
+    return Components(
+        config=cfg,
+        accelerator=run.accelerator,
+        strategy=run.strategy,
+        precision=run.precision,
+        tokenizer=models.tokenizer,
+        stop_ids=models.stop_ids,
+        actor=optimisation.actor,
+        critic=optimisation.critic,
+        reference=models.reference,
+        optimizer=optimisation.optimizer,
+        scheduler=optimisation.scheduler,
+        trainable_params=optimisation.params,
+        prompt_set=prompt_set,
+        holdout_set=holdout_set,
+        stream=PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle),
+        reward_sources=reward_sources,
+        kl_controller=make_kl_controller(cfg.kl, cfg.rollout.batch_size),
+        distorting=distorting,
+        base_model=cfg.model.policy if policy is None else str(getattr(hf_model(policy), "name_or_path", "") or ""),
+        prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)",
+        input_fingerprints={
+            name: value
+            for name, value in input_fingerprints(cfg, records).items()
+            if policy is None or name not in ("model.policy", "model.tokenizer")  # a passed object has no folder
+        },
+    )
+
+
+@dataclass
+class RunStart:
+    """The run's processes, its precision and its folder, ready before any model loads (`start_run`)."""
+
+    accelerator: Accelerator
+    strategy: Strategy
+    precision: PrecisionChoice
+
+
+def start_run(
+    cfg: Config,
+    console: Optional[Console],
+    resuming: bool,
+    *,
+    value_model: Optional[nn.Module],
+    ref_model: Optional[nn.Module],
+) -> RunStart:
+    """accelerate and the distribution strategy, the seed, the precision (`auto` resolved into `cfg`), and the
+    output folder with its config.yaml (a folder holding another run refused unless `overwrite: true`)."""
     accelerator = Accelerator(**accelerator_kwargs(cfg))
-    device = accelerator.device
     strategy = make_strategy(accelerator, cfg)  # DeepSpeed ZeRO (lmppo.distributed.zero), else DDP / one process
     _check_model_objects(cfg, value_model, ref_model, strategy.zero is not None)
     set_seed(cfg.seed)
     # `auto` becomes what this machine runs faster; the run's config.yaml keeps the resolved value (and a resume
     # computes in the precision the run started with)
-    precision = choose_precision(cfg.precision, device.type)
+    precision = choose_precision(cfg.precision, accelerator.device.type)
     cfg.precision = precision.precision
     if console is not None and accelerator.is_main_process:
         console.print(f"precision {precision.precision}: {precision.reason}", highlight=False, soft_wrap=True)
-    # create output_dir and write its config.yaml (secrets masked); refuse a folder holding another run unless
-    # `overwrite: true` (see `lmppo.run.folder.prepare_output_dir`)
     prepare_output_dir(cfg, accelerator.is_main_process, resuming, comments=[f"precision: {precision.reason}"])
+    return RunStart(accelerator, strategy, precision)
 
-    # --- models
+
+@dataclass
+class Models:
+    """The run's models on its device (`load_models`); the critic and the reference's copy are not yet wrapped."""
+
+    tokenizer: PreTrainedTokenizerBase  # left padding, a pad token
+    policy: nn.Module
+    stop_ids: torch.Tensor  # (S,) token ids that end a response
+    value_head: Optional[ValueHead]  # value.mode shared
+    critic: Optional[Critic]  # value.mode critic, or the value_model passed in
+    reference: ReferencePolicy
+
+
+def load_models(
+    cfg: Config,
+    run: RunStart,
+    *,
+    policy: Optional[nn.Module],
+    tokenizer: Optional[PreTrainedTokenizerBase],
+    value_model: Optional[nn.Module],
+    ref_model: Optional[nn.Module],
+) -> Models:
+    """The tokenizer, the policy, the value head or critic and the reference: from the config, or the objects
+    passed in (used as given); each checked against the tokenizer's vocabulary, attention chosen for each."""
+    device, strategy = run.accelerator.device, run.strategy
     path = (
         resolve_model_path(cfg.model.policy, "model.policy", cfg.model.allow_pickle)
         if policy is None or tokenizer is None
         else None
     )
-    if tokenizer is None:
-        tokenizer_path = (
-            resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False) if cfg.model.tokenizer else path
-        )
-        assert tokenizer_path is not None  # `path` is resolved whenever the tokenizer is not passed
-        tokenizer = load_tokenizer(tokenizer_path, cfg.model)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"
+    tokenizer = _tokenizer(cfg, tokenizer, path)
     if policy is None:
         assert path is not None  # resolved whenever the policy is not passed
         policy = load_policy(cfg.model, path, WEIGHT_DTYPES[cfg.model.dtype])
@@ -153,15 +226,7 @@ def build_components(
     check_vocab_fits(tokenizer, policy, "model.tokenizer" if cfg.model.tokenizer else "model.policy")
     stop_ids = stop_token_ids(cfg.rollout.stop_token, tokenizer, device)
     value_head = ValueHead(hidden_size(policy)) if cfg.value.mode == "shared" else None
-    critic: Optional[Critic]
-    if value_model is not None:  # an object passed in is the critic as given (its trunk and `score` head)
-        critic = Critic(value_model.eval())
-    elif cfg.value.mode == "critic":
-        critic = strategy.build_critic(policy, path, critic_init_path(cfg), cfg.model)
-    else:
-        critic = None
-    if critic is not None:  # the critic reads the policy's token ids
-        check_vocab_fits(tokenizer, critic.model, "value.init_from" if value_model is None else "value_model", "critic")
+    critic = _critic(cfg, strategy, policy, path, value_model, tokenizer)
     reference = ReferencePolicy(
         policy,
         cfg.reference.mode,
@@ -175,61 +240,83 @@ def build_components(
         keep_freed_memory()
     _choose_attention(cfg, device, [hf_model(policy), critic.model if critic is not None else None, reference.model])
     strategy.models_built()  # (DeepSpeed: reward models load whole, never partitioned)
+    return Models(tokenizer, policy, stop_ids, value_head, critic, reference)
 
-    # --- data and rewards
-    all_prompts = tokenize_prompts(records, tokenizer, cfg.data)
-    prompt_set, holdout_set = split_holdout(all_prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
-    check_process_split(cfg, accelerator.num_processes)
-    stream = PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle)
-    reward_sources = build_reward_sources(
+
+def _tokenizer(
+    cfg: Config, tokenizer: Optional[PreTrainedTokenizerBase], policy_path: Optional[str]
+) -> PreTrainedTokenizerBase:
+    """The tokenizer passed in, else `model.tokenizer`'s (default: the policy's), set to pad on the left."""
+    if tokenizer is None:
+        path = (
+            resolve_model_path(cfg.model.tokenizer, "model.tokenizer", weights=False)
+            if cfg.model.tokenizer
+            else policy_path
+        )
+        assert path is not None  # the policy's path is resolved whenever the tokenizer is not passed
+        tokenizer = load_tokenizer(path, cfg.model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _critic(
+    cfg: Config,
+    strategy: Strategy,
+    policy: nn.Module,
+    policy_path: Optional[str],
+    value_model: Optional[nn.Module],
+    tokenizer: PreTrainedTokenizerBase,
+) -> Optional[Critic]:
+    """The value model passed in (its trunk and `score` head, as given), a critic built by `value.mode critic`, or
+    None (a shared value head); it reads the policy's token ids."""
+    if value_model is not None:
+        critic = Critic(value_model.eval())
+    elif cfg.value.mode == "critic":
+        critic = strategy.build_critic(policy, policy_path, critic_init_path(cfg), cfg.model)
+    else:
+        return None
+    check_vocab_fits(tokenizer, critic.model, "value.init_from" if value_model is None else "value_model", "critic")
+    return critic
+
+
+def build_run_reward_sources(
+    cfg: Config, reward_functions: dict[str, Callable] | Sequence[Callable] | None, device: torch.device
+) -> list[RewardSource]:
+    """The config's reward sources and the functions passed in, on the run's device, in its precision."""
+    return build_reward_sources(
         cfg.reward,
         reward_functions,
         ctx=run_source_context(cfg, device, cfg.precision),  # cfg.precision: chosen above
     )
-    _check_token_input(reward_sources, tokenizer)
-    check_source_arguments(reward_sources, sorted({k for row in all_prompts.columns for k in row}))
 
-    # --- optimisation
-    actor = Actor(policy, value_head)
+
+@dataclass
+class Optimisation:
+    """What trains (`build_optimisation`): the actor and critic wrapped by the strategy, and their optimizer."""
+
+    actor: nn.Module  # lmppo.models.loading.Actor (policy + shared value head), wrapped
+    critic: Optional[nn.Module]  # wrapped Critic, or None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    params: list[nn.Parameter]  # every trainable parameter: what the gradient norm is clipped over
+
+
+def build_optimisation(cfg: Config, run: RunStart, models: Models) -> Optimisation:
+    """The actor (policy + value head), AdamW over it and the critic with the LR schedule, all wrapped by the
+    strategy; gradient checkpointing switched on after the wrapping (which sets eval mode)."""
+    actor = Actor(models.policy, models.value_head)
     params = [p for p in actor.parameters() if p.requires_grad]
-    if critic is not None:
-        params += [p for p in critic.parameters() if p.requires_grad]
+    if models.critic is not None:
+        params += [p for p in models.critic.parameters() if p.requires_grad]
     optimizer, scheduler = _optimizer_and_schedule(cfg, params)
-    actor, critic, optimizer = strategy.prepare(actor, critic, optimizer)
+    actor, critic, optimizer = run.strategy.prepare(actor, models.critic, optimizer)
     if cfg.model.gradient_checkpointing:  # after every .eval() (DeepSpeed's prepare has some)
-        enable_gradient_checkpointing(accelerator.unwrap_model(actor).policy)
+        enable_gradient_checkpointing(run.accelerator.unwrap_model(actor).policy)
         if critic is not None:
-            enable_gradient_checkpointing(accelerator.unwrap_model(critic).model)
-    warn_distorting_once(distorting)
-    return Components(
-        config=cfg,
-        accelerator=accelerator,
-        strategy=strategy,
-        precision=precision,
-        tokenizer=tokenizer,
-        stop_ids=stop_ids,
-        actor=actor,
-        critic=critic,
-        reference=reference,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        trainable_params=params,
-        prompt_set=prompt_set,
-        holdout_set=holdout_set,
-        stream=stream,
-        reward_sources=reward_sources,
-        kl_controller=make_kl_controller(cfg.kl, cfg.rollout.batch_size),
-        distorting=distorting,
-        base_model=cfg.model.policy
-        if given_policy is None
-        else str(getattr(hf_model(given_policy), "name_or_path", "") or ""),
-        prompt_source=cfg.data.prompts if prompts is None else "passed to PPOTrainer(prompts=...)",
-        input_fingerprints={
-            name: value
-            for name, value in input_fingerprints(cfg, records).items()
-            if given_policy is None or name not in ("model.policy", "model.tokenizer")
-        },
-    )
+            enable_gradient_checkpointing(run.accelerator.unwrap_model(critic).model)
+    return Optimisation(actor, critic, optimizer, scheduler, params)
 
 
 def _choose_attention(cfg: Config, device: torch.device, models: Sequence[Optional[nn.Module]]) -> None:
