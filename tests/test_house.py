@@ -62,8 +62,7 @@ def test_no_module_is_over_the_size_limit():
 
 
 def test_the_trainer_is_the_loop():
-    path = next(p for p in SRC.rglob("*.py") if "class PPOTrainer" in p.read_text() and "trl" not in p.parts)
-    tree = ast.parse(path.read_text())
+    tree = ast.parse((SRC / "training" / "trainer.py").read_text())
     (trainer,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer"]
     lines = trainer.end_lineno - trainer.lineno + 1
     assert lines <= MAX_TRAINER_LINES, f"PPOTrainer is {lines} lines; move what is not the loop to its home"
@@ -92,3 +91,14 @@ def test_tests_mirror_src():
         if not any(pattern.search(t.read_text()) for t in tests):
             orphans.append(f"lmppo.{package}.{module}")
     assert not orphans, f"modules with no test under tests/<package>/: {orphans}"
+
+
+def test_one_class_of_each_public_name():
+    """`PPOTrainer` is lmppo's trainer and TRL's drop-in (`lmppo.trl`), no third one (a Protocol took that name)."""
+    defined = [
+        f"{p.relative_to(SRC)}"
+        for p in SRC.rglob("*.py")
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer"
+    ]
+    assert sorted(defined) == ["training/trainer.py", "trl/trainer.py"], defined

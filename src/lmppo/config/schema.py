@@ -145,7 +145,8 @@ class DataConfig(_Section):
 @section
 class RolloutConfig(_Section):
     batch_size: PositiveInt = 16
-    """Prompts sampled per PPO iteration (the rollout batch; one episode each)."""
+    """Episodes (prompt + response) per PPO iteration, the rollout batch: `batch_size / num_samples_per_prompt`
+    prompts, each sampled `num_samples_per_prompt` times."""
     max_new_tokens: PositiveInt = 24
     """Longest response in tokens. A response that reaches it without the stop token is `truncated`."""
     temperature: float = 0.7
@@ -164,7 +165,7 @@ class RolloutConfig(_Section):
     with the native backend's per-response seeds; see docs/distributed.md)."""
     num_samples_per_prompt: PositiveInt = 1
     """Responses sampled for each prompt (consecutive rows of a batch share a group id). Group advantage
-    estimators (`rloo`, `grpo`) need 2 or more; must divide `batch_size`."""
+    estimators (`rloo`, `grpo`: registry trait `needs_groups`) need 2 or more; must divide `batch_size`."""
     forward_batch_size: NonNegativeInt = 0
     """Sequences per no-grad forward pass (logprobs, reference, values, reward model); 0 means the whole batch."""
     generation_kwargs: dict[str, object] = field(default_factory=dict)

@@ -65,7 +65,7 @@ class TrainerObjects(TypedDict, total=False):
     callbacks: object
 
 
-class PPOTrainer(Protocol):
+class CheckpointedTrainer(Protocol):
     """What checkpointing reads and restores of `lmppo.training.trainer.PPOTrainer` (which imports this module)."""
 
     config: Config
@@ -91,7 +91,7 @@ class PPOTrainer(Protocol):
     ) -> None: ...
 
 
-Trainer = TypeVar("Trainer", bound=PPOTrainer)
+Trainer = TypeVar("Trainer", bound=CheckpointedTrainer)
 
 
 INCOMPATIBLE_FIELDS = (
@@ -156,7 +156,7 @@ def _check_length(cfg: Config, state: dict, where: str) -> None:
 # ----------------------------------------------------------------------------- trainer <-> TrainingState
 
 
-def model_parts(trainer: PPOTrainer) -> ModelParts:
+def model_parts(trainer: CheckpointedTrainer) -> ModelParts:
     unwrap = trainer.accelerator.unwrap_model
     return ModelParts(
         modules={
@@ -170,13 +170,13 @@ def model_parts(trainer: PPOTrainer) -> ModelParts:
     )
 
 
-def _fingerprint(trainer: PPOTrainer, parts: ModelParts) -> str:
+def _fingerprint(trainer: CheckpointedTrainer, parts: ModelParts) -> str:
     if trainer.fingerprints.frozen is None:  # frozen weights never change: hashed once
         trainer.fingerprints.frozen = frozen_fingerprint(parts.modules)
     return trainer.fingerprints.frozen
 
 
-def capture_state(trainer: PPOTrainer, parts: ModelParts) -> TrainingState:
+def capture_state(trainer: CheckpointedTrainer, parts: ModelParts) -> TrainingState:
     """The trainer's state as a checkpoint holds it."""
     keeps_reference = trainer.accelerator.is_main_process or trainer.reference.partitioned
     return TrainingState(
@@ -198,14 +198,14 @@ def capture_state(trainer: PPOTrainer, parts: ModelParts) -> TrainingState:
     )
 
 
-def checkpoint_trainer(trainer: PPOTrainer) -> str:
+def checkpoint_trainer(trainer: CheckpointedTrainer) -> str:
     """Write the trainer's complete state to `output_dir/checkpoints/iter-N` (`lmppo.run.checkpoint`)."""
     parts = model_parts(trainer)
     state = capture_state(trainer, parts)
     return save_checkpoint(trainer.config.output_dir, state, parts, trainer.config.checkpoint.keep_last)
 
 
-def _apply_changed_optimisation(trainer: PPOTrainer, saved: dict) -> None:
+def _apply_changed_optimisation(trainer: CheckpointedTrainer, saved: dict) -> None:
     """Optimizer settings come back from the checkpoint; apply the ones the resumed config changed."""
     p = trainer.config.ppo
     for group in trainer.optimizer.param_groups:
@@ -227,7 +227,7 @@ def _apply_changed_optimisation(trainer: PPOTrainer, saved: dict) -> None:
     sched._last_lr = [group["lr"] for group in trainer.optimizer.param_groups]
 
 
-def restore_state(trainer: PPOTrainer, state: TrainingState) -> None:
+def restore_state(trainer: CheckpointedTrainer, state: TrainingState) -> None:
     """Set the trainer to `state` (its trained tensors are already loaded); the RNGs last."""
     if state.optimizer is not None:
         trainer.optimizer.load_state_dict(state.optimizer)
@@ -246,7 +246,7 @@ def restore_state(trainer: PPOTrainer, state: TrainingState) -> None:
 
 
 def load_trainer_checkpoint(
-    trainer: PPOTrainer, path: Optional[str] = None, *, verified: bool = False, moved: Collection[str] = ()
+    trainer: CheckpointedTrainer, path: Optional[str] = None, *, verified: bool = False, moved: Collection[str] = ()
 ) -> str:
     """Restore the trainer from checkpoint folder `path` (default: the latest one in its output_dir); returns
     the folder. The trainer's config must be compatible (`check_compatible`). metrics.jsonl and samples.jsonl
