@@ -205,6 +205,7 @@ def test_kl_target_changes_the_run(tmp_path, tokenizer):
     low = _tiny_run(tmp_path, tokenizer, "low", iterations=4, kl__react="next", kl__target=1e-4)
     high = _tiny_run(tmp_path, tokenizer, "high", iterations=4, kl__react="next", kl__target=100.0)
     assert low[0]["objective/kl_coef"] == high[0]["objective/kl_coef"] == 0.05  # the first rollout: beta_0
+    assert all(m["objective/kl_target"] == 1e-4 for m in low) and high[-1]["objective/kl_target"] == 100.0
     assert low[0]["objective/kl"] == 0.0  # policy == reference: the first reading is below any target
     # once the policy has moved, beta follows each run's own target: up for a KL above it, not for one below
     assert low[1]["objective/kl"] == high[1]["objective/kl"] > 1e-4
@@ -331,4 +332,5 @@ def test_a_plugin_controller_declares_when_it_reacts(tmp_path, tokenizer, how):
     finally:
         del KL_CONTROLLERS["halving"]
     first = 0.04 if how.endswith(" now") else 0.08  # now: the first batch already carries the halved beta
+    assert all("objective/kl_target" not in m for m in run)  # a controller without a target: none reported
     assert [m["objective/kl_coef"] for m in run] == [first, first / 2]

@@ -122,3 +122,30 @@ def test_a_reward_panel_that_repeats_the_score_is_left_out(tmp_path):
             fh.write(json.dumps({**r, "reward/vader": r["objective/scores"], "reward/judge": 0.3}) + "\n")
     keys = [k for k, _ in panels([str(run)])]
     assert "reward/vader" not in keys and "reward/judge" in keys
+
+
+def test_the_kl_target_is_drawn_beside_the_kl(tmp_path, monkeypatch):
+    """`objective/kl_target` (a controller's kl.target) as a dotted step line on the `objective/kl` panel."""
+    from matplotlib.axes import Axes
+
+    from lmppo.evaluation.plot import beside_series
+
+    run = _write_run(tmp_path / "run", extra_lines=[json.dumps({"episode": 112, "objective/kl": 2.0})])
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    for i, row in enumerate(rows):
+        if i < 6:
+            row["objective/kl_target"] = 4.0 if i < 3 else 2.0  # a resumed run's new target from iteration 4
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert beside_series("objective/kl", rows) == ([16.0, 32.0, 48.0, 64.0, 80.0, 96.0], [4.0] * 3 + [2.0] * 3)
+    assert beside_series("objective/scores", rows) == ([], [])
+    drawn = []
+    original = Axes.plot
+
+    def recording(self, *args, **kwargs):
+        drawn.append((self.get_title(), list(args[1]) if len(args) > 1 else None, kwargs.get("linestyle")))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Axes, "plot", recording)
+    plot_runs([str(run)], str(tmp_path / "curves.png"))
+    dotted = [ys for _title, ys, style in drawn if style == ":"]
+    assert dotted == [[4.0] * 3 + [2.0] * 3]  # once, in the KL panel only

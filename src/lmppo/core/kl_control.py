@@ -37,6 +37,7 @@ class KLController(Protocol):
     (the coefficient under the key `value`)."""
 
     coef: float
+    target: float | None  # the KL per response beta is moved to hold (`objective/kl_target`); None: no target
 
     def update(self, kl: float) -> None: ...
 
@@ -47,6 +48,8 @@ class KLController(Protocol):
 
 class FixedKLController:
     """A constant KL coefficient."""
+
+    target = None  # no KL to hold
 
     def __init__(self, coef: float):
         self.coef = coef

@@ -44,6 +44,18 @@ DURING = {"objective/scores": "eval/score", "objective/kl": "eval/kl", "response
 """Panel -> the `eval/*` metric of `log.eval_every` drawn on it (plus `eval/reward/<name>` on `reward/<name>`)."""
 
 
+BESIDE = {"objective/kl": "objective/kl_target"}
+"""Panel -> a metric drawn on it as a dotted step line (the number the panel's curve is steered to)."""
+
+
+def beside_series(panel: str, rows: list[dict]) -> tuple[list[float], list[float]]:
+    """(x, y) of the `BESIDE` metric of `panel` in `rows` (empty when there is none, or a run did not log it)."""
+    key = BESIDE.get(panel)
+    points = [(_number(row.get(X_KEY)), _number(row.get(key))) for row in rows] if key else []
+    kept = [(x, y) for x, y in points if x is not None and y is not None]
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
 def eval_key(panel: str) -> str | None:
     """The held-out metric logged during training that belongs on `panel`, if any."""
     return DURING.get(panel) or ("eval/" + panel if panel.startswith("reward/") else None)
@@ -217,6 +229,10 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                         xs, ys, label=label, linewidth=1.3, color=color, marker="." if len(xs) < 30 else None
                     )
                 legend.setdefault(label, line)
+                bx, by = beside_series(key, rows)
+                if bx:
+                    (target,) = ax.plot(bx, by, linestyle=":", drawstyle="steps-post", linewidth=1.2, color=color)
+                    legend.setdefault(BESIDE[key].removeprefix("objective/").replace("_", "."), target)
                 during = [(_number(row.get(X_KEY)), _number(row.get(eval_key(key) or ""))) for row in rows]
                 during = [(x, y) for x, y in during if x is not None and y is not None]
                 if during:

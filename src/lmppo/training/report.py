@@ -45,14 +45,16 @@ def iteration_metrics(
     counters: dict[str, float],
     kl_coef: float,
     distorting: bool,
+    kl_target: float | None = None,
 ) -> dict[str, float]:
     """The metrics of an iteration, averaged over all processes (`strategy`: means, sums and maxima over them).
-    `counters`: episode, iteration, train_seconds, lr; `kl_coef`: the beta of this batch's rewards."""
+    `counters`: episode, iteration, train_seconds, lr; `kl_coef`: the beta of this batch's rewards; `kl_target`: the
+    KL per response the controller holds beta to (`kl.target`; None: a controller without one)."""
     procs = strategy
     gather = procs.gather_mean
     mask = rollout.policy_mask
     valid = scored.valid.float()
-    kl_per_response = masked_sum(rewards.kl, mask, dim=1)
+    kl_per_response = rewards.kl_reading.per_response
     beta = kl_coef if config.kl.placement in ("reward", "both") else 0.0
     non_score = -beta * kl_per_response
     scores = scored.token_scores.sum(1)
@@ -62,8 +64,9 @@ def iteration_metrics(
         "iteration": counters["iteration"],
         "eps": episode / max(counters["train_seconds"], 1e-9),
         "lr": counters["lr"],
-        "objective/kl": gather(kl_per_response),
+        "objective/kl": rewards.kl_reading.mean,
         "objective/kl_coef": beta,
+        **({"objective/kl_target": kl_target} if kl_target is not None else {}),
         "objective/entropy": gather(masked_sum(-rollout.logprobs, mask, dim=1)),
         "objective/non_score_reward": gather(non_score),
         "objective/scores": gather(scores),

@@ -13,6 +13,7 @@ from lmppo.config import Config, RewardConfig
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, next_state_kl
+from lmppo.core.masking import masked_sum
 from lmppo.core.rewards import (
     RunningMoments,
     bootstrap_truncated,
@@ -58,9 +59,14 @@ class TokenRewards:
     """Phase 3 output."""
 
     rewards: torch.Tensor  # (B, T) score placement minus beta * KL (+ bootstrap)
-    kl: torch.Tensor  # (B, T) per-token KL estimate (0 at padding)
+    kl_reading: KLReading  # the batch's KL to the reference (`read_kl`)
     train_mask: torch.Tensor  # (B, T) bool, tokens that get policy and value gradients
     signal: RewardSignal | None = None  # None: every row counts as carrying a signal
+
+    @property
+    def kl(self) -> torch.Tensor:
+        """(B, T) per-token KL estimate (0 at padding)."""
+        return self.kl_reading.per_token
 
 
 def score(
@@ -142,6 +148,23 @@ def rollout_episodes(rollout: Rollout) -> Episodes:
     )
 
 
+@dataclass
+class KLReading:
+    """A batch's KL to the reference, reduced once an iteration: the rewards, the KL controller and the metrics read
+    this one (`read_kl`)."""
+
+    per_token: torch.Tensor  # (B, T) `kl.estimator`'s, 0 past each response's end
+    per_response: torch.Tensor  # (B,) summed over each response's policy tokens
+    mean: float  # the mean per response over all processes: `objective/kl`, what the KL controller reads
+
+
+def read_kl(rollout: Rollout, estimator: str, gather_mean: Callable[[torch.Tensor], float]) -> KLReading:
+    """The batch's `KLReading`; `gather_mean`: the mean over every process's rows (`Strategy.gather_mean`)."""
+    per_token = batch_kl(rollout, estimator)
+    per_response = masked_sum(per_token, rollout.policy_mask, dim=1)
+    return KLReading(per_token, per_response, gather_mean(per_response))
+
+
 def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
     """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end; a `full_logits` estimator's
     (`exact`) was taken by the rollout, which held both models' logits."""
@@ -153,12 +176,18 @@ def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
 
 
 def token_rewards(
-    rollout: Rollout, scored: ScoredRollout, cfg: Config, kl_coef: float, signal: RewardSignal | None = None
+    rollout: Rollout,
+    scored: ScoredRollout,
+    cfg: Config,
+    kl_coef: float,
+    kl_reading: KLReading,
+    signal: RewardSignal | None = None,
 ) -> TokenRewards:
-    """Scores minus beta * KL per token (`kl.placement` reward / both), the truncation policy's bootstrap and
-    dropped samples; `signal` (`reward_signal`) travels with them to the advantages and the update."""
+    """Scores minus beta * KL per token (`kl.placement` reward / both; `kl_reading`: the batch's `read_kl`), the
+    truncation policy's bootstrap and dropped samples; `signal` (`reward_signal`) travels with them to the
+    advantages and the update."""
     mask = rollout.policy_mask
-    kl = batch_kl(rollout, cfg.kl.estimator)
+    kl = kl_reading.per_token
     beta = kl_coef if cfg.kl.placement in ("reward", "both") else 0.0
     # full logits (exact): a token's reward carries the KL of the state it leads into; its own state's is a loss term
     penalized = next_state_kl(kl, mask) if KL_ESTIMATORS.trait(cfg.kl.estimator, "full_logits") else kl
@@ -168,7 +197,7 @@ def token_rewards(
     keep = scored.valid
     if cfg.reward.truncation == "drop":
         keep = keep & ~rollout.truncated
-    return TokenRewards(rewards=rewards, kl=kl, train_mask=mask & keep[:, None], signal=signal)
+    return TokenRewards(rewards=rewards, kl_reading=kl_reading, train_mask=mask & keep[:, None], signal=signal)
 
 
 def advantages(

@@ -18,7 +18,6 @@ import lmppo.run.lock as lock
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.kl_control import KL_CONTROLLERS
-from lmppo.core.masking import masked_sum
 from lmppo.core.rewards import RunningMoments
 from lmppo.episodes.road import Road, single_turn_road
 from lmppo.models.loading import PolicyOutput
@@ -33,7 +32,7 @@ from lmppo.training.inputs import Fingerprints
 from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, PhaseTimer, open_logger, warn_negative_kl
 from lmppo.training.progress import ProgressDisplay
 from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
-from lmppo.training.scoring import RewardSignal, ScoredRollout, TokenRewards
+from lmppo.training.scoring import KLReading, RewardSignal, ScoredRollout, TokenRewards
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -137,9 +136,10 @@ class PPOTrainer:
                     scored = self.score(batch)  # 2. reward sources -> placed scores
                 with timer("rewards"):
                     signal = scoring.reward_signal(batch, scored, cfg.ppo.signal_tolerance, self.strategy)
+                    kl = self.read_kl(batch)  # reduced once: the rewards, the controller and the metrics read it
                     if self.kl_reacts_now:
-                        self.adapt_kl_coef(batch, signal)  # beta answers this batch's own KL (kl.react: now)
-                    rewards = self.token_rewards(batch, scored, signal)  # 3. scores - beta * KL, truncation policy
+                        self.adapt_kl_coef(kl, signal)  # beta answers this batch's own KL (kl.react: now)
+                    rewards = self.token_rewards(batch, scored, signal, kl)  # 3. scores - beta * KL, truncation
                 with timer("advantages"):
                     advantages, returns = self.advantages(batch, rewards)  # 4. GAE, whitening
                 with timer("update"):
@@ -245,23 +245,26 @@ class PPOTrainer:
         k = self.config.kl
         return (KL_CONTROLLERS.trait(k.controller, "react") if k.react == "auto" else k.react) == "now"
 
-    def mean_kl(self, kl: torch.Tensor, mask: torch.Tensor) -> float:
-        """The batch's mean KL per response over all processes (`objective/kl`): what the KL controller reads."""
-        return self.strategy.gather_mean(masked_sum(kl, mask, dim=1))
+    def read_kl(self, batch: Rollout) -> KLReading:
+        """The batch's KL to the reference per token, per response and its mean over all processes (`objective/kl`)."""
+        return scoring.read_kl(batch, self.config.kl.estimator, self.strategy.gather_mean)
 
-    def adapt_kl_coef(self, batch: Rollout, signal: Optional[RewardSignal] = None) -> None:
+    def adapt_kl_coef(self, kl: KLReading, signal: Optional[RewardSignal] = None) -> None:
         """The KL controller answers this batch's KL (`kl.react: now`); beta holds on a batch without a reward signal
         (no policy step: its KL says nothing about beta, and reading it would only wind the controller down)."""
         if signal is None or signal.any:
-            self.kl_controller.update(
-                self.mean_kl(scoring.batch_kl(batch, self.config.kl.estimator), batch.policy_mask)
-            )
+            self.kl_controller.update(kl.mean)
 
     def token_rewards(
-        self, batch: Rollout, scored: ScoredRollout, signal: Optional[RewardSignal] = None
+        self,
+        batch: Rollout,
+        scored: ScoredRollout,
+        signal: Optional[RewardSignal] = None,
+        kl: Optional[KLReading] = None,
     ) -> TokenRewards:
         signal = signal or scoring.reward_signal(batch, scored, self.config.ppo.signal_tolerance, self.strategy)
-        return scoring.token_rewards(batch, scored, self.config, self.kl_controller.coef, signal)
+        kl_reading = kl or self.read_kl(batch)
+        return scoring.token_rewards(batch, scored, self.config, self.kl_controller.coef, kl_reading, signal)
 
     def advantages(self, batch: Rollout, rewards: TokenRewards) -> tuple[torch.Tensor, torch.Tensor]:
         return scoring.advantages(batch, rewards, self.config, self.strategy.whiten)
@@ -348,7 +351,7 @@ class PPOTrainer:
         cfg = self.config
         self.iteration += 1
         self.episode += cfg.rollout.batch_size  # global: every process's responses
-        measured_kl = self.mean_kl(rewards.kl, batch.policy_mask)
+        measured_kl = rewards.kl_reading.mean
         metrics = report.iteration_metrics(
             batch,
             scored,
@@ -362,6 +365,7 @@ class PPOTrainer:
             ),
             kl_coef=self.kl_controller.coef,
             distorting=bool(self.distorting),
+            kl_target=getattr(self.kl_controller, "target", None),  # (a plug-in controller may have none)
         )
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
