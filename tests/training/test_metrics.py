@@ -203,3 +203,13 @@ def test_phase_timer_adds_up_each_phase_under_its_name():
         pass
     assert set(timer.seconds) == {"rollout", "update"}
     assert timer.seconds["rollout"] >= first >= 0.0 and timer.seconds["update"] >= 0.0
+
+
+def test_a_sample_table_is_due_on_the_first_iteration_then_every_sample_every():
+    from lmppo.config import LogConfig
+    from lmppo.training.report import samples_due
+
+    log = LogConfig(sample_every=3, num_samples=2)
+    assert [i for i in range(1, 10) if samples_due(log, i)] == [1, 3, 6, 9]
+    assert not any(samples_due(LogConfig(sample_every=0, num_samples=2), i) for i in range(1, 5))
+    assert not any(samples_due(LogConfig(sample_every=3, num_samples=0), i) for i in range(1, 5))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import nn
 
-from lmppo.config import Config
+from lmppo.config import Config, LogConfig
 from lmppo.core.batch import Rollout
 from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
@@ -103,6 +103,12 @@ def iteration_metrics(
     if distorting:
         m["rollout/distorting_sampling"] = 1.0
     return m
+
+
+def samples_due(log: LogConfig, iteration: int) -> bool:
+    """Whether iteration `iteration` (1-based) writes a sample table: the first one, then every `log.sample_every`
+    (never with `sample_every` or `num_samples` 0)."""
+    return bool(log.sample_every and log.num_samples and (iteration % log.sample_every == 0 or iteration == 1))
 
 
 def sample_rows(

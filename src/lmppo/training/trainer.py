@@ -387,11 +387,7 @@ class PPOTrainer:
                 metrics,
             )
             self.callbacks.call("on_log", self, dict(metrics))
-            if (
-                cfg.log.sample_every
-                and cfg.log.num_samples
-                and (self.iteration % cfg.log.sample_every == 0 or self.iteration == 1)
-            ):
+            if report.samples_due(cfg.log, self.iteration):
                 rows = self.sample_rows(batch, scored, rewards)
                 self.logger.log_samples(rows, self.episode, f"samples at episode {self.episode}")
         self.callbacks.call("on_iteration_end", self, metrics)
