@@ -28,9 +28,14 @@ DEFAULT_KEYS = (
     "val/ratio",
     "response/length_mean",
     "response/truncated_frac",
+    "episode/turns",
+    "episode/ended_by_environment",
+    "episode/tool_calls",
+    "episode/tool_errors",
 )
 """Metrics plotted, in this order, when present in at least one run. ``reward/*`` stands for every reward source's
-``reward/<name>`` (the judge of weight 0 included, so reward hacking shows next to the score)."""
+``reward/<name>`` (the judge of weight 0 included, so reward hacking shows next to the score); ``episode/*`` only
+with an environment."""
 
 X_KEY = "episode"
 SMOOTHING = 0.6
