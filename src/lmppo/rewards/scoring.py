@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from lmppo.errors import RewardError
 from lmppo.rewards.placement import BadOutput, parse_output, place_one, token_char_offsets
 from lmppo.rewards.sources import RewardSource, raised_text
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +40,11 @@ def score_rollout(
     completions_text: Sequence[str],
     response_ids: torch.Tensor,
     response_mask: torch.Tensor,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     on_bad_output: str = "error",
     terminated: torch.Tensor | None = None,
     prompt_ids: Sequence[Sequence[int]] | None = None,
-    columns: Sequence[dict] | None = None,
+    columns: Sequence[dict[str, object]] | None = None,
 ) -> RewardResult:
     """Call every source on the batch, check and place its outputs, and sum them with the sources' weights.
 
@@ -83,7 +86,7 @@ class ScoredBatch:
     lengths: list[int]  # B real response tokens (stop token included)
     width: int  # T
     prompt_ids: Sequence[Sequence[int]] | None
-    columns: Sequence[dict] | None
+    columns: Sequence[dict[str, object]] | None
 
 
 def _check_batch(sources: Sequence[RewardSource], batch: ScoredBatch) -> None:
@@ -121,7 +124,7 @@ class Verdicts:
 class SpanOffsets:
     """The character span of each response token, computed once per response, when a source returns spans."""
 
-    def __init__(self, tokenizer: Any, batch: ScoredBatch, terminated: torch.Tensor | None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, batch: ScoredBatch, terminated: torch.Tensor | None):
         self.tokenizer, self.batch, self.terminated = tokenizer, batch, terminated
         self.cache: dict[int, list[tuple[int, int]]] = {}
 
@@ -165,10 +168,10 @@ def _score_source(source: RewardSource, batch: ScoredBatch, offsets: SpanOffsets
     return placed
 
 
-def _source_inputs(source: RewardSource, batch: ScoredBatch) -> dict[str, Any]:
+def _source_inputs(source: RewardSource, batch: ScoredBatch) -> dict[str, object]:
     """The keyword arguments `source` asks for: token ids (prompt and response, or the response's), columns."""
     ids, lengths = batch.ids, batch.lengths
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     if source.wants_token_ids:
         assert batch.prompt_ids is not None, "checked by _check_batch"
         extra["token_ids"] = [list(batch.prompt_ids[i]) + ids[i, : lengths[i]].tolist() for i in range(len(lengths))]
@@ -179,17 +182,17 @@ def _source_inputs(source: RewardSource, batch: ScoredBatch) -> dict[str, Any]:
     return extra
 
 
-def _call_source(source: RewardSource, batch: ScoredBatch, verdicts: Verdicts) -> list | None:
+def _call_source(source: RewardSource, batch: ScoredBatch, verdicts: Verdicts) -> list[object] | None:
     """The source's B outputs, or None (every response judged by `verdicts`) when it raised or returned no list of
     B."""
     B = len(batch.lengths)
     try:
-        outputs = source(list(batch.prompts), list(batch.completions), **_source_inputs(source, batch))
+        outputs: object = source(list(batch.prompts), list(batch.completions), **_source_inputs(source, batch))
     except (Exception, SystemExit) as err:  # noqa: BLE001 - any failure of user code is reported, not re-thrown raw
         verdicts.bad(source, None, f"raised {raised_text(err)}", err)
         return None
     if isinstance(outputs, torch.Tensor) or type(outputs).__module__ == "numpy":
-        outputs = outputs.tolist()
+        outputs = outputs.tolist()  # type: ignore[attr-defined]
     if not isinstance(outputs, (list, tuple)) or len(outputs) != B:
         got = (
             f"{len(outputs)} outputs"
@@ -232,6 +235,6 @@ def _weighted_sum(
     )
 
 
-def _short(x: Any, n: int = 80) -> str:
+def _short(x: object, n: int = 80) -> str:
     r = repr(x)
     return r if len(r) <= n else r[: n - 3] + "..."
