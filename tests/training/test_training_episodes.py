@@ -125,3 +125,46 @@ def test_heldout_evaluation_plays_episodes(tmp_path, tokenizer, env_path):
     assert summary["before"]["reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
     assert summary["after"]["reward/environment"] == pytest.approx(0.25 * sum(held_turns) / 2)
     assert summary["samples"][0]["after"].startswith("[1] ")
+
+
+def test_span_rewards_land_inside_the_last_turn(tmp_path, tokenizer, env_path):
+    """A reward source's span on the first character of the completion (the last turn's text) is placed on that
+    turn's first token, wherever the turn sits in the episode; the environment's rewards stay on each turn's end."""
+    from lmppo.core.rewards import place_turn_rewards
+
+    def first_character(completions, **kwargs):
+        return [[(0, 1, 1.0)] if c else 0.0 for c in completions]
+
+    cfg = small_config(
+        tmp_path / "run",
+        iterations=1,
+        batch=4,
+        environment__path=env_path,
+        environment__max_turns=3,
+        environment__max_episode_tokens=80,
+        rollout__stop_token="<|im_end|>",
+        ppo__micro_batch_size=2,
+    )
+    cfg.reward.sources = []
+    cfg.data.shuffle = False
+    trainer = PPOTrainer(
+        cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=ROWS, reward_functions=[first_character]
+    )
+    batch = trainer.collect_rollout()
+    scored = trainer.score(batch)
+    environment = place_turn_rewards(batch.turn_ends, batch.turn_rewards, batch.response_ids.shape[1])
+    from_source = scored.token_scores - environment
+    checked = 0
+    for b in range(4):
+        if not batch.responses_text[b]:
+            continue
+        checked += 1
+        nonzero = from_source[b].nonzero().flatten().tolist()
+        assert len(nonzero) == 1 and from_source[b, nonzero[0]] == 1.0
+        position = nonzero[0]
+        assert bool(batch.action_mask[b, position])
+        # it is the first token of the last turn: everything from it to the episode's end is that turn
+        last_end = int(batch.turn_ends[b].max())
+        assert bool(batch.action_mask[b, position : last_end + 1].all())
+        assert position == 0 or not bool(batch.action_mask[b, position - 1])
+    assert checked >= 2
