@@ -168,3 +168,15 @@ def test_span_rewards_land_inside_the_last_turn(tmp_path, tokenizer, env_path):
         assert bool(batch.action_mask[b, position : last_end + 1].all())
         assert position == 0 or not bool(batch.action_mask[b, position - 1])
     assert checked >= 2
+
+
+def test_reward_truncation_applies_to_truncated_episodes(tmp_path, tokenizer, env_path):
+    """`reward.truncation: penalty` (replace, -1): the episode cut by max_turns scores exactly -1, on its last policy
+    token; the episodes the environment ended keep their turn rewards."""
+    trainer = make_trainer(tmp_path, tokenizer, env_path, reward__truncation="penalty", reward__penalty=-1.0)
+    batch = trainer.collect_rollout()
+    scored = trainer.score(batch)
+    assert batch.truncated.tolist() == [False, False, False, True]
+    assert scored.token_scores.sum(1).tolist() == [0.25, 0.5, 0.75, -1.0]
+    last = int(batch.turn_ends[3].max())
+    assert scored.token_scores[3, last] == -1.0 and (scored.token_scores[3, :last] == 0).all()
