@@ -16,3 +16,21 @@ class Countdown:
         done = self.seen >= self.turns
         reward = 0.25 + self.per_word * len(action.split())
         return (None if done else f"turn {self.seen} done, go on"), reward, done
+
+
+class BreaksLater(Countdown):
+    """Countdown whose step raises once `BREAK_AT` environments have been built in this process (the first
+    iterations of a run go well, a later one fails)."""
+
+    built = 0
+    BREAK_AT = 10**9
+
+    def __init__(self, turns, prompt="", per_word=0.0):
+        super().__init__(turns, prompt, per_word)
+        type(self).built += 1
+        self.broken = type(self).built > type(self).BREAK_AT
+
+    def step(self, action):
+        if self.broken:
+            raise RuntimeError("the environment's server went away")
+        return super().step(action)

@@ -180,3 +180,29 @@ def test_reward_truncation_applies_to_truncated_episodes(tmp_path, tokenizer, en
     assert scored.token_scores.sum(1).tolist() == [0.25, 0.5, 0.75, -1.0]
     last = int(batch.turn_ends[3].max())
     assert scored.token_scores[3, last] == -1.0 and (scored.token_scores[3, :last] == 0).all()
+
+
+def test_an_environment_failing_mid_run_leaves_the_run_resumable(tmp_path, tokenizer):
+    """The environment raises in iteration 2 (after 4 episodes of iteration 1): one error line naming it, the row and
+    the turn; the run folder keeps iteration 1's checkpoint, which verifies, and the run resumes from it."""
+    from lmppo.environments.api import EnvironmentError
+    from lmppo.run.manifest import latest_checkpoint, verify_checkpoint
+
+    env = os.path.join(TESTS, "countdown_env.py") + ":BreaksLater"
+    trainer = make_trainer(tmp_path, tokenizer, env, checkpoint__every=1)
+    breaks = trainer.environment.factory  # the class as loaded from its file
+    breaks.built, breaks.BREAK_AT = 0, 4
+    with pytest.raises(EnvironmentError) as info:
+        trainer.train()
+    assert "\n" not in str(info.value)
+    assert str(info.value).startswith(f"environment `{env}`, prompt row ")
+    assert "turn 1: step() raised RuntimeError: the environment's server went away" in str(info.value)
+    assert trainer.iteration == 1
+    out = str(tmp_path / "run")
+    checkpoint = latest_checkpoint(out)
+    assert checkpoint is not None and verify_checkpoint(checkpoint)
+    breaks.BREAK_AT = 10**9
+    resumed = PPOTrainer.resume(out, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=ROWS)
+    resumed.environment.factory.BREAK_AT = 10**9
+    assert resumed.iteration == 1
+    assert len(resumed.train()) == 1  # iteration 2, the one that failed
