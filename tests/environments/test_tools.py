@@ -135,3 +135,36 @@ def test_a_template_that_is_not_prefix_preserving_is_refused(tokenizer):
 
     with pytest.raises(EnvironmentError, match="not prefix-preserving"):
         ChatObservations(Rewriting(), [2])
+
+
+def test_text_rendering_appends_the_observation_as_plain_text(tokenizer):
+    """environment.render `text`: no chat template; the opening and each observation are their text, encoded."""
+    from lmppo.environments.render import Observations
+
+    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    enc = observation_encoder(tokenizer, stop, "text")
+    assert type(enc) is Observations
+    assert tokenizer.decode(enc.observation([{"role": "user", "content": "Higher."}], turn_ended=True)) == "\nHigher.\n"
+    assert tokenizer.decode(enc.opening([{"role": "user", "content": "Guess."}])) == "Guess."
+    with_tools = tokenizer.decode(enc.opening([{"role": "user", "content": "Guess."}], tool_schemas([multiply])))
+    assert "<|im_start|>" not in with_tools and "multiply" in with_tools
+
+
+def test_the_config_tools_reach_the_environment(tmp_path):
+    """environment.tools: the functions named there are imported and handed to the environment as `tools`."""
+    from helpers_tokenizers import make_bpe_tokenizer
+    from lmppo.config import EnvironmentConfig
+    from lmppo.environments.episodes import EpisodePlayer
+
+    path = tmp_path / "my_tools.py"
+    path.write_text(
+        "def add(a: int, b: int) -> int:\n    '''Add.\n\n    Args:\n        a: one\n"
+        "        b: two\n    '''\n    return a + b\n"
+    )
+    tokenizer = make_bpe_tokenizer()
+    stop = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    player = EpisodePlayer(EnvironmentConfig(path="tools", tools=[f"{path}:add"]), tokenizer, stop)
+    assert [t.__name__ for t in player.tools] == ["add"]
+    env = EpisodeEnvironments(player.factory, "tools", [{"prompt": "1 + 2?"}], [0], {"tools": player.tools})
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    assert env.step([0], [call], 1)[0].observation == [{"role": "tool", "content": "3"}]
