@@ -102,3 +102,12 @@ def test_one_class_of_each_public_name():
         if isinstance(n, ast.ClassDef) and n.name == "PPOTrainer"
     ]
     assert sorted(defined) == ["training/trainer.py", "trl/trainer.py"], defined
+
+
+def test_test_basenames_unique():
+    """pytest (rootdir conftest, no packages) imports test files by basename: two of one name stop the whole
+    collection with 'import file mismatch', so CI would run nothing."""
+    names: dict[str, list[str]] = {}
+    for path in (REPO / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}
