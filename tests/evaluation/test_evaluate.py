@@ -332,3 +332,26 @@ def test_eval_refuses_cuda_on_a_machine_without_one():
         return  # the refusal is for machines without a GPU
     with pytest.raises(LmppoError, match="device.*no CUDA GPU"):
         eval_device(Config(device="cuda"))
+
+
+def test_held_out_score_carries_the_runs_truncation_penalty(tokenizer):
+    """A response cut at max_new_tokens scores what training gives it: `replace` -> the penalty, `add` -> its
+    sources' total plus the penalty; without the `penalty` policy the total is the sources' alone."""
+    policy = tiny_llama(tokenizer, seed=0)
+    sources = [FunctionSource.from_callable(length_reward)]
+    road = native_road(tokenizer, sources, max_new_tokens=2)
+    prompts = EvalPrompts(_ids(tokenizer, PROMPTS), PROMPTS)
+    plain = sample_and_score(road, policy, prompts, EvalChoices(seed=5, batch_size=3))
+    cut = ~plain.terminated
+    assert cut.any()  # 2 new tokens: the tiny model rarely stops in time
+    cfg = Config()
+    cfg.reward.truncation, cfg.reward.penalty = "penalty", -1.0
+    replaced = sample_and_score(road, policy, prompts, EvalChoices.of_run(cfg, 5))
+    assert replaced.responses == plain.responses
+    assert torch.equal(replaced.total[cut], torch.full((int(cut.sum()),), -1.0))
+    assert torch.equal(replaced.total[~cut], plain.total[~cut])
+    cfg.reward.penalty_mode = "add"
+    added = sample_and_score(road, policy, prompts, EvalChoices.of_run(cfg, 5))
+    assert torch.allclose(added.total[cut], plain.total[cut] - 1.0)
+    cfg.reward.truncation = "none"
+    assert torch.equal(sample_and_score(road, policy, prompts, EvalChoices.of_run(cfg, 5)).total, plain.total)

@@ -157,6 +157,7 @@ class ResponseNumbers:
     lengths: torch.Tensor  # (N,) response tokens, stop token included
     terminated: torch.Tensor  # (N,) bool
     valid: torch.Tensor  # (N,) bool, False where a source gave bad output (reward.on_bad_output: drop)
+    truncated: torch.Tensor  # (N,) bool, cut by a length budget (what reward.truncation acts on)
 
     @classmethod
     def concat(cls, parts: Sequence[ResponseNumbers]) -> ResponseNumbers:
@@ -172,6 +173,7 @@ class ResponseNumbers:
             lengths=cat([p.lengths for p in parts], torch.long),
             terminated=cat([p.terminated for p in parts], torch.bool),
             valid=cat([p.valid for p in parts], torch.bool),
+            truncated=cat([p.truncated for p in parts], torch.bool),
         )
 
 
@@ -280,4 +282,5 @@ def reduce_to_responses(episodes: Episodes, rewards: RewardResult) -> ResponseNu
         lengths=episodes.lengths.cpu(),
         terminated=episodes.terminated.cpu(),
         valid=rewards.valid.cpu(),
+        truncated=episodes.truncated.cpu(),
     )

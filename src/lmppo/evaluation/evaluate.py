@@ -350,7 +350,7 @@ def eval_plan(
             return policy_forward(models.policy, input_ids, attention, P, r.temperature).logits
 
     shown = [prompt_set.shown_text(i) for i in range(len(prompt_set)) for _ in range(samples_per_prompt)]
-    choices = EvalChoices(seed=seed, batch_size=cfg.no_grad_batch_size)
+    choices = EvalChoices.of_run(cfg, seed)
     return EvalPlan(prompts, shown, len(prompt_set.ids), held_out, precision, road, choices, start_logits)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -20,12 +20,16 @@ from torch import nn
 from lmppo.core.kl import KL_ESTIMATORS, exact_kl
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.core.masking import masked_sum
+from lmppo.core.rewards import penalize_truncated
 from lmppo.episodes.road import EpisodePrompts, ResponseNumbers, Road
 from lmppo.errors import LmppoError
 from lmppo.models.loading import policy_forward
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
+
+if TYPE_CHECKING:
+    from lmppo.config import Config
 
 EVAL_STREAM = 1 << 40
 """The `iteration` argument of `sampling.response_seed` for evaluation samples: never a training iteration, so
@@ -47,7 +51,9 @@ class PolicyEval:
     prompts: list[str]  # N prompt texts, as the policy saw them
     responses: list[str]  # N completions (no stop token, no padding)
     scores: dict[str, torch.Tensor]  # source name -> (N,) unweighted score of each response
-    total: torch.Tensor  # (N,) weighted sum of the sources: the training score before normalisation/truncation policy
+    total: (
+        torch.Tensor
+    )  # (N,) weighted sum of the sources, with the run's truncation penalty: the training score before normalisation
     lengths: torch.Tensor  # (N,) response tokens, stop token included
     terminated: torch.Tensor  # (N,) bool, the response ended with the stop token
     kl_k1: Optional[torch.Tensor] = None  # (N,) sum over the response's tokens of log pi - log pi_ref (k1)
@@ -103,6 +109,18 @@ class EvalChoices:
     seed: int  # response i draws response_seed(seed, EVAL_STREAM, first_position + i); a global-RNG engine seed + chunk
     batch_size: int = 16  # prompts per sampling and KL pass
     first_position: int = 0
+    truncation_penalty: Optional[float] = None  # reward.penalty where reward.truncation is `penalty`, else None
+    penalty_mode: str = "replace"  # reward.penalty_mode
+
+    @classmethod
+    def of_run(cls, cfg: Config, seed: int) -> EvalChoices:
+        """The run's choices: its no-grad batch size and its truncation penalty, so the held-out `score` is the
+        training score (before normalisation) that a cut response gets in training."""
+        r = cfg.reward
+        penalty = float(r.penalty) if r.truncation == "penalty" else None
+        return cls(
+            seed=seed, batch_size=cfg.no_grad_batch_size, truncation_penalty=penalty, penalty_mode=r.penalty_mode
+        )
 
 
 @contextmanager
@@ -158,6 +176,15 @@ def sample_and_score(
         if reference_logits is not None:
             kls.append(response_kl(road, policy, part, reference_logits))
     n = ResponseNumbers.concat([c.numbers for c in chunks])
+    total = n.total
+    if choices.truncation_penalty is not None:  # training's EOS trick, on each response's total (one "token")
+        total = penalize_truncated(
+            total[:, None],
+            torch.ones_like(total[:, None], dtype=torch.bool),
+            n.truncated,
+            choices.truncation_penalty,
+            choices.penalty_mode,
+        )[:, 0]
     kl = ResponseKL.concat(kls) if reference_logits is not None else None
     weights = {s.name: float(s.weight) for s in road.sources}
     weights.update({"environment": 1.0} if "environment" in n.per_source else {})  # an environment's rewards
@@ -165,7 +192,7 @@ def sample_and_score(
         prompts=list(prompts.texts),
         responses=[text for c in chunks for text in c.shown],
         scores=n.per_source,
-        total=n.total,
+        total=total,
         lengths=n.lengths,
         terminated=n.terminated,
         kl_k1=kl.k1 if kl is not None else None,

@@ -102,7 +102,7 @@ def heldout_summary(
     judge = default_judge(weights, watch)
     ids, texts = repeat_prompts(held.ids, held.texts, samples_per_prompt)
     prompts = EvalPrompts(ids, texts, repeat_columns(held.columns, samples_per_prompt))
-    choices = EvalChoices(seed=cfg.seed, batch_size=cfg.no_grad_batch_size)
+    choices = EvalChoices.of_run(cfg, cfg.seed)
     policy = run.policy
 
     def reference_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:

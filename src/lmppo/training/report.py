@@ -159,7 +159,7 @@ def heldout_metrics(
         return reference.logits(policy, input_ids, attention, P, temperature)
 
     prompts = EvalPrompts(held.ids, held.texts, held.columns or None)
-    choices = EvalChoices(seed=cfg.seed, batch_size=cfg.no_grad_batch_size)
+    choices = EvalChoices.of_run(cfg, cfg.seed)
     result = sample_and_score(road, policy, prompts, choices, reference_logits)
     return {f"eval/{k}": v for k, v in result.means().items() if v is not None}
 
