@@ -35,6 +35,57 @@ def test_a_signal_during_start_up_ends_with_one_line_and_128_plus_n(tmp_path, ti
     assert storage.temporaries(out) == [] if os.path.isdir(out) else True
 
 
+TRIP = """
+import os, signal, sys
+SIGNUM, MODULE = int(sys.argv[1]), sys.argv[2]
+
+
+class Trip:  # sends the signal from inside the import of MODULE, whoever imports it
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:
+            os.kill(os.getpid(), SIGNUM)
+        return None
+
+
+sys.meta_path.insert(0, Trip())
+sys.argv = ["lmppo", "train", sys.argv[3]]
+from lmppo.apps.cli import main
+
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "datetime",  # imported from pydantic-core's Rust code (PyCapsule_Import): a raise there was a PanicException
+        "torch._opaque_base",  # imported from torch's C++ `_c10d_init`, where CI saw `terminate called after ...`
+        "transformers",
+    ],
+)
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_inside_an_import_made_by_a_c_extension_ends_with_one_line(
+    tmp_path, tiny_model_dir, module, signum, code
+):
+    import subprocess
+    import sys
+
+    from test_real_faults import SRC
+
+    out = str(tmp_path / "run")
+    proc = subprocess.run(
+        [sys.executable, "-c", TRIP, str(int(signum)), module, base_config(tmp_path, tiny_model_dir, out)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=SRC, HF_HUB_OFFLINE="1"),
+        timeout=600,
+    )
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == code and len(lines) == 1, (proc.returncode, lines[-6:])
+    _no_traceback(lines)
+    assert lines[0].startswith(signals.how_stopped(signals._stop_for(signum)) + ";"), lines
+
+
 def test_sighup_during_training_exits_129_with_advice_that_works(tmp_path, tiny_model_dir):
     out, gate = str(tmp_path / "run"), str(tmp_path / "gate")
     proc = cli_process(["train", gated(tmp_path, tiny_model_dir, out)], GATE=gate, GATE_CALL="2")
@@ -71,3 +122,28 @@ def test_a_finished_run_leaves_no_lock_file(tmp_path, tiny_model_dir):
     assert rc == 0, lines
     assert not os.path.exists(os.path.join(out, ".lmppo.lock"))
     assert os.path.isdir(os.path.join(out, "final"))
+
+
+def test_a_stop_inside_an_import_is_raised_when_the_outermost_import_returns_with_its_modules_complete(
+    tmp_path, monkeypatch
+):
+    import importlib
+    import sys
+
+    (tmp_path / "lmppo_outer_mod.py").write_text("import lmppo_inner_mod\nAFTER = lmppo_inner_mod.DONE + 1\n")
+    (tmp_path / "lmppo_inner_mod.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nDONE = sum(range(1000))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = signals.handlers()
+    signals.install()
+    try:
+        with pytest.raises(signals.Terminated):
+            importlib.import_module("lmppo_outer_mod")
+        assert sys.modules["lmppo_inner_mod"].DONE == 499500  # neither import was cut in two
+        assert sys.modules["lmppo_outer_mod"].AFTER == 499501
+        assert sys.getprofile() is None  # the hook that held the stop is gone
+    finally:
+        signals.restore(before)
+        sys.modules.pop("lmppo_outer_mod", None)
+        sys.modules.pop("lmppo_inner_mod", None)

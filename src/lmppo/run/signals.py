@@ -8,7 +8,10 @@ Python's default for both is to die at once, leaving temporaries and no message.
 clean-up of lmppo's writers runs. The CLI installs it first thing, before its slow imports. After the first signal
 the others are ignored (a second Ctrl-C 20 ms later does not cut the clean-up or its message short; SIGKILL still
 ends the process, and the next process that takes the run lock removes what is left,
-`lmppo.run.storage.remove_temporaries`). Once the command has ended, a late signal (during the interpreter's exit)
+`lmppo.run.storage.remove_temporaries`). A signal that arrives inside an import is raised when the outermost import
+returns: an import may run inside a C extension's call (torch's `_c10d_init`, pydantic-core's datetime capsule),
+and an exception raised there aborts the process (`terminate called after throwing ... error_already_set`) instead
+of unwinding. Once the command has ended, a late signal (during the interpreter's exit)
 prints one line and exits at once (`ended`).
 """
 
@@ -19,6 +22,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Optional, Sequence
 
@@ -56,10 +60,59 @@ def _stop_for(signum: int) -> KeyboardInterrupt:
     return Terminated() if signum == signal.SIGTERM else Stopped(signum)
 
 
+IMPORT_WAIT_S = 30.0
+"""The longest a stop waits for an import to end (a program that trains inside an import is still stopped)."""
+_waiting: dict[str, object] = {"stop": None, "since": 0.0}
+
+
 def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
     for other in STOP_SIGNALS:  # one clean-up: the signals after the first do not interrupt it
         signal.signal(other, signal.SIG_IGN)
+    if importing(frame) and _wait_for_the_import(_stop_for(signum)):
+        return
     _stop(_stop_for(signum))
+
+
+def _is_import_machinery(frame: FrameType) -> bool:
+    return frame.f_code.co_filename.startswith("<frozen importlib._bootstrap")
+
+
+def importing(frame: Optional[FrameType]) -> bool:
+    """Whether `frame` runs inside an import (a frame of `importlib._bootstrap` is below it)."""
+    while frame is not None:
+        if _is_import_machinery(frame):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _wait_for_the_import(stop: BaseException) -> bool:
+    """Hold `stop` until the outermost import under way returns, and raise it there (a profile hook, which sees every
+    frame's return); False where a profiler is already set (the stop is raised at once then)."""
+    if sys.getprofile() is not None:
+        return False
+    _waiting.update(stop=stop, since=time.monotonic())
+    sys.setprofile(_after_the_import)
+    return True
+
+
+def _after_the_import(frame: FrameType, event: str, arg: object) -> None:
+    if event == "return" and _is_import_machinery(frame) and not importing(frame.f_back):
+        stop = _waiting["stop"]
+    elif event == "call" and time.monotonic() - float(_waiting["since"]) > IMPORT_WAIT_S:  # type: ignore[arg-type]
+        stop = _waiting["stop"]
+    else:
+        return
+    _stop_waiting()
+    if isinstance(stop, BaseException):
+        _stop(stop)  # the import statement raises it, with its module complete in sys.modules
+
+
+def _stop_waiting() -> None:
+    """Remove the hook of `_wait_for_the_import`, if it is set."""
+    if _waiting["stop"] is not None:
+        sys.setprofile(None)
+        _waiting.update(stop=None)
 
 
 def _stop(exc: BaseException) -> None:
@@ -91,6 +144,7 @@ def handlers() -> dict[int, object]:
 def restore(saved: dict[int, object]) -> None:
     """Put back the handlers `handlers` returned (main thread only)."""
     if threading.current_thread() is threading.main_thread():
+        _stop_waiting()
         for signum, handler in saved.items():
             if handler is not None:
                 signal.signal(signum, handler)  # type: ignore[arg-type]
@@ -102,6 +156,7 @@ def ended(code: int) -> None:
     Signals that are ignored (after a first one) stay ignored."""
     if threading.current_thread() is not threading.main_thread():
         return
+    _stop_waiting()  # a stop held for an import that outlived the command: the command has ended all the same
 
     def late(signum: int, frame: Optional[FrameType]) -> None:
         how = _HOW.get(signum, f"signal {signum}")
