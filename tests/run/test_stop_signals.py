@@ -16,6 +16,20 @@ import lmppo.run.storage as storage
 from lmppo.run import signals
 
 
+def wait_until_caught(proc, signum: int, timeout: float = 120) -> None:
+    """Wait until process `proc` catches `signum` (Linux: the SigCgt mask of /proc/PID/status), so a signal sent
+    after this meets lmppo's handler whatever the machine's load made of the interpreter's start."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, finish(proc)
+        with open(f"/proc/{proc.pid}/status") as status:
+            caught = next(int(ln.split()[1], 16) for ln in status if ln.startswith("SigCgt:"))
+        if caught >> (int(signum) - 1) & 1:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"the process never caught signal {signum}")
+
+
 def _no_traceback(lines: list[str]) -> None:
     text = "\n".join(lines)
     assert "Traceback" not in text and "Exception ignored" not in text and "KeyboardInterrupt" not in text, text
@@ -26,6 +40,7 @@ def _no_traceback(lines: list[str]) -> None:
 def test_a_signal_during_start_up_ends_with_one_line_and_128_plus_n(tmp_path, tiny_model_dir, signum, code, after):
     out = str(tmp_path / "run")
     proc = cli_process(["train", base_config(tmp_path, tiny_model_dir, out)])
+    wait_until_caught(proc, signum)  # lmppo's first lines ran (before them the kernel's default applies)
     time.sleep(after)  # inside the imports of torch / transformers (about 1.5 s on this machine)
     proc.send_signal(signum)
     rc, lines = finish(proc)
