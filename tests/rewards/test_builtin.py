@@ -198,3 +198,26 @@ def test_two_processes_train_the_judge_head_once(tmp_path):
     assert outs[0][0] == outs[1][0]
     names = sorted(p.name for p in (tmp_path / "judges").iterdir())
     assert len([n for n in names if n.endswith(".pt")]) == 1 and not [n for n in names if ".tmp-" in n], names
+
+
+@needs_minilm
+def test_a_minilm_folder_that_lost_a_tensor_is_refused_naming_it(tmp_path, monkeypatch):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from lmppo.models.files import ModelFolderError
+
+    damaged = tmp_path / "minilm"
+    shutil.copytree(builtin.minilm_path(), damaged)
+    weights = load_file(str(damaged / "model.safetensors"))
+    lost = sorted(k for k in weights if "layer.5.output.dense.weight" in k)
+    assert lost, sorted(weights)[:5]
+    save_file({k: v for k, v in weights.items() if k not in lost}, str(damaged / "model.safetensors"))
+    monkeypatch.setattr(builtin, "minilm_path", lambda: str(damaged))
+    builtin._minilm.cache_clear()
+    try:
+        with pytest.raises(ModelFolderError, match=r"MiniLM judge .*layer\.5\.output\.dense\.weight"):
+            builtin._minilm()
+    finally:
+        builtin._minilm.cache_clear()

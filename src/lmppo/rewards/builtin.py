@@ -16,6 +16,7 @@ from typing import Any
 from lmppo.errors import LmppoError, RewardError
 from lmppo.models.assets import cache_dir, minilm_path, polarity_sentences
 from lmppo.models.cache import fill_file
+from lmppo.models.files import load_whole
 
 log = logging.getLogger(__name__)
 
@@ -144,8 +145,8 @@ def _minilm() -> tuple[Any, Any]:
             "the MiniLM rewards need `torch` and `transformers`; install them with: pip install torch transformers"
         ) from None
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModel.from_pretrained(path, local_files_only=True).eval()
-    return tokenizer, model
+    model = load_whole(AutoModel.from_pretrained, path, "MiniLM judge", strict=True, local_files_only=True)
+    return tokenizer, model.eval()
 
 
 def embed(texts: list[str], batch_size: int = 64) -> Any:
