@@ -5,6 +5,7 @@ without importing torch or transformers (`lmppo.apps.cli.check_arguments` parses
 import argparse
 
 from lmppo.evaluation.arguments import eval_parser
+from lmppo.run.layout import POLICY, POLICY_MERGED, VALUE
 
 __all__ = [
     "eval_parser",
@@ -21,7 +22,7 @@ MERGE_WHAT = (
     "runs that started from the same model (WARP's merging step, Ramé et al. 2024), optionally moved back toward "
     "that start."
 )
-PUSH_FOLDERS = ("policy-merged", "policy", "value")
+PUSH_FOLDERS = (POLICY_MERGED, POLICY, VALUE)
 """The folders of RUN/final that `lmppo push --folder` may upload."""
 
 

@@ -30,6 +30,7 @@ from lmppo.evaluation.evaluate import (
 )
 from lmppo.models.files import is_adapter_folder
 from lmppo.models.loading import resolve_model_path
+from lmppo.run.layout import CONFIG, FINAL, POLICY
 from lmppo.run.outputs import result_output
 from lmppo.run.storage import atomic_dir, discard, temp_name, write_json, writing
 
@@ -40,7 +41,7 @@ def policy_folder(path: str) -> str:
     """A run's output_dir (its `final/policy`) or a model folder (a LoRA adapter or full weights in safetensors)."""
     if not os.path.isdir(path):
         raise LmppoError(f"lmppo merge: {path!r}: no such folder; give a run's output_dir or a model folder")
-    final = os.path.join(path, "final", "policy")
+    final = os.path.join(path, FINAL, POLICY)
     if os.path.isdir(final):
         return final
     if is_adapter_folder(path) or _weight_files(path):
@@ -278,7 +279,7 @@ def merge_to_budget(
     _check_output(output)
     folders = _policy_folders(inputs)
     run_dir = find_run(inputs[0])[1]
-    config = config or (os.path.join(run_dir, "config.yaml") if run_dir else None)
+    config = config or (os.path.join(run_dir, CONFIG) if run_dir else None)
     if config is None:
         raise LmppoError(
             f"lmppo merge: --kl-budget measures the KL on the runs' held-out prompts, but {inputs[0]!r} "

@@ -15,6 +15,7 @@ from typing import Any, Optional, Sequence
 from lmppo.apps.arguments import PUSH_FOLDERS, push_parser
 from lmppo.config import is_hub_repo_id
 from lmppo.errors import ConfigError, LmppoError, bounded_repr
+from lmppo.run.layout import CONFIG, FINAL, POLICY, POLICY_MERGED
 from lmppo.run.model_card import hub_card
 from lmppo.run.signals import go_on
 
@@ -26,7 +27,7 @@ def push_folder(run: str, folder: Optional[str] = None) -> str:
     `policy`; RUN may also be a model folder itself (one holding config.json or adapter_config.json)."""
     if not os.path.isdir(run):
         raise LmppoError(f"lmppo push: RUN {run!r}: no such folder; give a run's output_dir or a model folder")
-    final = os.path.join(run, "final")
+    final = os.path.join(run, FINAL)
     if os.path.isdir(final):
         if folder is not None:
             path = os.path.join(final, folder)
@@ -34,12 +35,12 @@ def push_folder(run: str, folder: Optional[str] = None) -> str:
                 have = ", ".join(f for f in FOLDERS if os.path.isdir(os.path.join(final, f))) or "none"
                 raise LmppoError(f"lmppo push: --folder {folder!r}: {final} has no such folder (it has: {have})")
             return path
-        for name in ("policy-merged", "policy"):
+        for name in (POLICY_MERGED, POLICY):
             if os.path.isdir(os.path.join(final, name)):
                 return os.path.join(final, name)
     if folder is None and any(os.path.isfile(os.path.join(run, f)) for f in ("config.json", "adapter_config.json")):
         return run
-    if os.path.isfile(os.path.join(run, "config.yaml")):
+    if os.path.isfile(os.path.join(run, CONFIG)):
         raise LmppoError(
             f"lmppo push: {run} is a run without a final model (final/policy): the run did not finish; {go_on(run)}"
         )
@@ -145,7 +146,7 @@ def push_after_training(output_dir: str, repo_id: str, console: Any = None) -> N
         path, info = push(output_dir, repo_id)
     except LmppoError as err:
         raise LmppoError(
-            f"{err} (the run finished and its model is in {os.path.join(output_dir, 'final')}; "
+            f"{err} (the run finished and its model is in {os.path.join(output_dir, FINAL)}; "
             f"upload it later with `lmppo push {output_dir} --repo-id {repo_id}`)"
         ) from None
     _say(f"pushed {path} to {repo_id}: {getattr(info, 'commit_url', None) or repo_id}", console)

@@ -17,6 +17,7 @@ from lmppo.config import Config, load_config, parse_overrides, recipe_path
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.run import lock
 from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.layout import FINAL, POLICY
 from lmppo.run.manifest import latest_checkpoint
 from lmppo.run.storage import write_json
 from lmppo.training.report import summarize_run
@@ -91,7 +92,7 @@ def train_member(config_path: Optional[str], overrides: dict[str, str], console:
     """Train (or finish) one member; returns its folder. Finished: `final/policy` exists."""
     cfg = load_config(config_path, overrides)
     out = cfg.output_dir
-    if os.path.isdir(os.path.join(out, "final", "policy")):
+    if os.path.isdir(os.path.join(out, FINAL, POLICY)):
         _say(console, f"{out}: finished, kept")
         return out
     checkpoint = latest_checkpoint(out)

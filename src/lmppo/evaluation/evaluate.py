@@ -37,6 +37,7 @@ from lmppo.models.files import is_adapter_folder, load_whole
 from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
 from lmppo.rewards import RewardSource, build_reward_sources, run_source_context
+from lmppo.run.layout import CONFIG, FINAL, METRICS, POLICY
 from lmppo.run.outputs import result_output
 from lmppo.run.signals import go_on
 from lmppo.run.storage import write_json
@@ -58,11 +59,11 @@ class LoadedModels:
 
 def find_run(model: str) -> tuple[str, Optional[str]]:
     """(policy folder, run folder or None) for a run folder, `RUN/final/policy`, or any other model folder."""
-    if os.path.isdir(os.path.join(model, "final", "policy")):
-        return os.path.join(model, "final", "policy"), model
+    if os.path.isdir(os.path.join(model, FINAL, POLICY)):
+        return os.path.join(model, FINAL, POLICY), model
     parent = os.path.dirname(os.path.dirname(os.path.abspath(model)))
-    if os.path.basename(os.path.dirname(os.path.abspath(model))) == "final" and os.path.isfile(
-        os.path.join(parent, "config.yaml")
+    if os.path.basename(os.path.dirname(os.path.abspath(model))) == FINAL and os.path.isfile(
+        os.path.join(parent, CONFIG)
     ):
         return model, parent
     return model, None
@@ -78,7 +79,7 @@ def _check_model_folder(path: str, what: str) -> None:
             "folder or a LoRA adapter folder"
         )
     if not (os.path.isfile(os.path.join(path, "config.json")) or is_adapter_folder(path)):
-        if os.path.isfile(os.path.join(path, "metrics.jsonl")):
+        if os.path.isfile(os.path.join(path, METRICS)):
             raise LmppoError(
                 f"{what} {path!r} is a run folder without a final model (final/policy): the run did not "
                 f"finish; {go_on(path)}, or evaluate one of its checkpoints"
@@ -195,7 +196,7 @@ def main(argv: Sequence[str], console: Any = None) -> int:
             f"model {args.model!r}: no such folder; give a run's output_dir, OUTPUT_DIR/final/policy, a "
             "model folder, a LoRA adapter folder or a Hub model id (ORG/NAME)"
         )
-    config_path = args.config or (os.path.join(run_dir, "config.yaml") if run_dir else None)
+    config_path = args.config or (os.path.join(run_dir, CONFIG) if run_dir else None)
     config_given = config_path is not None
     cfg = load_config(config_path or recipe_path("sentiment"), overrides)
     cfg.validate()

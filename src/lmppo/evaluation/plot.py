@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from lmppo.errors import LmppoError
+from lmppo.run.layout import CONFIG, METRICS, SUMMARY
 from lmppo.run.metrics_file import read_jsonl
 
 DEFAULT_KEYS = (
@@ -71,7 +72,7 @@ def read_metrics(run_dir: str) -> tuple[list[dict], int]:
     malformed lines skipped. LmppoError if the file is missing or holds no row."""
     path = Path(run_dir)
     if path.is_dir():
-        path = path / "metrics.jsonl"
+        path = path / METRICS
     if not path.is_file():
         raise LmppoError(f"no metrics file at {path}; give a run directory that holds metrics.jsonl")
     rows, bad = read_jsonl(str(path))
@@ -122,7 +123,7 @@ def _expand(keys: list[str], runs: list, last: set[str] = frozenset()) -> list[s
 def _zero_weight_sources(run_dir: str) -> list[str]:
     """Names of the reward sources of weight 0 in the run's config.yaml (none if it cannot be read)."""
     path = Path(run_dir)
-    path = (path if path.is_dir() else path.parent) / "config.yaml"
+    path = (path if path.is_dir() else path.parent) / CONFIG
     try:
         import yaml
 
@@ -178,7 +179,7 @@ def _repeats_scores(key: str, runs: list) -> bool:
 def read_summary(run_dir: str) -> dict | None:
     """The run's ``summary.json`` (the end-of-run summary), or None when absent or unreadable."""
     path = Path(run_dir)
-    path = (path if path.is_dir() else path.parent) / "summary.json"
+    path = (path if path.is_dir() else path.parent) / SUMMARY
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):

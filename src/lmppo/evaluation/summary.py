@@ -26,6 +26,7 @@ from lmppo.evaluation.heldout import (
     sample_and_score,
 )
 from lmppo.evaluation.tables import default_judge, metric_rows, sample_comparison, watched, win_rows
+from lmppo.run.layout import FINAL, SUMMARY
 from lmppo.run.metrics_file import run_rows
 from lmppo.run.model_card import HeldoutRows
 from lmppo.run.storage import write_json
@@ -240,10 +241,10 @@ def summarize(
     if not run.is_main_process:
         return None
     summary = heldout_summary(run, num_samples, samples_per_prompt)
-    path = write_summary(summary, os.path.join(run.config.output_dir, "summary.json"))
+    path = write_summary(summary, os.path.join(run.config.output_dir, SUMMARY))
     if console is not None:
         print_summary(summary, console)
-        console.print(f"summary in {path}; model in {os.path.join(run.config.output_dir, 'final')}", highlight=False)
+        console.print(f"summary in {path}; model in {os.path.join(run.config.output_dir, FINAL)}", highlight=False)
     return summary
 
 

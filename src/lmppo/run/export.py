@@ -15,6 +15,7 @@ from lmppo.config import Config, ModelConfig, hub_repo_id
 from lmppo.models.loading import is_peft_model, save_merged
 from lmppo.run import ownership
 from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.layout import FINAL_FOLDERS, POLICY, POLICY_MERGED, VALUE
 from lmppo.run.model_card import HeldoutRows, card_text
 from lmppo.run.storage import atomic_dir
 
@@ -56,9 +57,9 @@ def export_model(
     name -> its README.md text (`lmppo.run.model_card`). `adapter_base`: the base model the adapter config names (a Hub
     id rather than the local cache folder it was loaded from)."""
     with atomic_dir(directory, "the trained model", keep, ownership.publishing) as tmp:
-        policy.save_pretrained(os.path.join(tmp, "policy"), safe_serialization=True)
-        tokenizer.save_pretrained(os.path.join(tmp, "policy"))
-        adapter_config = os.path.join(tmp, "policy", "adapter_config.json")
+        policy.save_pretrained(os.path.join(tmp, POLICY), safe_serialization=True)
+        tokenizer.save_pretrained(os.path.join(tmp, POLICY))
+        adapter_config = os.path.join(tmp, POLICY, "adapter_config.json")
         if adapter_base and os.path.isfile(adapter_config):
             with open(adapter_config, encoding="utf-8") as fh:
                 data = json.load(fh)
@@ -66,18 +67,18 @@ def export_model(
             with open(adapter_config, "w", encoding="utf-8") as fh:
                 json.dump(data, fh, indent=2)
         if merged:
-            save_merged(policy, os.path.join(tmp, "policy-merged"))
-            tokenizer.save_pretrained(os.path.join(tmp, "policy-merged"))
+            save_merged(policy, os.path.join(tmp, POLICY_MERGED))
+            tokenizer.save_pretrained(os.path.join(tmp, POLICY_MERGED))
         if value_model is not None:
-            value_model.save_pretrained(os.path.join(tmp, "value"), safe_serialization=True)
+            value_model.save_pretrained(os.path.join(tmp, VALUE), safe_serialization=True)
         else:
             assert value_head is not None, "export_model needs value_model or value_head"
-            os.makedirs(os.path.join(tmp, "value"), exist_ok=True)
+            os.makedirs(os.path.join(tmp, VALUE), exist_ok=True)
             save_file(
                 {k: v.contiguous() for k, v in value_head.state_dict().items()},
-                os.path.join(tmp, "value", "value_head.safetensors"),
+                os.path.join(tmp, VALUE, "value_head.safetensors"),
             )
-        for folder in ("policy", "policy-merged", "value") if cards is not None else ():
+        for folder in FINAL_FOLDERS if cards is not None else ():
             if cards is not None and os.path.isdir(os.path.join(tmp, folder)):  # (replaces peft's card of an adapter)
                 with open(os.path.join(tmp, folder, "README.md"), "w", encoding="utf-8") as fh:
                     fh.write(cards(folder))
@@ -126,7 +127,7 @@ def final_card(
         redacted_config_dict(config),
         base_model,
         adapter=is_peft_model(policy),
-        merged=writes_merged(config.model, policy) if folder != "value" else False,
+        merged=writes_merged(config.model, policy) if folder != VALUE else False,
         iterations=iterations,
         heldout=heldout,
         heldout_title=heldout_title,

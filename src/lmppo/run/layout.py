@@ -1,7 +1,7 @@
 """The run folder's names and patterns, each spelled once: every module of `lmppo.run` reads them here (a leaf: it
 imports nothing of lmppo, so the modules below `run/folder.py` can too). Drawn in docs/checkpoints.md:
 
-    OUTPUT_DIR/  config.yaml  metrics.jsonl  samples.jsonl  summary.json  tensorboard/  final/
+    OUTPUT_DIR/  config.yaml  metrics.jsonl  samples.jsonl  summary.json  tensorboard/  final/policy/ ...
                  checkpoints/iter-00000004/  manifest.json state.json trained.safetensors optimizer.pt rng-rank0.*
                  .lmppo.lock  .lmppo-owned.json
 """
@@ -18,6 +18,14 @@ SUMMARY = "summary.json"
 TENSORBOARD = "tensorboard"
 FINAL = "final"
 """The exported models, `final/policy`, ... (`lmppo.run.export`)."""
+POLICY = "policy"
+"""`final/policy`: the trained policy in Hugging Face format (a LoRA policy: its adapter), with its tokenizer."""
+POLICY_MERGED = "policy-merged"
+"""`final/policy-merged`: a LoRA policy's adapters merged into full weights (`model.lora.save_merged`)."""
+VALUE = "value"
+"""`final/value`: the critic's model, or the shared value head's tensors."""
+FINAL_FOLDERS = (POLICY, POLICY_MERGED, VALUE)
+"""The folders of `final/`, each with its model card when it exists."""
 CHECKPOINTS = "checkpoints"
 """The folder of the run's checkpoints, `checkpoints/iter-00000004/`, ..."""
 ARTIFACTS = (METRICS, SAMPLES, CHECKPOINTS, FINAL, TENSORBOARD, SUMMARY, CONFIG)

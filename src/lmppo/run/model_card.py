@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 import yaml
 
 from lmppo.config import BUILTIN_MODELS, Config, hub_repo_id
+from lmppo.run.layout import FINAL_FOLDERS, POLICY, POLICY_MERGED, VALUE
 
 
 def lmppo_version() -> str:
@@ -24,9 +25,6 @@ def lmppo_version() -> str:
 
 LOCAL_PATH = "PATH"
 """What a card says to load from while it is on disk (the folder it is in); `hub_card` puts the repo id there."""
-
-FOLDERS = ("policy", "policy-merged", "value")
-"""The folders of `final/` that get a card (those that exist)."""
 
 HeldoutRows = Sequence[tuple[str, str, str, str]]
 """(metric, before, after, change) rows, as `lmppo.evaluation.tables.metric_rows` gives them."""
@@ -82,7 +80,7 @@ def _settings(
 
 def _what(folder: str, adapter: bool, merged: bool) -> tuple[str, str]:
     """(library_name, a paragraph on what the folder holds and how to load it)."""
-    if folder == "value":
+    if folder == VALUE:
         text = (
             "The value function trained alongside the policy (a `*ForSequenceClassification` critic, or the "
             "shared value head's tensors in `value_head.safetensors`). It is not needed for generation."
@@ -94,7 +92,7 @@ def _what(folder: str, adapter: bool, merged: bool) -> tuple[str, str]:
         f'tokenizer = AutoTokenizer.from_pretrained("{LOCAL_PATH}")'
         "\n```"
     )
-    if folder == "policy" and adapter:
+    if folder == POLICY and adapter:
         text = (
             "A LoRA adapter (peft) on the base model below. Load it with peft (`PeftModel.from_pretrained`), or "
             "with transformers when peft is installed:\n\n" + load
@@ -102,7 +100,7 @@ def _what(folder: str, adapter: bool, merged: bool) -> tuple[str, str]:
         if merged:
             text += "\n\nThe same model merged into full weights (no peft needed) is in `../policy-merged`."
         return "peft", text
-    if folder == "policy-merged":
+    if folder == POLICY_MERGED:
         return "transformers", (
             "The LoRA adapter of `../policy` merged into the base model's weights: a plain "
             "Hugging Face model, loaded without peft:\n\n" + load
@@ -134,7 +132,7 @@ def card_text(
     if repo:
         meta["base_model"] = repo
     meta["tags"] = ["lmppo", "ppo", "rlhf"] + (["lora"] if adapter else [])
-    if folder != "value":
+    if folder != VALUE:
         meta["pipeline_tag"] = "text-generation"
     name = os.path.basename(os.path.normpath(cfg.output_dir)) or "run"
     lines = [
@@ -142,7 +140,7 @@ def card_text(
         yaml.safe_dump(meta, sort_keys=False).strip(),
         "---",
         "",
-        f"# {name}: {'value function' if folder == 'value' else 'policy'} trained with lmppo (PPO)",
+        f"# {name}: {'value function' if folder == VALUE else 'policy'} trained with lmppo (PPO)",
         "",
         what,
         "",
@@ -202,4 +200,4 @@ def hub_card(text: str, repo_id: str) -> str:
 
 def card_folders(final_dir: str) -> list[str]:
     """The folders of `final_dir` that get a card."""
-    return [f for f in FOLDERS if os.path.isdir(os.path.join(final_dir, f))]
+    return [f for f in FINAL_FOLDERS if os.path.isdir(os.path.join(final_dir, f))]

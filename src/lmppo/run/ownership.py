@@ -19,6 +19,7 @@ from lmppo.run.layout import (
     CHECKPOINTS,
     CONFIG,
     FINAL,
+    FINAL_FOLDERS,
     MANIFEST,
     OWNED,
     TENSORBOARD,
@@ -55,7 +56,7 @@ def _looks_own(output_dir: str, name: str) -> bool:
             return os.path.isdir(path) and all(CHECKPOINT_ENTRY.match(e) for e in os.listdir(path))
         if name == FINAL:
             entries = set(os.listdir(path)) if os.path.isdir(path) else None
-            return entries is not None and entries <= {"policy", "policy-merged", "value"}
+            return entries is not None and entries <= set(FINAL_FOLDERS)
     except OSError:
         return False
     if name == CONFIG:

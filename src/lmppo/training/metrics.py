@@ -131,7 +131,7 @@ class TensorBoardTracker(Tracker):
     def __init__(self, output_dir: str, config: dict, run_name: str):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        self.writer = SummaryWriter(os.path.join(output_dir, layout.TENSORBOARD))
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=2, default=str) + "\n```", 0)
 
     def log(self, metrics, step):

@@ -18,6 +18,7 @@ from lmppo.data.prompts import PromptSet
 from lmppo.episodes.road import Road, transcript_text
 from lmppo.evaluation.heldout import EvalChoices, EvalPrompts, sample_and_score
 from lmppo.evaluation.summary import RunRecord, card_table, print_run_summary
+from lmppo.run.layout import FINAL
 from lmppo.run.model_card import card_folders
 from lmppo.run.storage import write_text
 from lmppo.training.episodes import episode_metrics
@@ -186,7 +187,7 @@ def summarize_run(trainer: PPOTrainer, console: Optional[Console] = None) -> Opt
     """The end-of-run summary (`lmppo.evaluation.summary`), printed on `console`, its held-out table written into
     the final model cards; None on processes other than the main one."""
     summary = print_run_summary(run_record(trainer), console)
-    final, table = os.path.join(trainer.config.output_dir, "final"), card_table(summary)
+    final, table = os.path.join(trainer.config.output_dir, FINAL), card_table(summary)
     if table is not None and os.path.isdir(final):
         rows, title = table
         for folder in card_folders(final):

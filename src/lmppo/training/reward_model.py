@@ -34,7 +34,7 @@ from lmppo.models.loading import resolve_model_path
 from lmppo.rewards.model import sequence_scores
 from lmppo.run import storage
 from lmppo.run.folder import checkpoints_dir
-from lmppo.run.layout import checkpoint_name
+from lmppo.run.layout import CHECKPOINTS, METRICS, OPTIMIZER, STATE, TRAINED, checkpoint_name
 from lmppo.run.manifest import latest_checkpoint, prune_checkpoints, write_manifest
 from lmppo.run.metrics_file import read_jsonl
 from lmppo.run.model_card import lmppo_version
@@ -44,8 +44,8 @@ from lmppo.run.state import RngState
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-SETTINGS, METRICS, MODEL = "reward_model.json", "metrics.jsonl", "model"
-OWN = (SETTINGS, METRICS, MODEL, "checkpoints")
+SETTINGS, MODEL = "reward_model.json", "model"
+OWN = (SETTINGS, METRICS, MODEL, CHECKPOINTS)
 """What a reward-model run writes in its folder (all that `overwrite` removes)."""
 
 
@@ -278,26 +278,24 @@ class RewardModelTrainer:
         final = os.path.join(root, checkpoint_name(self.step))
         named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         with storage.atomic_dir(final, f"the checkpoint of step {self.step}") as tmp:
-            save_file(
-                {n: p.detach().cpu().contiguous() for n, p in named.items()}, os.path.join(tmp, "trained.safetensors")
-            )
-            torch.save(self.optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+            save_file({n: p.detach().cpu().contiguous() for n, p in named.items()}, os.path.join(tmp, TRAINED))
+            torch.save(self.optimizer.state_dict(), os.path.join(tmp, OPTIMIZER))
             rng = RngState.capture()
             save_file({"torch_cpu": rng.torch_cpu}, os.path.join(tmp, "rng.safetensors"))
-            storage.write_json(os.path.join(tmp, "state.json"), {"step": self.step, "python": rng.python}, "state.json")
+            storage.write_json(os.path.join(tmp, STATE), {"step": self.step, "python": rng.python}, STATE)
             write_manifest(tmp, self.step)
         prune_checkpoints(self.settings.output_dir, 2, final)
 
     def _load(self, path: str) -> None:
-        trained = load_file(os.path.join(path, "trained.safetensors"))
+        trained = load_file(os.path.join(path, TRAINED))
         named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
         if set(trained) != set(named):
             raise CheckpointError(f"checkpoint {path}: its trained tensors are not this model's")
         with torch.no_grad():
             for name, tensor in trained.items():
                 named[name].copy_(tensor)
-        self.optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), weights_only=True))
-        with open(os.path.join(path, "state.json"), encoding="utf-8") as fh:
+        self.optimizer.load_state_dict(torch.load(os.path.join(path, OPTIMIZER), weights_only=True))
+        with open(os.path.join(path, STATE), encoding="utf-8") as fh:
             state = json.load(fh)
         self.step = int(state["step"])
         RngState(load_file(os.path.join(path, "rng.safetensors"))["torch_cpu"], [], state["python"]).restore()

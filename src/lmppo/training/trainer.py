@@ -23,6 +23,7 @@ from lmppo.episodes.road import Road, single_turn_road
 from lmppo.models.loading import PolicyOutput
 from lmppo.quiet import quiet_libraries
 from lmppo.run.export import export_final, final_card, warn_unmerged
+from lmppo.run.layout import FINAL
 from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
 from lmppo.training import compiled_update, episodes, report, rollout, scoring, update
@@ -151,7 +152,7 @@ class PPOTrainer:
             if self.logger is not None:
                 self.logger.close()
                 self.logger = None
-        self.save_model(os.path.join(cfg.output_dir, "final"))
+        self.save_model(os.path.join(cfg.output_dir, FINAL))
         self.callbacks.call("on_train_end", self, self.history)
         return self.history
 

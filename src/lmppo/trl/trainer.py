@@ -24,6 +24,7 @@ from lmppo.models.loading import hf_model
 from lmppo.quiet import quiet_libraries
 from lmppo.rewards import FunctionSource, ModelSource, SourceContext
 from lmppo.run.config_file import write_run_config
+from lmppo.run.layout import CONFIG, METRICS
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed, sample_native
 from lmppo.training.trainer import PPOTrainer as LmppoTrainer
@@ -223,7 +224,7 @@ class PPOTrainer:
     def _logs_so_far(self) -> list[dict[str, float]]:
         """TRL's log history of the updates done before `train()`: none for a new run; a resumed run's, from
         OUTPUT_DIR/metrics.jsonl (cut back to its checkpoint when it was loaded)."""
-        path = os.path.join(self.config.output_dir, "metrics.jsonl")
+        path = os.path.join(self.config.output_dir, METRICS)
         if not self.lmppo.iteration or not os.path.isfile(path):
             return []
         with open(path, encoding="utf-8") as fh:
@@ -432,7 +433,7 @@ def rewrite_header(engine: LmppoTrainer) -> None:
     )
     write_run_config(
         config,
-        os.path.join(config.output_dir, "config.yaml"),
+        os.path.join(config.output_dir, CONFIG),
         [f"precision: {engine.precision.reason}", passed],
         resume_with=RESUME_WITH,
     )
