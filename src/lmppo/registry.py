@@ -211,15 +211,21 @@ KL_CONTROLLERS: Registry[Any] = Registry(
     "KL controller",
     "kl.controller",
     {
-        "pi": builtin("lmppo.core.kl_control:PIKLController", react="now"),
-        "adaptive": "lmppo.core.kl_control:AdaptiveKLController",
+        "pi": builtin(
+            "lmppo.core.kl_control:PIKLController",
+            react="now",
+            gains=("coef", "kp", "ki", "kd", "coef_min", "coef_max"),
+        ),
+        "adaptive": builtin("lmppo.core.kl_control:AdaptiveKLController", gains=("horizon",)),
         "fixed": "lmppo.core.kl_control:FixedKLController",
     },
     group="lmppo.kl_controllers",
-    traits={"react": "next"},
+    traits={"react": "next", "gains": ()},
 )
 """Trait `react`: the `kl.react` that `auto` means for this controller: `now` (beta answers a batch's KL before
-that batch's rewards) or `next` (after its update, from the next batch on: Ziegler's and TRL's timing)."""
+that batch's rewards) or `next` (after its update, from the next batch on: Ziegler's and TRL's timing).
+Trait `gains`: the `kl.*` fields the controller reads as its gains, which config validation then holds to their
+bounds (`lmppo.config.validation.KL_GAIN_BOUNDS`: `pi` takes the log of `coef`, `adaptive` divides by `horizon`)."""
 KL_ESTIMATORS: Registry[Any] = Registry(
     "KL estimator",
     "kl.estimator",

@@ -90,3 +90,56 @@ def test_a_plugin_advantage_estimator_that_needs_groups_is_refused_without_them(
         cfg.validate()
     finally:
         del ADVANTAGE_ESTIMATORS["mine"]
+
+
+class _GainedController:
+    """A plug-in controller that reads `kl.kp` and `kl.horizon` as its gains (an attribute: an entry point's way)."""
+
+    gains = ("kp", "horizon")
+
+
+@pytest.mark.parametrize("how", ["declared", "attribute"])
+def test_a_plugin_controllers_gains_are_checked_as_the_builtins_are(how):
+    """check_kl holds the gains a controller declares (trait `gains`) to their bounds, whatever its name; the gains
+    it does not declare are free."""
+    if how == "declared":
+        KL_CONTROLLERS.register("gained", gains=("kp", "horizon"))(object)
+    else:
+        KL_CONTROLLERS.register("gained")(_GainedController)
+    try:
+        cfg = Config()
+        cfg.kl.controller, cfg.kl.kp = "gained", -1.0
+        with pytest.raises(ConfigError, match=r"`kl.kp` = -1.0: must be >= 0"):
+            check_kl(cfg)
+        cfg.kl.kp, cfg.kl.horizon = 0.0, 0
+        with pytest.raises(ConfigError, match=r"`kl.horizon` = 0: must be > 0"):
+            check_kl(cfg)
+        cfg.kl.horizon, cfg.kl.ki, cfg.kl.coef_min, cfg.kl.coef_max = 1, -1.0, 1.0, 0.5  # not its gains
+        check_kl(cfg)
+    finally:
+        del KL_CONTROLLERS["gained"]
+
+
+def test_the_builtin_controllers_gains_and_a_controller_without_any():
+    assert KL_CONTROLLERS.trait("pi", "gains") == ("coef", "kp", "ki", "kd", "coef_min", "coef_max")
+    assert KL_CONTROLLERS.trait("adaptive", "gains") == ("horizon",)
+    cfg = Config()
+    cfg.kl.controller, cfg.kl.coef, cfg.kl.kp, cfg.kl.horizon = "fixed", 0.0, -1.0, 0
+    check_kl(cfg)  # fixed reads only coef, as its value: 0 is no KL term
+    cfg.kl.controller = "adaptive"
+    with pytest.raises(ConfigError, match=r"`kl.horizon` = 0: must be > 0"):
+        check_kl(cfg)
+    cfg.kl.controller = "pi"
+    with pytest.raises(ConfigError, match=r"`kl.coef` = 0.0: must be > 0"):
+        check_kl(cfg)
+
+
+def test_a_controller_declaring_a_gain_that_is_no_kl_field_is_refused():
+    KL_CONTROLLERS.register("typo", gains=("kpp",))(object)
+    try:
+        cfg = Config()
+        cfg.kl.controller = "typo"
+        with pytest.raises(ConfigError, match=r"`kl.controller` = 'typo': declares the gains \['kpp'\]"):
+            check_kl(cfg)
+    finally:
+        del KL_CONTROLLERS["typo"]

@@ -8,19 +8,19 @@ import dataclasses
 import os
 import re
 import typing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lmppo.config.env import expand_path, http_headers
 from lmppo.config.fields import from_dict, type_hints
 from lmppo.config.model_names import check_model_path, is_hub_repo_id
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.errors import ConfigError
-from lmppo.registry import ADVANTAGE_ESTIMATORS, ENVIRONMENTS, KL_ESTIMATORS
+from lmppo.registry import ADVANTAGE_ESTIMATORS, ENVIRONMENTS, KL_CONTROLLERS, KL_ESTIMATORS
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-    from lmppo.config.schema import Config, RewardConfig
+    from lmppo.config.schema import Config, KLConfig, RewardConfig
 
 
 def validate_config(c: Config) -> None:
@@ -179,8 +179,27 @@ def check_environment(c: Config) -> None:
         )
 
 
+def _coef_max_at_least_min(k: KLConfig) -> None:
+    if not (k.coef_max >= k.coef_min):
+        raise ConfigError("kl.coef_max", k.coef_max, f"must be >= kl.coef_min ({k.coef_min})")
+
+
+KL_GAIN_BOUNDS: dict[str, Callable[[KLConfig], None]] = {
+    "coef": lambda k: _positive(k.coef, "kl.coef"),
+    "kp": lambda k: _non_negative(k.kp, "kl.kp"),
+    "ki": lambda k: _non_negative(k.ki, "kl.ki"),
+    "kd": lambda k: _non_negative(k.kd, "kl.kd"),
+    "coef_min": lambda k: _positive(k.coef_min, "kl.coef_min"),
+    "coef_max": _coef_max_at_least_min,
+    "horizon": lambda k: _positive(k.horizon, "kl.horizon"),
+}
+"""The bound of each `kl.*` field a controller may read as a gain (its trait `gains`): a gain of a controller that
+does not read it is free (`kl.coef` 0 is no KL term with `fixed`, but `pi` takes its log)."""
+
+
 def check_kl(c: Config) -> None:
-    """The estimator's placement; the controller's gains (names and kl.target's bounds are checked by their types)."""
+    """The estimator's placement; the gains the controller declares (`KL_CONTROLLERS` trait `gains`; names and
+    kl.target's bounds are checked by their types)."""
     k = c.kl
     if k.placement == "both" and KL_ESTIMATORS.trait(k.estimator, "full_logits"):
         raise ConfigError(
@@ -189,16 +208,17 @@ def check_kl(c: Config) -> None:
             f"with kl.estimator `{k.estimator}` (over the whole vocabulary), use `reward` (the exact gradient "
             "of the response's KL, through the rewards and a loss term) or `loss` (the loss term only)",
         )
-    if k.controller == "adaptive":
-        _positive(k.horizon, "kl.horizon")
-    if k.controller == "pi":
-        _positive(k.coef, "kl.coef")
-        _non_negative(k.kp, "kl.kp")
-        _non_negative(k.ki, "kl.ki")
-        _non_negative(k.kd, "kl.kd")
-        _positive(k.coef_min, "kl.coef_min")
-        if not (k.coef_max >= k.coef_min):
-            raise ConfigError("kl.coef_max", k.coef_max, f"must be >= kl.coef_min ({k.coef_min})")
+    gains = tuple(KL_CONTROLLERS.trait(k.controller, "gains"))
+    unknown = [g for g in gains if g not in KL_GAIN_BOUNDS]
+    if unknown:
+        raise ConfigError(
+            "kl.controller",
+            k.controller,
+            f"declares the gains {unknown}, which are not kl fields with a bound (a controller's gains are among "
+            f"{sorted(KL_GAIN_BOUNDS)})",
+        )
+    for gain in gains:
+        KL_GAIN_BOUNDS[gain](k)
 
 
 def check_ppo(c: Config) -> None:
