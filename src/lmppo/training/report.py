@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 from torch import nn
@@ -27,12 +27,14 @@ from lmppo.training.scoring import ScoredRollout, TokenRewards
 from lmppo.training.update import MEAN_STATS
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
     from rich.console import Console
     from transformers import PreTrainedTokenizerBase
 
     from lmppo.distributed.strategy import Strategy
+    from lmppo.environments.episodes import EpisodePlayer
     from lmppo.models.reference import ReferencePolicy
-    from lmppo.training.trainer import PPOTrainer
+    from lmppo.run.model_card import HeldoutRows
 
 
 def iteration_metrics(
@@ -165,7 +167,39 @@ def heldout_metrics(
     return {f"eval/{k}": v for k, v in result.means().items() if v is not None}
 
 
-def run_record(trainer: PPOTrainer) -> RunRecord:
+class FinishedRun(Protocol):
+    """What the end of a run reads of `lmppo.training.trainer.PPOTrainer` (which imports this module); read-only
+    properties, so the trainer's narrower types (the policy a `PreTrainedModel | PeftModel`) fit."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def policy(self) -> nn.Module: ...
+    @property
+    def reference(self) -> ReferencePolicy: ...
+    @property
+    def holdout_set(self) -> Optional[PromptSet]: ...
+    @property
+    def iteration(self) -> int: ...
+    @property
+    def episode(self) -> int: ...
+    @property
+    def train_seconds(self) -> float: ...
+    @property
+    def history(self) -> list[dict[str, float]]: ...
+    @property
+    def accelerator(self) -> Accelerator: ...
+    @property
+    def strategy(self) -> Strategy: ...
+    @property
+    def actor(self) -> nn.Module: ...
+    @property
+    def environment(self) -> Optional[EpisodePlayer]: ...
+    def road(self) -> Road: ...
+    def model_card(self, folder: str, heldout: Optional[HeldoutRows] = None, heldout_title: str = "") -> str: ...
+
+
+def run_record(trainer: FinishedRun) -> RunRecord:
     """What the end-of-run summary reads of `trainer`'s run (`lmppo.evaluation.summary.RunRecord`)."""
     return RunRecord(
         config=trainer.config,
@@ -183,7 +217,7 @@ def run_record(trainer: PPOTrainer) -> RunRecord:
     )
 
 
-def summarize_run(trainer: PPOTrainer, console: Optional[Console] = None) -> Optional[dict[str, object]]:
+def summarize_run(trainer: FinishedRun, console: Optional[Console] = None) -> Optional[dict[str, object]]:
     """The end-of-run summary (`lmppo.evaluation.summary`), printed on `console`, its held-out table written into
     the final model cards; None on processes other than the main one."""
     summary = print_run_summary(run_record(trainer), console)

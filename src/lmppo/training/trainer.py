@@ -494,3 +494,7 @@ class PPOTrainer:
     def zero(self):
         """The DeepSpeed side of the strategy (`lmppo.distributed.zero.ZeroSupport`), None without DeepSpeed."""
         return self.strategy.zero
+
+
+if TYPE_CHECKING:  # the trainer is what the end of a run reads (a Protocol: report.py importing it would be a cycle)
+    _ends_a_run: type[report.FinishedRun] = PPOTrainer

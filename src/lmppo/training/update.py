@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
     from lmppo.distributed.strategy import Strategy
-    from lmppo.training.compiled_update import CompiledMicroBatch
 
 
 WIDTH_BUCKETS = 4
@@ -364,6 +363,13 @@ class MicroBatchLoss(Protocol):
     ) -> torch.Tensor: ...
 
 
+class ShapeTiming(Protocol):
+    """What `update_epoch` needs of the compiled update (`lmppo.training.compiled_update.CompiledMicroBatch`, which
+    imports this module): the time of each new shape's first call (its compilation)."""
+
+    def timing(self, widths: TrimWidths, rows: int) -> AbstractContextManager[None]: ...
+
+
 class Updating(Protocol):
     """What `update_epoch` needs of the trainer (`PPOTrainer`)."""
 
@@ -373,23 +379,16 @@ class Updating(Protocol):
     actor: torch.nn.Module
     critic: Optional[torch.nn.Module]
     first_epoch_forward: Optional[PolicyOutput]
-    compiled: Optional[CompiledMicroBatch]
     optimizer: torch.optim.Optimizer
     device: torch.device
     update_generator: torch.Generator
     nonfinite_in_a_row: int
 
-    def micro_batch_loss(
-        self,
-        batch: Rollout,
-        advantages: torch.Tensor,
-        returns: torch.Tensor,
-        mask: torch.Tensor,
-        num_tokens: torch.Tensor,
-        stats: MetricsAccumulator,
-        forward: Optional[PolicyOutput] = None,
-        widths: Optional[TrimWidths] = None,
-    ) -> torch.Tensor: ...
+    @property
+    def micro_batch_loss(self) -> MicroBatchLoss: ...
+
+    @property
+    def compiled(self) -> Optional[ShapeTiming]: ...  # read-only: the trainer's is a CompiledMicroBatch
 
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: NonfiniteGuard) -> None: ...
 
