@@ -22,6 +22,24 @@ def length_reward(prompts, completions):
     return [len(c) / 20.0 for c in completions]
 
 
+def settled_or_length_reward(prompts, completions):
+    """RETIRE_SETTLED=1: every group of the second half of PROMPTS scores 1.0 (settled), the others their lengths."""
+    return [1.0 if p in PROMPTS[4:] else len(c) / 20.0 + sum(map(ord, c)) % 7 for p, c in zip(prompts, completions)]
+
+
+class DrawnPrompts:
+    """RETIRE_SETTLED=1: each process's drawn global batches and retired prompts, written next to OUT_JSON."""
+
+    def __init__(self, out_path: str):
+        self.out_path, self.batches = out_path, []
+
+    def on_iteration_end(self, trainer, metrics):
+        self.batches.append(list(trainer.stream.last_batch))
+        rank = trainer.accelerator.process_index
+        with open(f"{self.out_path}.rank{rank}.drawn.json", "w") as fh:
+            json.dump({"batches": self.batches, "retired": sorted(trainer.stream.retired)}, fh)
+
+
 class StopOnMainProcess:
     """STOP_AFTER=N: on_log (which runs on the main process only) calls stop() after iteration N."""
 
@@ -67,6 +85,10 @@ def main(out_path: str) -> None:
     cfg.reference.mode = os.environ.get("REFERENCE_MODE", "frozen")
     cfg.reference.every = 1
     cfg.model.lora.enabled, cfg.model.lora.r = bool(os.environ.get("LORA")), 4
+    retire = bool(os.environ.get("RETIRE_SETTLED"))
+    if retire:  # the per-prompt difficulty filter: each process must retire the same prompts
+        cfg.ppo.advantage_estimator, cfg.rollout.num_samples_per_prompt = "grpo", 2
+        cfg.data.retire_settled_after, cfg.total_episodes = 1, 6 * 8
     policy = tiny_llama(tok)
     if os.environ.get("POLICY_FROM_FOLDER"):  # loaded by the trainer (under ZeRO-3: partitioned by zero.Init)
         cfg.model.policy = os.path.join(os.path.dirname(out_path), f"policy-rank{os.environ.get('RANK', '0')}")
@@ -78,9 +100,10 @@ def main(out_path: str) -> None:
         policy=policy,
         tokenizer=tok,
         prompts=PROMPTS * 2,
-        reward_functions=[length_reward],
+        reward_functions=[settled_or_length_reward if retire else length_reward],
         callbacks=([StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else [])
-        + ([PoisonZeroPadding()] if os.environ.get("POISON_ZERO3_PADDING") else []),
+        + ([PoisonZeroPadding()] if os.environ.get("POISON_ZERO3_PADDING") else [])
+        + ([DrawnPrompts(out_path)] if retire else []),
     )
     history = trainer.train()
     if trainer.accelerator.is_main_process:

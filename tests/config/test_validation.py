@@ -143,3 +143,15 @@ def test_a_controller_declaring_a_gain_that_is_no_kl_field_is_refused():
             check_kl(cfg)
     finally:
         del KL_CONTROLLERS["typo"]
+
+
+def test_difficulty_filter_needs_groups():
+    cfg = Config()
+    cfg.data.retire_settled_after = 2
+    cfg.rollout.num_samples_per_prompt = 1
+    with pytest.raises(ConfigError, match=r"`data.retire_settled_after` = 2: .*num_samples_per_prompt >= 2"):
+        cfg.validate()
+    cfg.rollout.num_samples_per_prompt = 2
+    cfg.validate()
+    with pytest.raises(ConfigError, match=r"`data.retire_settled_after` = -1"):
+        cfg.data.retire_settled_after = -1

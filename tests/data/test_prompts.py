@@ -348,3 +348,54 @@ def test_rank_slices_are_disjoint_and_make_the_global_batch():
         PromptStream(10, 6).next_batch(rank=0, world_size=4)
     with pytest.raises(ValueError, match="0 <= rank < world_size"):
         PromptStream(10, 8).next_batch(rank=4, world_size=4)
+
+
+def test_settled_prompts_are_retired_after_their_streak():
+    """`retire_after` 2, 6 prompts in order, 2 a batch: a prompt settled on 2 visits in a row is not drawn again;
+    an unsettled visit starts its streak over; the order of the others is the plain stream's."""
+    stream = PromptStream(6, 2, shuffle=False, retire_after=2)
+    assert stream.next_batch() == [0, 1]
+    stream.record_settled([True, True])
+    assert stream.next_batch() == [2, 3]
+    stream.record_settled([True, False])
+    assert stream.next_batch() == [4, 5]
+    stream.record_settled([False, False])
+    assert stream.next_batch() == [0, 1]  # second pass
+    stream.record_settled([True, False])  # 0: 2 in a row (retired); 1: streak back to 0
+    assert stream.retired == {0}
+    assert stream.next_batch() == [2, 3]
+    stream.record_settled([True, True])  # 2: 2 in a row; 3: 1
+    assert stream.retired == {0, 2}
+    assert stream.settled_streak == {0: 2, 1: 0, 2: 2, 3: 1, 4: 0, 5: 0}
+    assert stream.next_batch() == [4, 5]
+    assert stream.next_batch() == [1, 3]  # third pass: 0 and 2 skipped
+    assert stream.next_batch() == [4, 5]
+
+
+def test_retiring_keeps_a_batch_of_prompts_and_survives_a_resume():
+    stream = PromptStream(4, 2, shuffle=False, retire_after=1)
+    for _ in range(4):
+        stream.next_batch()
+        stream.record_settled([True, True])
+    assert len(stream.retired) == 2  # 4 prompts, 2 a batch: one batch of prompts stays in play
+    resumed = PromptStream(4, 2, shuffle=False, retire_after=1)
+    resumed.load_state_dict(stream.state_dict())
+    assert resumed.retired == stream.retired and resumed.settled_streak == stream.settled_streak
+    assert take(resumed, 5) == take(stream, 5)
+    assert all(p not in stream.retired for batch in take(resumed, 5) for p in batch)
+
+
+def test_without_retire_after_settled_prompts_stay():
+    stream = PromptStream(6, 2, shuffle=False)
+    for _ in range(6):
+        stream.next_batch()
+        stream.record_settled([True, True])
+    assert stream.retired == set()
+    assert take(stream, 3) == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_settled_flags_must_match_the_batch():
+    stream = PromptStream(6, 2, retire_after=1)
+    stream.next_batch()
+    with pytest.raises(ValueError, match="3 settled flags for a batch of 2 prompts"):
+        stream.record_settled([True, True, False])

@@ -101,6 +101,19 @@ def test_two_processes_sample_the_same_first_batch_with_minibatches(tmp_path):
     )
 
 
+def test_two_processes_retire_the_same_settled_prompts_as_one(tmp_path):
+    """`data.retire_settled_after` 1 with grpo, 2 processes of 2 prompts each: every process draws the same global
+    batches and retires the same prompts as one process does (the settled flags are summed over processes)."""
+    run_workers(tmp_path, 1, RETIRE_SETTLED="1")
+    run_workers(tmp_path, 2, RETIRE_SETTLED="1")
+    one = json.loads((tmp_path / "n1" / "metrics.json.rank0.drawn.json").read_text())
+    ranks = [json.loads((tmp_path / "n2" / f"metrics.json.rank{r}.drawn.json").read_text()) for r in (0, 1)]
+    assert ranks[0] == ranks[1] == one
+    assert one["retired"]  # the filter did retire prompts (the second half of PROMPTS x 2 always scores alike)
+    drawn_after = [p for batch in one["batches"][4:] for p in batch]  # after the first pass over the 16 prompts
+    assert not set(drawn_after) & set(one["retired"])
+
+
 def test_stop_called_on_the_main_process_alone_ends_every_process(tmp_path):
     """on_log runs on the main process only; a stop() there must end the run on both processes after the same
     iteration (without the agreement, process 1 would start iteration 2 and wait for process 0 until the timeout)."""

@@ -131,6 +131,12 @@ class DataConfig(_Section):
     the count) or `error`."""
     shuffle: bool = True
     """Shuffle the prompts every pass over the data (seeded)."""
+    retire_settled_after: NonNegativeInt = 0
+    """Per-prompt difficulty filter: a prompt whose group of `rollout.num_samples_per_prompt` responses all scored
+    alike (within `ppo.signal_tolerance`: every sample solved it, or none did) on each of its last this-many visits
+    is not drawn again; such a group gives no step (DAPO's dynamic sampling drops it after sampling, this before
+    sampling it again). At least as many prompts as one iteration draws stay in play. Logged as `data/retired_prompts`.
+    0: off. Needs `rollout.num_samples_per_prompt` >= 2."""
     holdout: NonNegativeInt = 0
     """Prompts kept out of training (a seeded random choice) for evaluation before and after training."""
     holdout_seed: Seed | None = None

@@ -239,6 +239,13 @@ def check_ppo(c: Config) -> None:
             p.advantage_estimator,
             "compares responses to the same prompt: set rollout.num_samples_per_prompt >= 2",
         )
+    if c.data.retire_settled_after and r.num_samples_per_prompt < 2:
+        raise ConfigError(
+            "data.retire_settled_after",
+            c.data.retire_settled_after,
+            "reads whether a prompt's group of responses all scored alike: set rollout.num_samples_per_prompt >= 2 "
+            "(or 0 to turn the filter off)",
+        )
 
 
 def check_log(c: Config) -> None:

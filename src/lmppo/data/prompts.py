@@ -296,7 +296,7 @@ class PromptStream:
     batch (``batch_size`` must be divisible by ``world_size``).
     """
 
-    def __init__(self, num_prompts: int, batch_size: int, seed: int = 0, shuffle: bool = True):
+    def __init__(self, num_prompts: int, batch_size: int, seed: int = 0, shuffle: bool = True, retire_after: int = 0):
         if num_prompts < 1:
             raise DataError(f"PromptStream: num_prompts = {num_prompts}; there must be at least one prompt")
         if batch_size < 1:
@@ -307,6 +307,10 @@ class PromptStream:
         self.pos = 0  # prompts of this pass's permutation already consumed (carry aside)
         self.carry: list[int] = []  # prompts of this pass deferred to its next batch
         self._perm_cache: tuple[int, list[int]] | None = None
+        self.retire_after = int(retire_after)  # `data.retire_settled_after`; 0: every prompt stays
+        self.settled_streak: dict[int, int] = {}  # prompt -> its last visits in a row whose group all scored alike
+        self.retired: set[int] = set()  # prompts no longer drawn
+        self.last_batch: list[int] = []  # the global batch `next_batch` drew last
 
     def _perm(self, epoch: int) -> list[int]:
         if self._perm_cache is None or self._perm_cache[0] != epoch:
@@ -320,32 +324,39 @@ class PromptStream:
 
     def _global_batch(self) -> list[int]:
         out: list[int] = []
+        deferred: list[int] = []  # prompts of the next pass already in this batch: its next batch takes them first
+        no_repeats = self.batch_size <= self.num_prompts
         while len(out) < self.batch_size:
-            need = self.batch_size - len(out)
-            perm = self._perm(self.epoch)
-            remaining = len(self.carry) + self.num_prompts - self.pos
-            if remaining >= need:
-                take_carry = self.carry[:need]
-                self.carry = self.carry[need:]
-                n = need - len(take_carry)
-                out += take_carry + perm[self.pos : self.pos + n]
-                self.pos += n
-                break
-            out += self.carry + perm[self.pos :]
-            self.epoch, self.pos, self.carry = self.epoch + 1, 0, []
-            if self.batch_size <= self.num_prompts:  # fill from the next pass without repeating a prompt
-                taken = set(out)
-                perm = self._perm(self.epoch)
-                need = self.batch_size - len(out)
-                while need:
-                    x = perm[self.pos]
-                    self.pos += 1
-                    if x in taken:
-                        self.carry.append(x)
-                    else:
-                        out.append(x)
-                        need -= 1
+            if self.carry:
+                prompt = self.carry.pop(0)
+            elif self.pos < self.num_prompts:
+                prompt = self._perm(self.epoch)[self.pos]
+                self.pos += 1
+            else:  # this pass is over (its carry taken): the next one
+                self.epoch, self.pos = self.epoch + 1, 0
+                continue
+            if prompt in self.retired:
+                continue
+            if no_repeats and prompt in out:
+                deferred.append(prompt)
+            else:
+                out.append(prompt)
+        self.carry += deferred
         return out
+
+    def record_settled(self, settled: Sequence[bool]) -> None:
+        """Whether each prompt of the last global batch was settled: its group's responses all scored alike (every
+        sample solved it, or none did). A prompt settled on each of its last `retire_after` visits is not drawn
+        again, as long as at least one batch of prompts stays in play (`data.retire_settled_after`)."""
+        if not self.retire_after:
+            return
+        if len(settled) != len(self.last_batch):
+            raise ValueError(f"{len(settled)} settled flags for a batch of {len(self.last_batch)} prompts")
+        for prompt, done in zip(self.last_batch, settled):
+            self.settled_streak[prompt] = self.settled_streak.get(prompt, 0) + 1 if done else 0
+            in_play = self.num_prompts - len(self.retired)
+            if self.settled_streak[prompt] >= self.retire_after and in_play > self.batch_size:
+                self.retired.add(prompt)
 
     def next_batch(self, rank: int = 0, world_size: int = 1) -> list[int]:
         """The next global batch of prompt indices, or rank `rank`'s slice of it."""
@@ -354,6 +365,7 @@ class PromptStream:
         if self.batch_size % world_size:
             raise DataError(f"the prompt batch size {self.batch_size} is not divisible by the {world_size} processes")
         batch = self._global_batch()
+        self.last_batch = batch
         per = self.batch_size // world_size
         return batch[rank * per : (rank + 1) * per]
 
@@ -366,6 +378,8 @@ class PromptStream:
             "epoch": self.epoch,
             "pos": self.pos,
             "carry": list(self.carry),
+            "retired": sorted(self.retired),
+            "settled_streak": [[prompt, n] for prompt, n in sorted(self.settled_streak.items())],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -376,6 +390,8 @@ class PromptStream:
                     f"run has {getattr(self, key)!r} (the prompts or data settings changed)"
                 )
         self.epoch, self.pos, self.carry = int(state["epoch"]), int(state["pos"]), [int(x) for x in state["carry"]]
+        self.retired = {int(x) for x in state.get("retired", [])}  # (absent from an older lmppo's checkpoint)
+        self.settled_streak = {int(prompt): int(n) for prompt, n in state.get("settled_streak", [])}
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -64,6 +64,10 @@ class Strategy:
     def process_sum(self, value: torch.Tensor) -> float:
         return self.accelerator.reduce(value.float().to(self.accelerator.device), "sum").item()
 
+    def process_sum_each(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` (any shape) summed element by element over the processes."""
+        return self.accelerator.reduce(values.float().to(self.accelerator.device), "sum")
+
     def process_max(self, value: torch.Tensor) -> float:
         return self.accelerator.gather(value.float().reshape(1).to(self.accelerator.device)).max().item()
 

@@ -140,7 +140,9 @@ def build_components(
         trainable_params=optimisation.params,
         prompt_set=prompt_set,
         holdout_set=holdout_set,
-        stream=PromptStream(len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle),
+        stream=PromptStream(
+            len(prompt_set.ids), prompts_per_iteration(cfg), cfg.seed, cfg.data.shuffle, cfg.data.retire_settled_after
+        ),
         reward_sources=reward_sources,
         kl_controller=make_kl_controller(cfg.kl, cfg.rollout.batch_size),
         distorting=distorting,

@@ -32,6 +32,7 @@ from lmppo.training.episodes import rollout_turns
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from lmppo.data.prompts import PromptStream
     from lmppo.distributed.strategy import Strategy
 
 
@@ -128,6 +129,29 @@ def reward_signal(
         lowest = torch.full_like(scores, -processes.process_max(-lowest.min()))
     rows = signal_rows(highest, lowest, scored.valid, tolerance)
     return RewardSignal(rows=rows, any=processes.process_sum(rows.sum()) > 0)
+
+
+def retire_settled(
+    stream: PromptStream, rollout: Rollout, scored: ScoredRollout, rewards: TokenRewards, processes: Strategy
+) -> dict[str, float]:
+    """The per-prompt difficulty filter (`data.retire_settled_after`): tells `stream` which prompts of this batch
+    were settled; `data/retired_prompts` (how many are out of play now) when the filter is on."""
+    if not stream.retire_after or rewards.signal is None:
+        return {}
+    stream.record_settled(settled_prompts(rollout, rewards.signal, scored.valid, stream.batch_size, processes))
+    return {"data/retired_prompts": float(len(stream.retired))}
+
+
+def settled_prompts(
+    rollout: Rollout, signal: RewardSignal, valid: torch.Tensor, num_prompts: int, processes: Strategy
+) -> list[bool]:
+    """For each prompt of the global batch (its position, the rollout's group id), whether it was settled: some of
+    its responses were valid (`valid`, (B,) bool) and none carried a signal. A group never spans processes."""
+    counts = torch.zeros(2, num_prompts, device=signal.rows.device)  # (2, prompts): valid rows, rows with a signal
+    counts[0].index_add_(0, rollout.group_ids, valid.float())
+    counts[1].index_add_(0, rollout.group_ids, signal.rows.float())
+    counts = processes.process_sum_each(counts)
+    return ((counts[0] > 0) & (counts[1] == 0)).tolist()
 
 
 def rollout_episodes(rollout: Rollout) -> Episodes:

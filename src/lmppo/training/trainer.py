@@ -209,8 +209,7 @@ class PPOTrainer:
         return single_turn_road(engine, self.tokenizer, self.reward_sources, self._autocast, temperature)
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
-        """The engine of `rollout.backend` (or `name`), built from the registry (lmppo.sampling.engines) on first
-        use."""
+        """The engine of `rollout.backend` (or `name`), built on first use (its registry: lmppo.sampling.engines)."""
         name = name or self.config.rollout.backend
         if name not in self.sampling_engines:
             self.sampling_engines[name] = build_sampling_engine(
@@ -370,6 +369,7 @@ class PPOTrainer:
         )
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
+        metrics.update(scoring.retire_settled(self.stream, batch, scored, rewards, self.strategy))  # difficulty filter
         if not self.kl_reacts_now and (rewards.signal is None or rewards.signal.any):  # held without a signal
             self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
