@@ -74,6 +74,8 @@ CONFIGS = {
     # the held-out evaluation during training (`eval/*`): under the run's bf16 autocast, and in fp32 on the HF engine
     "shared_native_eval": {"data.holdout": 4, "log.eval_every": 2},
     "shared_hf_eval_fp32": {"rollout.backend": "hf", "data.holdout": 4, "log.eval_every": 2, "precision": "fp32"},
+    # a `full_logits` KL estimator: the rollout keeps the reference's logits and each state's KL (`Rollout`)
+    "shared_full_logits_kl": {"kl.estimator": "exact", "kl.placement": "reward", "ppo.num_minibatches": 2},
 }
 
 

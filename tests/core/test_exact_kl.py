@@ -114,17 +114,17 @@ def test_exact_rollout_rewards_and_loss(tmp_path, tokenizer):
             trainer.policy, rollout.input_ids, rollout.attention_mask, rollout.prompt_ids.shape[1], 1.0
         )
     want = torch.where(mask, exact_kl(policy_logits, ref_logits), torch.zeros(()))
-    assert torch.allclose(rollout.exact_kl, want, atol=1e-5) and rollout.exact_kl[mask].min() >= 0
-    assert rollout.exact_kl.sum() > 0
+    assert torch.allclose(rollout.full_logits_kl, want, atol=1e-5) and rollout.full_logits_kl[mask].min() >= 0
+    assert rollout.full_logits_kl.sum() > 0
     # the rewards carry beta times the next state's KL; objective/kl is the sum over the states
     scored = trainer.score(rollout)
     rewards = trainer.token_rewards(rollout, scored)
     assert torch.allclose(
         rewards.rewards,
-        torch.where(mask, scored.token_scores, torch.zeros(())) - 0.1 * next_state_kl(rollout.exact_kl, mask),
+        torch.where(mask, scored.token_scores, torch.zeros(())) - 0.1 * next_state_kl(rollout.full_logits_kl, mask),
         atol=1e-6,
     )
-    assert torch.equal(rewards.kl, rollout.exact_kl)
+    assert torch.equal(rewards.kl, rollout.full_logits_kl)
     # every iteration logged the loss term; the first batch was sampled from the reference itself
     assert history[0]["objective/kl"] == 0.0 and history[-1]["objective/kl"] > 0.0
     assert all(m["loss/kl_avg"] >= 0.0 for m in history) and history[-1]["loss/kl_avg"] > 0.0
@@ -165,7 +165,7 @@ def test_exact_and_k1_agree_on_the_sampled_distribution(tmp_path, tokenizer):
     rollout = trainer.collect_rollout()
     mask = rollout.response_mask
     k1 = masked_sum(kl_k1(rollout.logprobs, rollout.ref_logprobs), mask, dim=1)
-    exact = masked_sum(rollout.exact_kl, mask, dim=1)
+    exact = masked_sum(rollout.full_logits_kl, mask, dim=1)
     diff = k1 - exact
     assert exact.mean() > 0.05  # a KL worth comparing
     assert abs(diff.mean()) < 4 * diff.std() / len(diff) ** 0.5, (k1.mean(), exact.mean())
@@ -197,4 +197,4 @@ def test_a_plugin_full_logits_estimator_is_used_where_exact_is(tmp_path, tokeniz
     for e, d in zip(exact, double):
         assert d["objective/kl"] == pytest.approx(2 * e["objective/kl"], rel=1e-5, abs=1e-12)  # rollout -> rewards
         assert d["loss/kl_avg"] == pytest.approx(2 * e["loss/kl_avg"], rel=1e-5, abs=1e-12)  # the loss term
-    assert rollout.ref_logits is not None and torch.equal(rewards.kl, rollout.exact_kl)
+    assert rollout.ref_logits is not None and torch.equal(rewards.kl, rollout.full_logits_kl)

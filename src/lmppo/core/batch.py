@@ -33,8 +33,9 @@ class Rollout:
     prompts_text: list[str]  # B prompt strings (as the policy saw them, template applied)
     responses_text: list[str]  # B completions, decoded without padding or the stop token
     entropy: Optional[torch.Tensor] = field(default=None)  # (B, T) policy entropy per position (log.token_stats)
-    ref_logits: Optional[torch.Tensor] = field(default=None)  # (B, T, V) reference logits / temperature (kl exact)
-    exact_kl: Optional[torch.Tensor] = field(default=None)  # (B, T) KL(pi_old || pi_ref) of each state (kl exact)
+    ref_logits: Optional[torch.Tensor] = field(default=None)  # (B, T, V) reference logits / temperature (full_logits)
+    full_logits_kl: Optional[torch.Tensor] = field(default=None)  # (B, T) KL(pi_old || pi_ref) of each state
+    #                                                  (a `kl.estimator` with the trait `full_logits`: `exact`)
     prompts_shown: Optional[list[str]] = field(default=None)  # B prompts as a person wrote them (for tables)
     prompt_columns: Optional[list[dict]] = field(default=None)  # B dicts, the prompt records' other fields
     #                                                              (reward functions take them by name); None: none

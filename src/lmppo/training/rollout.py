@@ -31,7 +31,7 @@ class RolloutPasses(TypedDict):
     values: torch.Tensor
     entropy: Optional[torch.Tensor]
     ref_logits: Optional[torch.Tensor]
-    exact_kl: Optional[torch.Tensor]
+    full_logits_kl: Optional[torch.Tensor]
 
 
 def prompt_batch(
@@ -83,17 +83,17 @@ def rollout_passes(
     chunk: int,
 ) -> RolloutPasses:
     """The rollout's forward passes over chunks of `chunk` rows: `logprobs`, `ref_logprobs` (B, R), `values`
-    (B, R + 1), `entropy` (B, R) with `log.token_stats`, and `ref_logits` (B, R, V) and `exact_kl` (B, R) with
-    a `kl.estimator` with the trait `full_logits` (`exact`: `exact_kl` is its per-state value), each None when not
-    computed. R: the response width; P = input width - R."""
+    (B, R + 1), `entropy` (B, R) with `log.token_stats`, and `ref_logits` (B, R, V) and `full_logits_kl` (B, R)
+    with a `kl.estimator` with the trait `full_logits` (such as `exact`; `full_logits_kl` is its value at each state),
+    each None when not computed. R: the response width; P = input width - R."""
     P = input_ids.shape[1] - response_ids.shape[1]
-    exact = bool(KL_ESTIMATORS.trait(cfg.kl.estimator, "full_logits"))
+    full_logits = bool(KL_ESTIMATORS.trait(cfg.kl.estimator, "full_logits"))
     logprobs: list[torch.Tensor] = []
     ref_logprobs: list[torch.Tensor] = []
     values: list[torch.Tensor] = []
     entropies: list[torch.Tensor] = []
     ref_logits: list[torch.Tensor] = []
-    exact_kls: list[torch.Tensor] = []
+    full_logits_kls: list[torch.Tensor] = []
     for s in range(0, input_ids.shape[0], chunk):
         ids, att, resp = input_ids[s : s + chunk], attention_mask[s : s + chunk], response_ids[s : s + chunk]
         with torch.inference_mode():  # first: a LoRA reference adapter is swapped in place, which would
@@ -105,9 +105,9 @@ def rollout_passes(
             logprobs.append(selective_log_softmax(out.logits, resp))
             if cfg.log.token_stats:
                 entropies.append(entropy_from_logits(out.logits))
-            if exact:
+            if full_logits:
                 ref_logits.append(ref)
-                exact_kls.append(in_row_chunks(KL_ESTIMATORS[cfg.kl.estimator], out.logits, ref, chunk_size=64))
+                full_logits_kls.append(in_row_chunks(KL_ESTIMATORS[cfg.kl.estimator], out.logits, ref, chunk_size=64))
             assert out.values is not None, "policy_and_values returns values"
             values.append(out.values)
         del ref
@@ -117,8 +117,8 @@ def rollout_passes(
         "ref_logprobs": torch.cat(ref_logprobs).clone(),
         "values": torch.cat(values).clone(),
         "entropy": torch.cat(entropies).clone() if entropies else None,
-        "ref_logits": torch.cat(ref_logits) if exact else None,  # (cat already leaves inference mode: no copy)
-        "exact_kl": torch.cat(exact_kls) if exact else None,
+        "ref_logits": torch.cat(ref_logits) if full_logits else None,  # (cat already leaves inference mode: no copy)
+        "full_logits_kl": torch.cat(full_logits_kls) if full_logits else None,
     }
 
 
@@ -143,7 +143,7 @@ def build_rollout(
     all_values = passes["values"]
     lengths = response_mask.sum(1)
     final_values = all_values.gather(1, lengths[:, None]).squeeze(1)  # V of the state after the last token
-    exact = passes["exact_kl"]
+    state_kl = passes["full_logits_kl"]
     out = Rollout(
         prompt_ids=episodes.prompts.batch.ids,
         prompt_mask=episodes.prompts.batch.mask,
@@ -161,7 +161,7 @@ def build_rollout(
         responses_text=episodes.texts,
         entropy=passes["entropy"],
         ref_logits=passes["ref_logits"],
-        exact_kl=torch.where(response_mask, exact, zeros) if exact is not None else None,
+        full_logits_kl=torch.where(response_mask, state_kl, zeros) if state_kl is not None else None,
         prompt_columns=episodes.prompts.columns,
     )
     return out if episodes.turns is None else with_turns(out, episodes.turns)

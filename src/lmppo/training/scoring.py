@@ -193,8 +193,8 @@ def batch_kl(rollout: Rollout, estimator: str) -> torch.Tensor:
     """(B, T) per-token KL to the reference (`kl.estimator`), 0 past each response's end; a `full_logits` estimator's
     (`exact`) was taken by the rollout, which held both models' logits."""
     if KL_ESTIMATORS.trait(estimator, "full_logits"):
-        assert rollout.exact_kl is not None, f"kl.estimator `{estimator}`: the rollout holds its per-state KL"
-        return rollout.exact_kl
+        assert rollout.full_logits_kl is not None, f"kl.estimator `{estimator}`: the rollout holds its per-state KL"
+        return rollout.full_logits_kl
     kl = KL_ESTIMATORS[estimator](rollout.logprobs, rollout.ref_logprobs)
     return torch.where(rollout.policy_mask, kl, torch.zeros_like(kl))
 

@@ -147,7 +147,7 @@ def trim(batch: Rollout, widths: Optional[TrimWidths] = None) -> tuple[Rollout, 
         ref_logprobs=batch.ref_logprobs[:, :keep],
         values=batch.values[:, :keep],
         ref_logits=None if batch.ref_logits is None else batch.ref_logits[:, :keep],
-        exact_kl=None if batch.exact_kl is None else batch.exact_kl[:, :keep],
+        full_logits_kl=None if batch.full_logits_kl is None else batch.full_logits_kl[:, :keep],
         action_mask=None if batch.action_mask is None else batch.action_mask[:, :keep],
     ), keep
 
