@@ -4,7 +4,7 @@ import io
 
 from rich.console import Console
 
-from lmppo.evaluation.tables import PIPED_WIDTH, make_console, sample_comparison
+from lmppo.evaluation.tables import PIPED_WIDTH, ComparedPrompt, make_console, sample_comparison
 
 
 def test_piped_output_is_not_cut_at_80_columns(monkeypatch):
@@ -29,7 +29,7 @@ def test_sample_table_shows_prompts_and_scored_responses():
     out = io.StringIO()
     Console(file=out, width=120).print(
         sample_comparison(
-            [{"prompt": "The movie was", "start": " fine.", "trained": " great!", "trained_scores": {"vader": 0.66}}],
+            [ComparedPrompt("The movie was", " fine.", " great!", after_scores={"vader": 0.66})],
             "start",
             "trained",
         )

@@ -11,12 +11,12 @@ import os
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
 
-from lmppo.config import BUILTIN_MODELS, hub_repo_id, load_config, parse_overrides, recipe_path
+from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
 from lmppo.environments.episodes import EpisodePlayer, MultiTurn
 from lmppo.episodes.road import Road, autocast_for, single_turn_road
@@ -32,9 +32,9 @@ from lmppo.evaluation.heldout import (
     repeat_prompts,
     sample_and_score,
 )
-from lmppo.evaluation.tables import default_judge, make_console, print_eval, watched
+from lmppo.evaluation.tables import EvalResult, default_judge, make_console, print_eval, watched
 from lmppo.models.files import is_adapter_folder, load_whole
-from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
+from lmppo.models.loading import adapters_disabled, load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
 from lmppo.rewards import RewardSource, build_reward_sources, run_source_context
 from lmppo.run.layout import CONFIG, FINAL, METRICS, POLICY
@@ -44,13 +44,17 @@ from lmppo.run.storage import write_json
 from lmppo.sampling.engines import OneProcess, SamplingEngine, engine_class
 from lmppo.sampling.stop import stop_token_ids
 
+if TYPE_CHECKING:
+    from rich.console import Console
+    from transformers import PreTrainedTokenizerBase
+
 # ----------------------------------------------------------------------------- loading
 
 
 @dataclass
 class LoadedModels:
     policy: nn.Module
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     start: Optional[nn.Module]  # the starting point as its own model, or None when it is `policy` with adapters off
     model_path: str
     start_name: str
@@ -90,7 +94,7 @@ def _check_model_folder(path: str, what: str) -> None:
 def load_models(
     model_path: str,
     reference: Optional[str],
-    cfg: Any,
+    cfg: Config,
     run_dir: Optional[str],
     device: torch.device,
     config_given: bool = False,
@@ -149,7 +153,7 @@ def load_models(
     return LoadedModels(policy, tokenizer, start, model_path, start_name, run_dir)
 
 
-def _full_weights(mc: Any) -> Any:
+def _full_weights(mc: ModelConfig) -> ModelConfig:
     out = copy.deepcopy(mc)
     out.lora.enabled = False
     return out
@@ -157,18 +161,20 @@ def _full_weights(mc: Any) -> Any:
 
 @contextmanager
 def adapters_off(policy: nn.Module) -> Iterator[nn.Module]:
-    with policy.disable_adapter():
+    with adapters_disabled(policy):
         yield policy
 
 
-def eval_prompts(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[list[list[int]], list[str], bool]:
+def eval_prompts(
+    cfg: Config, tokenizer: PreTrainedTokenizerBase, num_prompts: int
+) -> tuple[list[list[int]], list[str], bool]:
     """(ids, texts, held_out): the run's held-out prompts (`data.holdout`, the same seeded split as in training),
     or, when the run kept none out, `num_prompts` training prompts picked by a seeded permutation."""
     prompts, held_out = eval_prompt_set(cfg, tokenizer, num_prompts)
     return prompts.ids, prompts.texts, held_out
 
 
-def eval_prompt_set(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[PromptSet, bool]:
+def eval_prompt_set(cfg: Config, tokenizer: PreTrainedTokenizerBase, num_prompts: int) -> tuple[PromptSet, bool]:
     """(prompts with their columns, held_out): the prompts of `eval_prompts`."""
 
     with warnings.catch_warnings():
@@ -185,7 +191,7 @@ def eval_prompt_set(cfg: Any, tokenizer: Any, num_prompts: int) -> tuple[PromptS
 # ----------------------------------------------------------------------------- the command
 
 
-def main(argv: Sequence[str], console: Any = None) -> int:
+def main(argv: Sequence[str], console: Optional[Console] = None) -> int:
     """`lmppo eval`; returns the exit code. User mistakes raise LmppoError (one line from the CLI)."""
 
     args, rest = eval_parser().parse_known_args(list(argv))
@@ -239,7 +245,7 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.dirname(os.path.realpath(path)) == os.path.realpath(folder)
 
 
-def eval_device(cfg: Any) -> torch.device:
+def eval_device(cfg: Config) -> torch.device:
     """Where evaluation runs: CUDA when there is one and `device` does not say `cpu`; `device: cuda` on a machine
     without one is refused before a model loads (as `lmppo train` refuses it)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
@@ -247,24 +253,24 @@ def eval_device(cfg: Any) -> torch.device:
     return torch.device("cuda" if cfg.device != "cpu" and torch.cuda.is_available() else "cpu")
 
 
-def eval_precision(cfg: Any, device: torch.device) -> str:
+def eval_precision(cfg: Config, device: torch.device) -> str:
     """The precision of an evaluation here: the config's, `auto` decided as a new run on this machine would."""
     return choose_precision(cfg.precision, device.type).precision
 
 
-def build_sources(cfg: Any, device: torch.device) -> list[RewardSource]:
+def build_sources(cfg: Config, device: torch.device) -> list[RewardSource]:
     """The config's reward sources, built as the trainer builds them (`rewards.run_source_context`: reward models
     under the run's bf16 autocast when the evaluation's precision is bf16)."""
     return build_reward_sources(cfg.reward, ctx=run_source_context(cfg, device, eval_precision(cfg, device)))
 
 
-def scored_weights(sources: Sequence[Any], cfg: Any) -> dict[str, float]:
+def scored_weights(sources: Sequence[RewardSource], cfg: Config) -> dict[str, float]:
     """Name -> weight of what an evaluation scores: the reward sources, and `environment` (weight 1: the sum of its
     turn rewards) when the run plays one (`environment.path`)."""
     return {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if cfg.environment.path else {})
 
 
-def choose_judge(sources: Sequence[Any], judge: Optional[str], cfg: Any = None) -> str:
+def choose_judge(sources: Sequence[RewardSource], judge: Optional[str], cfg: Optional[Config] = None) -> str:
     """`judge` checked against the source names (and `environment` with an environment), or the default judge (see
     `default_judge`)."""
     weights = scored_weights(sources, cfg) if cfg is not None else {s.name: float(s.weight) for s in sources}
@@ -276,7 +282,7 @@ def choose_judge(sources: Sequence[Any], judge: Optional[str], cfg: Any = None) 
     return judge
 
 
-def check_eval_engine(cfg: Any) -> type[SamplingEngine]:
+def check_eval_engine(cfg: Config) -> type[SamplingEngine]:
     """The run's sampling engine (`rollout.backend`), if this machine runs it and it samples any model handed to it
     (evaluation samples two: the trained policy and its start); one ConfigError line otherwise, before models load."""
     name = cfg.rollout.backend
@@ -309,7 +315,7 @@ class EvalPlan:
 
 def eval_plan(
     models: LoadedModels,
-    cfg: Any,
+    cfg: Config,
     sources: Sequence[RewardSource],
     *,
     seed: int,
@@ -370,14 +376,14 @@ def sample_start(models: LoadedModels, plan: EvalPlan) -> PolicyEval:
 
 def evaluate_models(
     models: LoadedModels,
-    cfg: Any,
+    cfg: Config,
     sources: Sequence[RewardSource],
     *,
     seed: int,
     judge: Optional[str] = None,
     num_prompts: int = 0,
     samples_per_prompt: int = 4,
-) -> dict[str, Any]:
+) -> EvalResult:
     """Sample, score and compare the trained policy and its starting point; the JSON-able result."""
 
     weights = scored_weights(sources, cfg)
@@ -420,12 +426,12 @@ def evaluate_models(
     }
 
 
-def _write_json(data: dict, path: str) -> None:
+def _write_json(data: EvalResult, path: str) -> None:
 
     write_json(path, data, f"the evaluation ({os.path.basename(path)})", indent=2, default=_json_default)
 
 
-def _json_default(v: Any) -> Any:
+def _json_default(v: object) -> str:
     if isinstance(v, float) and not math.isfinite(v):
         return str(v)
     raise TypeError(f"not JSON-able: {type(v).__name__}")

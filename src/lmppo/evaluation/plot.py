@@ -9,10 +9,27 @@ import math
 import os
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, AbstractSet, NamedTuple
 
 from lmppo.errors import LmppoError
 from lmppo.run.layout import CONFIG, METRICS, SUMMARY
 from lmppo.run.metrics_file import read_jsonl
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+
+Row = dict[str, object]
+"""A row of metrics.jsonl as read (values are checked where they are drawn, `_number`)."""
+RunRows = tuple[str, list[Row]]
+"""(a run's label, its rows)."""
+
+
+class HeldoutMeans(NamedTuple):
+    """The held-out comparison of a run's summary.json (`lmppo.evaluation.summary.RunSummary`), as read."""
+
+    before: Row  # {} when the initial policy was not sampled
+    after: Row
+
 
 DEFAULT_KEYS = (
     "objective/scores",
@@ -54,7 +71,7 @@ BESIDE = {"objective/kl": "objective/kl_target"}
 """Panel -> a metric drawn on it as a dotted step line (the number the panel's curve is steered to)."""
 
 
-def beside_series(panel: str, rows: list[dict]) -> tuple[list[float], list[float]]:
+def beside_series(panel: str, rows: list[Row]) -> tuple[list[float], list[float]]:
     """(x, y) of the `BESIDE` metric of `panel` in `rows` (empty when there is none, or a run did not log it)."""
     key = BESIDE.get(panel)
     points = [(_number(row.get(X_KEY)), _number(row.get(key))) for row in rows] if key else []
@@ -97,7 +114,7 @@ def ema(values: list[float], weight: float) -> list[float]:
     return out
 
 
-def _expand(keys: list[str], runs: list, last: set[str] = frozenset()) -> list[str]:
+def _expand(keys: list[str], runs: list[RunRows], last: AbstractSet[str] = frozenset()) -> list[str]:
     """Replace `prefix/*` by the metrics of that prefix logged by any run (sorted, those in `last` after the
     others; counters left out)."""
     out: list[str] = []
@@ -133,9 +150,9 @@ def _zero_weight_sources(run_dir: str) -> list[str]:
         return []
 
 
-def _load_runs(run_dirs: list[str]) -> list[tuple[str, list[dict]]]:
+def _load_runs(run_dirs: list[str]) -> list[RunRows]:
     """(label, rows) per run; labels are folder names, or the paths given when two folders share a name."""
-    runs = []
+    runs: list[RunRows] = []
     skipped = 0
     for run_dir in run_dirs:
         rows, bad = read_metrics(run_dir)
@@ -151,7 +168,7 @@ def _load_runs(run_dirs: list[str]) -> list[tuple[str, list[dict]]]:
     return runs
 
 
-def _panels(runs: list, run_dirs: list[str], keys: list[str] | None) -> list[tuple[str, str]]:
+def _panels(runs: list[RunRows], run_dirs: list[str], keys: list[str] | None) -> list[tuple[str, str]]:
     judges = {f"reward/{n}" for d in run_dirs for n in _zero_weight_sources(d)}
     wanted = _expand(list(keys) if keys else list(DEFAULT_KEYS), runs, last=judges)
     present = [
@@ -166,25 +183,29 @@ def _panels(runs: list, run_dirs: list[str], keys: list[str] | None) -> list[tup
     return [(k, k + (" (weight 0: judge)" if k in judges else "")) for k in present]
 
 
-def _repeats_scores(key: str, runs: list) -> bool:
+def _repeats_scores(key: str, runs: list[RunRows]) -> bool:
     """A `reward/<name>` whose every value equals `objective/scores` in its row (the only, unweighted source)."""
     if not key.startswith("reward/"):
         return False
-    pairs = [(r.get(key), r.get("objective/scores")) for _, rows in runs for r in rows if key in r]
+    pairs = [(_number(r.get(key)), _number(r.get("objective/scores"))) for _, rows in runs for r in rows if key in r]
     return bool(pairs) and all(
-        _number(a) is not None and _number(b) is not None and abs(a - b) <= 1e-9 * max(1.0, abs(b)) for a, b in pairs
+        a is not None and b is not None and abs(a - b) <= 1e-9 * max(1.0, abs(b)) for a, b in pairs
     )
 
 
-def read_summary(run_dir: str) -> dict | None:
-    """The run's ``summary.json`` (the end-of-run summary), or None when absent or unreadable."""
+def read_summary(run_dir: str) -> HeldoutMeans | None:
+    """The held-out means of the run's ``summary.json`` (the end-of-run summary), or None when it is absent,
+    unreadable or has no comparison."""
     path = Path(run_dir)
     path = (path if path.is_dir() else path.parent) / SUMMARY
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) and isinstance(data.get("after"), dict) else None
+    if not (isinstance(data, dict) and isinstance(data.get("after"), dict)):
+        return None
+    before = data.get("before")
+    return HeldoutMeans(before if isinstance(before, dict) else {}, data["after"])
 
 
 def panels(run_dirs: list[str], keys: list[str] | None = None) -> list[tuple[str, str]]:
@@ -214,7 +235,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
     nrows = math.ceil(len(present) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    legend: dict[str, object] = {}
+    legend: dict[str, Artist] = {}
     for ax, (key, title) in zip(axes.flat, present):
         for r, (label, rows) in enumerate(runs):
             xs, ys = [], []
@@ -255,7 +276,7 @@ def plot_runs(run_dirs: list[str], out_png: str, keys: list[str] | None = None) 
                 field = HELDOUT.get(key, key if key.startswith("reward/") else None)
                 summary = summaries[r]
                 if field and summary is not None:
-                    before, after = (summary.get("before") or {}).get(field), summary["after"].get(field)
+                    before, after = summary.before.get(field), summary.after.get(field)
                     if _number(after) is not None:
                         hx = [0.0, xs[-1]] if _number(before) is not None else [xs[-1]]
                         hy = [before, after] if _number(before) is not None else [after]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, TypedDict
 
 from torch import nn
 
@@ -25,7 +25,17 @@ from lmppo.evaluation.heldout import (
     repeat_prompts,
     sample_and_score,
 )
-from lmppo.evaluation.tables import default_judge, metric_rows, sample_comparison, watched, win_rows
+from lmppo.evaluation.tables import (
+    ComparedPrompt,
+    Means,
+    add_metric_columns,
+    default_judge,
+    metric_rows,
+    sample_comparison,
+    watched,
+    win_rows,
+)
+from lmppo.models.loading import adapters_disabled
 from lmppo.run.layout import FINAL, SUMMARY
 from lmppo.run.metrics_file import run_rows
 from lmppo.run.model_card import HeldoutRows
@@ -33,6 +43,7 @@ from lmppo.run.storage import write_json
 
 if TYPE_CHECKING:
     import torch
+    from rich.console import Console
 
     from lmppo.models.reference import ReferencePolicy
 
@@ -41,6 +52,50 @@ NUM_SAMPLES = 3
 SAMPLES_PER_PROMPT = 4
 """Responses sampled per held-out prompt (each on its own random stream). With one, the before/after means of a
 few dozen prompts move by about 0.1 from one seed to the next; four make the comparison steadier."""
+
+
+class _TrainingCounts(TypedDict):
+    iterations: int
+    episodes: int
+    train_seconds: float
+
+
+class TrainingPart(_TrainingCounts, total=False):
+    """The summary's `training`: the run's size, and its first and last iteration's metrics (from metrics.jsonl)."""
+
+    first: dict[str, Optional[float]]
+    last: dict[str, Optional[float]]
+
+
+class SummarySample(TypedDict):
+    prompt: str
+    before: str  # "" when the initial policy was not sampled
+    after: str
+    before_scores: dict[str, float]
+    after_scores: dict[str, float]
+
+
+class _SummaryStart(TypedDict):
+    output_dir: str
+    training: TrainingPart
+
+
+class RunSummary(_SummaryStart, total=False):
+    """The end-of-run summary (`summary.json`): the held-out keys only when the run kept prompts out."""
+
+    note: str  # why a part is missing (no held-out prompts; `before` not sampled)
+    heldout_prompts: int
+    samples_per_prompt: int
+    temperature: float
+    max_new_tokens: int
+    seed: int
+    judge: str
+    weights: dict[str, float]
+    watch: dict[str, str]
+    before: Optional[Means]  # None: the initial policy was not sampled
+    after: Means
+    win_rate: Optional[dict[str, float]]  # by each source: after over before
+    samples: list[SummarySample]
 
 
 @dataclass
@@ -68,7 +123,7 @@ def initial_policy(run: RunRecord) -> Iterator[tuple[Optional[nn.Module], bool]]
     ref, policy = run.reference, run.policy
     if ref.mode == "base":  # the base under the adapters: the initial policy only when the adapter started fresh
         if ref.initial_is_base:
-            with policy.disable_adapter():
+            with adapters_disabled(policy):
                 yield policy, True
         else:
             yield None, False
@@ -79,7 +134,7 @@ def initial_policy(run: RunRecord) -> Iterator[tuple[Optional[nn.Module], bool]]
             with ref.as_reference(policy):
                 yield policy, True
     elif ref.peft:
-        with policy.disable_adapter():
+        with adapters_disabled(policy):
             yield policy, False
     else:
         yield None, False
@@ -87,11 +142,11 @@ def initial_policy(run: RunRecord) -> Iterator[tuple[Optional[nn.Module], bool]]
 
 def heldout_summary(
     run: RunRecord, num_samples: int = NUM_SAMPLES, samples_per_prompt: int = SAMPLES_PER_PROMPT
-) -> dict[str, Any]:
+) -> RunSummary:
     """The summary as a JSON-able dict (see the module docstring). Without held-out prompts only the
     `training` part is filled in."""
     cfg = run.config
-    out: dict[str, Any] = {"output_dir": cfg.output_dir, "training": _training_part(run)}
+    out: RunSummary = {"output_dir": cfg.output_dir, "training": _training_part(run)}
     held = run.holdout_set
     if held is None or not len(held.ids):
         out["note"] = "no held-out prompts (data.holdout = 0): set data.holdout to compare before and after"
@@ -159,10 +214,10 @@ def _before(run: RunRecord, prompts: EvalPrompts, choices: EvalChoices) -> Optio
     return before
 
 
-def _training_part(run: RunRecord) -> dict[str, Any]:
+def _training_part(run: RunRecord) -> TrainingPart:
     # the whole run: metrics.jsonl from iteration 1 (a resumed trainer's history starts at the resume)
     h = run_rows(run.config.output_dir, run.iteration) or run.history
-    part: dict[str, Any] = {
+    part: TrainingPart = {
         "iterations": run.iteration,
         "episodes": run.episode,
         "train_seconds": round(run.train_seconds, 1),
@@ -177,7 +232,7 @@ def _training_part(run: RunRecord) -> dict[str, Any]:
     return part
 
 
-def print_summary(summary: dict[str, Any], console: Any) -> None:
+def print_summary(summary: RunSummary, console: Console) -> None:
     """The summary as rich tables (a training line, the before/after metrics, a few samples)."""
     from rich.table import Table
 
@@ -202,12 +257,12 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
         f"{summary['temperature']:g}, seed {summary['seed']}",
         title_justify="left",
     )
-    for col, just in (("metric", "left"), ("before", "right"), ("after", "right"), ("change", "right")):
-        table.add_column(col, justify=just)
+    add_metric_columns(table, "before", "after")
     watch = summary.get("watch", {})
     for row in metric_rows(before, summary["after"], summary["weights"], watch):
         table.add_row(*row)
-    for row in win_rows(summary["win_rate"], summary["judge"], watch) if summary.get("win_rate") else []:
+    wins = summary.get("win_rate")
+    for row in win_rows(wins, summary["judge"], watch) if wins else []:
         table.add_row(*row)
     console.print(table)
     if summary.get("note"):  # e.g. why `before` was not sampled
@@ -215,7 +270,10 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
     if summary.get("samples"):
         console.print(
             sample_comparison(
-                summary["samples"],
+                [
+                    ComparedPrompt(s["prompt"], s["before"], s["after"], s["before_scores"], s["after_scores"])
+                    for s in summary["samples"]
+                ],
                 "before",
                 "after",
                 "held-out prompts: a response before and after training (same random stream for both), with its scores",
@@ -223,7 +281,7 @@ def print_summary(summary: dict[str, Any], console: Any) -> None:
         )
 
 
-def write_summary(summary: dict[str, Any], path: str) -> str:
+def write_summary(summary: RunSummary, path: str) -> str:
     """Write the summary as JSON (atomically: a temporary name, then renamed); returns the path."""
 
     write_json(path, summary, "the summary (summary.json)", "the trained model and checkpoints are complete", indent=2)
@@ -232,10 +290,10 @@ def write_summary(summary: dict[str, Any], path: str) -> str:
 
 def summarize(
     run: RunRecord,
-    console: Any = None,
+    console: Optional[Console] = None,
     num_samples: int = NUM_SAMPLES,
     samples_per_prompt: int = SAMPLES_PER_PROMPT,
-) -> Optional[dict[str, Any]]:
+) -> Optional[RunSummary]:
     """Compute the summary, print it on `console` (if any) and write `OUTPUT_DIR/summary.json`; returns it.
     Only the main process does this (the others return None)."""
     if not run.is_main_process:
@@ -248,7 +306,7 @@ def summarize(
     return summary
 
 
-def card_table(summary: Optional[dict[str, Any]]) -> Optional[tuple[HeldoutRows, str]]:
+def card_table(summary: Optional[RunSummary]) -> Optional[tuple[HeldoutRows, str]]:
     """(the before/after rows, their title) for the model cards; None without a held-out comparison."""
     if summary is None or "after" not in summary:
         return None
@@ -261,7 +319,7 @@ def card_table(summary: Optional[dict[str, Any]]) -> Optional[tuple[HeldoutRows,
     return rows, title
 
 
-def print_run_summary(run: RunRecord, console: Any) -> Optional[dict[str, Any]]:
+def print_run_summary(run: RunRecord, console: Optional[Console]) -> Optional[RunSummary]:
     """What `lmppo train` prints at the end (`summarize`), announced, with the full weights on every process
     (ZeRO-3: each process samples with them); returns the summary (None on other processes)."""
     held = run.holdout_set

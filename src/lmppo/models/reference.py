@@ -13,7 +13,7 @@ from torch import nn
 
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.errors import CheckpointError, ConfigError
-from lmppo.models.loading import hf_model, is_peft_model, policy_forward
+from lmppo.models.loading import adapters_disabled, hf_model, is_peft_model, policy_forward
 from lmppo.models.partition import gathered_if_partitioned, is_partitioned, local_shard
 
 REFERENCE_MODES = ("frozen", "base", "sync", "ema")
@@ -104,7 +104,7 @@ class ReferencePolicy:
         """LoRA only: inside the block `policy` computes the reference (adapters off, or the reference adapter
         swapped in); its own trained parameters are restored bit for bit on the way out."""
         if self.adapter_off:
-            with policy.disable_adapter():
+            with adapters_disabled(policy):
                 yield
             return
         params = trained_parameters(policy)
@@ -243,6 +243,6 @@ def _adapter_off_is_identity(policy: nn.Module) -> bool:
     mask = torch.ones_like(ids, dtype=torch.bool)
     with gathered_if_partitioned(policy):  # ZeRO-3 loaded the policy partitioned: its full weights for this check
         on = policy_forward(policy, ids, mask, 1, 1.0).logits
-        with policy.disable_adapter():
+        with adapters_disabled(policy):
             off = policy_forward(policy, ids, mask, 1, 1.0).logits
     return torch.equal(on, off)

@@ -17,7 +17,7 @@ from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
 from lmppo.episodes.road import Road, transcript_text
 from lmppo.evaluation.heldout import EvalChoices, EvalPrompts, sample_and_score
-from lmppo.evaluation.summary import RunRecord, card_table, print_run_summary
+from lmppo.evaluation.summary import RunRecord, RunSummary, card_table, print_run_summary
 from lmppo.run.layout import FINAL
 from lmppo.run.model_card import card_folders
 from lmppo.run.storage import write_text
@@ -217,7 +217,7 @@ def run_record(trainer: FinishedRun) -> RunRecord:
     )
 
 
-def summarize_run(trainer: FinishedRun, console: Optional[Console] = None) -> Optional[dict[str, object]]:
+def summarize_run(trainer: FinishedRun, console: Optional[Console] = None) -> Optional[RunSummary]:
     """The end-of-run summary (`lmppo.evaluation.summary`), printed on `console`, its held-out table written into
     the final model cards; None on processes other than the main one."""
     summary = print_run_summary(run_record(trainer), console)
