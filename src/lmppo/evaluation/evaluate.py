@@ -34,8 +34,9 @@ from lmppo.evaluation.heldout import (
 )
 from lmppo.evaluation.tables import EvalResult, default_judge, make_console, print_eval, watched
 from lmppo.models.files import is_adapter_folder, load_whole
-from lmppo.models.loading import adapters_disabled, load_policy, load_tokenizer, policy_forward, resolve_model_path
+from lmppo.models.loading import load_policy, load_tokenizer, policy_forward, resolve_model_path
 from lmppo.models.precision import choose_precision
+from lmppo.models.reference import adapters_disabled
 from lmppo.rewards import RewardSource, build_reward_sources, run_source_context
 from lmppo.run.layout import CONFIG, FINAL, METRICS, POLICY
 from lmppo.run.outputs import result_output

@@ -35,7 +35,7 @@ from lmppo.evaluation.tables import (
     watched,
     win_rows,
 )
-from lmppo.models.loading import adapters_disabled
+from lmppo.models.reference import adapters_disabled
 from lmppo.run.layout import FINAL, SUMMARY
 from lmppo.run.metrics_file import run_rows
 from lmppo.run.model_card import HeldoutRows

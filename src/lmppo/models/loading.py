@@ -13,9 +13,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
@@ -470,14 +470,6 @@ class Actor(nn.Module):
 
 def is_peft_model(policy: nn.Module) -> bool:
     return hasattr(policy, "disable_adapter") and hasattr(policy, "peft_config")
-
-
-def adapters_disabled(policy: nn.Module) -> AbstractContextManager[None]:
-    """A peft model's `disable_adapter()`: inside the block it computes its base model (the adapters off)."""
-    disable: Callable[[], AbstractContextManager[None]] = getattr(
-        policy, "disable_adapter"
-    )  # nn.Module: Tensor | Module
-    return disable()
 
 
 def merged_state_dict(policy: nn.Module) -> dict[str, torch.Tensor]:

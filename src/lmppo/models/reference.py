@@ -5,18 +5,24 @@ Design notes: docs/design.md, `lmppo.models.reference`."""
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
-from typing import Iterator, Optional
+from contextlib import AbstractContextManager, contextmanager
+from typing import Callable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.errors import CheckpointError, ConfigError
-from lmppo.models.loading import adapters_disabled, hf_model, is_peft_model, policy_forward
+from lmppo.models.loading import hf_model, is_peft_model, policy_forward
 from lmppo.models.partition import gathered_if_partitioned, is_partitioned, local_shard
 
 REFERENCE_MODES = ("frozen", "base", "sync", "ema")
+
+
+def adapters_disabled(policy: nn.Module) -> AbstractContextManager[None]:
+    """A peft model's `disable_adapter()`: inside the block it computes its base model (the adapters off)."""
+    disable: Callable[[], AbstractContextManager[None]] = getattr(policy, "disable_adapter")  # typed for nn.Module
+    return disable()
 
 
 def trained_parameters(policy: nn.Module) -> dict[str, nn.Parameter]:
