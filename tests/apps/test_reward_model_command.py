@@ -16,10 +16,12 @@ def test_the_command_end_to_end(tmp_path, tokenizer, capsys):
     data.write_text("".join(json.dumps({"chosen": f"good {i}", "rejected": f"bad {i}"}) + "\n" for i in range(20)))
     out = tmp_path / "rm"
     argv = ["reward-model", "--data", str(data), "--base", str(base), "--output-dir", str(out), "--epochs", "1"]
-    assert main([*argv, "--held-out", "4", "--batch-size", "4", "--full"]) == 0
+    assert main([*argv, "--held-out", "4", "--batch-size", "4", "--full", "--precision", "fp32"]) == 0
     said = capsys.readouterr().out
     assert f"wrote {out}/model: held-out pair accuracy" in said and "4 steps in" in said
-    assert json.loads((out / "reward_model.json").read_text())["lora"] is False  # --full
+    assert "precision fp32 as configured" in said  # --precision reached the trainer
+    recorded = json.loads((out / "reward_model.json").read_text())
+    assert recorded["lora"] is False and recorded["precision"] == "fp32"  # --full, --precision
     assert (out / "model" / "model.safetensors").is_file() and (out / "model" / "README.md").is_file()
     assert main([*argv]) == 2  # the folder holds a run: one error line
     assert "holds a reward-model run" in capsys.readouterr().err

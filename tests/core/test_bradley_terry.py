@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin
+from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin, pearson_correlation
 
 
 def test_loss_by_hand():
@@ -27,3 +27,12 @@ def test_the_gradient_raises_chosen_and_lowers_rejected():
 def test_accuracy_counts_ties_half_and_margin_is_the_mean_difference():
     accuracy, margin = pair_accuracy_and_margin(torch.tensor([2.0, 0.5, 0.0]), torch.tensor([0.0, 0.5, 1.0]))
     assert accuracy == pytest.approx((1 + 0.5 + 0) / 3) and margin == pytest.approx((2 + 0 - 1) / 3)
+
+
+def test_pearson_correlation_by_hand():
+    # x - mean = (-1, 0, 1), y - mean = (2 - 13/3, 4 - 13/3, 7 - 13/3) = (-7/3, -1/3, 8/3): sum of products 5,
+    # sums of squares 2 and 114/9; r = 5 / sqrt(2 * 114/9) = 0.993399
+    r = pearson_correlation(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0, 4.0, 7.0]))
+    assert r == pytest.approx(5 / math.sqrt(2 * 114 / 9)) and abs(r - 0.993399) < 1e-6
+    assert pearson_correlation(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([7.0, 4.0, 2.0])) == pytest.approx(-r)
+    assert math.isnan(pearson_correlation(torch.tensor([1.0, 2.0, 3.0]), torch.tensor([5.0, 5.0, 5.0])))

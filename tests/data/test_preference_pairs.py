@@ -9,17 +9,33 @@ import pytest
 
 from lmppo.data.preference_pairs import PreferencePair, builtin_polarity_pairs, load_preference_pairs, pair_texts
 from lmppo.errors import DataError
-from lmppo.models.assets import polarity_sentences
+from lmppo.models.assets import builtin_prompts, polarity_continuations
 
 
-def test_the_builtin_set_prefers_each_positive_sentence_to_a_negative_one():
+def test_the_builtin_set_prefers_positive_continuations_under_the_recipes_prompts():
+    """Pairs as PPO will use the model: a prompt of `builtin:reviews`, a positive and a negative continuation of
+    the same length (and completeness), the prompt's own continuation chosen in half the pairs, rejected in the
+    other half; hundreds of pairs, not one per sentence."""
     pairs = load_preference_pairs("builtin:polarity")
-    texts, labels = polarity_sentences()
-    label = dict(zip(texts, labels))
-    assert len(pairs) == 100 == len(builtin_polarity_pairs())
-    assert all(label[p.chosen] == 1 and label[p.rejected] == 0 and p.prompt is None for p in pairs)
-    used = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    assert len(set(used)) == 200  # each sentence in one pair only: a held-out split shares none with training
+    assert len(pairs) == len(builtin_polarity_pairs()) > 500
+    prompts = set(builtin_prompts("reviews"))
+    own = {(opening, " " + continuation): label for opening, continuation, label in polarity_continuations()}
+    label_of = {}  # a side's text -> {(the label of the sentence it continues, whether it is all of the rest)}
+    for (opening, continuation), label in own.items():
+        words = continuation.split()
+        for keep in range(1, len(words) + 1):
+            label_of.setdefault(" ".join(words[:keep]), set()).add((label, keep == len(words)))
+    chosen_own = rejected_own = 0
+    for p in pairs:
+        assert p.prompt in prompts and not p.chosen.strip().startswith(p.prompt)
+        ((chosen_label, chosen_whole),) = label_of[p.chosen.strip()]
+        ((rejected_label, rejected_whole),) = label_of[p.rejected.strip()]
+        assert (chosen_label, rejected_label) == (1, 0), p
+        assert abs(len(p.chosen.split()) - len(p.rejected.split())) <= 1, p  # length-matched
+        assert chosen_whole == rejected_whole, p  # both cut, or both the whole rest of their sentence
+        chosen_own += any(o == p.prompt and c.startswith(p.chosen) for o, c in own)
+        rejected_own += any(o == p.prompt and c.startswith(p.rejected) for o, c in own)
+    assert chosen_own + rejected_own >= len(pairs) and abs(chosen_own - rejected_own) <= 0.1 * len(pairs)
 
 
 def test_jsonl_text_and_chat_rows(tmp_path, tokenizer):

@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from conftest import tiny_llama
+from lmppo.core.bradley_terry import pearson_correlation
+from lmppo.data.preference_pairs import PreferencePair, pair_texts
 from lmppo.errors import ConfigError
-from lmppo.training.reward_model import RewardModelSettings, RewardModelTrainer, train_reward_model
+from lmppo.training.reward_model import RewardModelSettings, RewardModelTrainer, split_pairs, train_reward_model
 
 SUBJECTS = ["the movie", "this film", "the story", "my friend", "the actor", "a critic", "the ending", "the music"]
 
@@ -52,7 +54,7 @@ def test_it_learns_the_preference_and_saves_what_reward_sources_take(tmp_path, b
     result = train_reward_model(settings(tmp_path, base), say=lines.append)
     assert result.after[0] == 1.0 and result.after[1] > result.before[1] + 0.5, (result.before, result.after)
     assert result.steps == 3 * 4  # 32 training pairs in batches of 8, 3 epochs
-    assert any(line.startswith("held-out pair accuracy before training") for line in lines)
+    assert any(line.startswith("before training: held-out pair accuracy") for line in lines)
     source = ModelSource(RewardSourceConfig(kind="model", path=result.model_dir), SourceContext())
     scores = source(["", ""], ["the movie was great 99", "the movie was awful 99"])
     assert scores[0] > scores[1]
@@ -67,13 +69,69 @@ def test_the_saved_model_scores_as_the_trainer_did(tmp_path, base):
     from lmppo.config import RewardSourceConfig
     from lmppo.rewards import ModelSource, SourceContext
 
-    trainer = RewardModelTrainer(settings(tmp_path, base, epochs=1))
+    trainer = RewardModelTrainer(settings(tmp_path, base, epochs=1, precision="fp32"))
     result = trainer.train()
     texts = ["the story was great 7", "a critic was awful and the ending was great 3"]
     with torch.no_grad():
-        ours = trainer.scores(texts)
+        ours = trainer.scores(texts)  # fp32 (as the source reads it): the same numbers, not only close
     source = ModelSource(RewardSourceConfig(kind="model", path=result.model_dir), SourceContext())
     assert torch.allclose(torch.tensor(source(["", ""], texts)), ours, atol=1e-4)
+
+
+def test_the_length_bias_check_is_the_correlation_of_held_out_scores_with_token_counts(tmp_path, base):
+    lines = []
+    trainer = RewardModelTrainer(settings(tmp_path, base, epochs=1, precision="fp32"), say=lines.append)
+    result = trainer.train()
+    texts = [pair_texts(p, trainer.tokenizer) for p in trainer.heldout_pairs]
+    texts = [c for c, _ in texts] + [r for _, r in texts]
+    with torch.no_grad():
+        scores = trainer.scores(texts)
+    lengths = torch.tensor([len(trainer.tokenizer(t)["input_ids"]) for t in texts], dtype=torch.float64)
+    assert lengths.std() > 0  # the held-out texts differ in length: the check has something to measure
+    expected = pearson_correlation(scores, lengths)
+    assert result.after[2] == pytest.approx(expected, abs=1e-4)  # scored in batches of 8 there, padded otherwise
+    rows = [json.loads(x) for x in open(os.path.join(tmp_path, "rm", "metrics.jsonl"))]
+    assert rows[-1]["heldout/length_correlation"] == pytest.approx(expected, abs=1e-4)
+    assert rows[0]["heldout/length_correlation"] == pytest.approx(result.before[2])
+    before, after = result.before, result.after
+    assert any(f"score-length correlation {before[2]:+.3f} -> {after[2]:+.3f}" in line for line in lines)
+    card = open(os.path.join(result.model_dir, "README.md")).read()
+    assert f"| after | {after[0]:.3f} | {after[1]:+.3f} | {after[2]:+.3f} |" in card
+
+
+def test_a_held_out_response_never_trains():
+    """`builtin:polarity` uses each response in several pairs: a pair sharing one with a held-out pair is left out."""
+    pairs = [PreferencePair(chosen=f"good {i % 4}", rejected=f"bad {i % 5}") for i in range(20)]
+    train, heldout = split_pairs(pairs, 2, seed=0)
+    unseen = {side for p in heldout for side in (p.chosen, p.rejected)}
+    assert len(heldout) == 2 and train and len(train) < 18
+    assert not any(p.chosen in unseen or p.rejected in unseen for p in train)
+    kept = [p for p in pairs if p not in heldout and p.chosen not in unseen and p.rejected not in unseen]
+    assert sorted(train, key=str) == sorted(kept, key=str)  # every pair that shares nothing still trains
+    shared = [PreferencePair(chosen=f"good {i}", rejected="bad") for i in range(5)]
+    with pytest.raises(ConfigError, match="leaves no pair to train on"):
+        split_pairs(shared, 1, seed=0)
+
+
+def test_precision_bf16_autocasts_the_scores_and_fp32_does_not(tmp_path, base):
+    texts = ["the story was great 7", "a critic was awful and the ending was great 3"]
+    scores = {}
+    for precision in ("fp32", "bf16"):
+        trainer = RewardModelTrainer(
+            settings(tmp_path, base, precision=precision, output_dir=str(tmp_path / precision))
+        )
+        assert trainer.precision.precision == precision
+        with torch.no_grad():
+            scores[precision] = trainer.scores(texts)
+        inner = trainer.model.get_base_model()
+        enc = trainer.tokenizer(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            hidden = inner.base_model(**enc)[0]
+        assert hidden.dtype == torch.float32  # outside the trainer's scores nothing is cast
+    assert not torch.equal(scores["fp32"], scores["bf16"])  # bf16 rounding: the option took effect
+    assert torch.allclose(scores["fp32"], scores["bf16"], atol=0.1)
+    with pytest.raises(ConfigError, match="`precision` = 'fp16': must be one of auto, fp32, bf16"):
+        RewardModelTrainer(settings(tmp_path, base, precision="fp16"))
 
 
 def test_lora_or_every_weight(tmp_path, base):

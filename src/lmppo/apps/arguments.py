@@ -137,8 +137,8 @@ def reward_model_parser() -> argparse.ArgumentParser:
         prog="lmppo reward-model",
         description="Train a reward model on preference pairs (TRL's format: `chosen`, `rejected`, optional "
         "`prompt`; text or chat) with the Bradley-Terry loss; held-out pair accuracy and margin before, after each "
-        "epoch and at the end. With no option: the built-in pairs of positive over negative movie-review sentences "
-        "on SmolLM2-135M with LoRA, a few minutes on two CPU cores. The result, OUTPUT_DIR/model, is what "
+        "epoch and at the end. With no option: the built-in pairs of a positive over a negative continuation of a "
+        "movie-review prompt (length-matched) on SmolLM2-135M with LoRA. The result, OUTPUT_DIR/model, is what "
         "`reward.sources: [{kind: model, path: OUTPUT_DIR/model}]` takes.",
     )
     p.add_argument(
@@ -156,5 +156,10 @@ def reward_model_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the split, the data order and the new head (default 0)")
     p.add_argument("--checkpoint-every", type=int, help="optimizer steps between checkpoints (default 5)")
     p.add_argument("--overwrite", action="store_true", default=None, help="replace an earlier reward-model run there")
+    p.add_argument(
+        "--precision",
+        choices=("auto", "fp32", "bf16"),
+        help="auto (default): bf16 autocast where the CPU has native bf16, as lmppo train; or fp32, bf16",
+    )
     p.add_argument("--resume", metavar="OUTPUT_DIR", help="continue that run from its latest complete checkpoint")
     return p

@@ -18,3 +18,11 @@ def pair_accuracy_and_margin(chosen: torch.Tensor, rejected: torch.Tensor) -> tu
     diff = (chosen - rejected).float()  # (N,)
     right = (diff > 0).float() + 0.5 * (diff == 0).float()  # (N,)
     return float(right.mean()), float(diff.mean())
+
+
+def pearson_correlation(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson's r of two (N,) series: cov(x, y) / (std(x) std(y)); nan when either is constant or N < 2. The
+    reward model's length-bias check: r of held-out scores with the texts' token counts."""
+    x, y = x.double() - x.double().mean(), y.double() - y.double().mean()  # (N,), (N,)
+    denominator = float((x.square().sum() * y.square().sum()).sqrt())
+    return float((x * y).sum()) / denominator if denominator > 0 else float("nan")

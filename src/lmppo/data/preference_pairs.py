@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence, Union
 
 from lmppo.data.hf_datasets import dataset_format, is_hf_dataset, load_dataset_path
 from lmppo.errors import DataError
-from lmppo.models.assets import polarity_sentences
+from lmppo.models.assets import polarity_continuations
 
 Side = Union[str, list]
 """One side of a pair: a text, or a list of chat messages."""
@@ -26,14 +27,39 @@ class PreferencePair:
     prompt: Side | None = None
 
 
+POLARITY_PAIRS_PER_SENTENCE = 6
+"""`builtin:polarity`: how many negative continuations each positive one is paired with (about 600 pairs)."""
+
+
 def builtin_polarity_pairs() -> list[PreferencePair]:
-    """`builtin:polarity`: the 200 labelled sentences of gensim's `pang_lee_polarity.cor` (the corpus of the default
-    recipe's prompts) as 100 text pairs, the i-th positive sentence chosen over the i-th negative one (no prompt),
-    each sentence in one pair only: a reward model of positive sentiment."""
-    texts, labels = polarity_sentences()
-    positive = [t for t, label in zip(texts, labels) if label == 1]
-    negative = [t for t, label in zip(texts, labels) if label == 0]
-    return [PreferencePair(chosen=p, rejected=n) for p, n in zip(positive, negative)]
+    """`builtin:polarity`: a reward model of positive sentiment, from the 200 labelled sentences of gensim's
+    `pang_lee_polarity.cor` (the corpus of the default recipe's prompts), shaped as PPO will use it.
+
+    Each labelled sentence is split as ``builtin:reviews`` splits it: its opening (a prompt of the default
+    recipe) and its continuation, cut to 8-18 words (a checksum of the text picks the cut; the policy writes 24
+    tokens). A pair prefers a positive continuation to a negative one **under the same prompt**, the opening of one
+    of the two sentences (in turn, so the prompt's own continuation is chosen in half the pairs and rejected in the
+    other half): only the continuation, what the policy writes, tells chosen from rejected. The two sides are
+    length-matched (word counts at most one apart, both cut or both whole sentences), so length and completeness
+    carry no preference. Each positive continuation is paired with up to `POLARITY_PAIRS_PER_SENTENCE` negative
+    ones, the negatives used in turn: about 600 pairs, each continuation in several."""
+    units: dict[int, list[tuple[str, str, int, bool]]] = {0: [], 1: []}  # label -> (opening, fragment, words, cut)
+    for opening, continuation, label in polarity_continuations():
+        words = continuation.split()
+        keep = min(len(words), 8 + zlib.crc32(continuation.encode("utf-8")) % 11)
+        units[label].append((opening, " " + " ".join(words[:keep]), keep, keep < len(words)))
+    pairs: list[PreferencePair] = []
+    next_negative = 0
+    for p_opening, p_text, p_words, p_cut in units[1]:
+        matched = [n for n in range(len(units[0])) if abs(units[0][n][2] - p_words) <= 1 and units[0][n][3] == p_cut]
+        # the negatives in turn from where the last positive stopped, so each is used about as often
+        matched.sort(key=lambda n: (n - next_negative) % len(units[0]))
+        for n in matched[:POLARITY_PAIRS_PER_SENTENCE]:
+            n_opening, n_text, _, _ = units[0][n]
+            prompt = p_opening if len(pairs) % 2 == 0 else n_opening
+            pairs.append(PreferencePair(chosen=p_text, rejected=n_text, prompt=prompt))
+            next_negative = n + 1
+    return pairs
 
 
 BUILTIN_PAIRS = {"polarity": builtin_polarity_pairs}

@@ -181,6 +181,24 @@ def polarity_sentences() -> tuple[list[str], list[int]]:
     return texts, labels
 
 
+def polarity_continuations() -> list[tuple[str, str, int]]:
+    """(opening, continuation, label) for each sentence of the 200 labelled lines of `pang_lee_polarity.cor` that
+    has an opening: the opening is the ``builtin:reviews`` prompt made from it (`split_opening`), the continuation
+    the rest of the sentence, the label its line's (1 positive, 0 negative)."""
+    out = []
+    for text, label in zip(*polarity_sentences()):
+        for part in _sentences_of_line(text):
+            opening, continuation = split_opening(part)
+            if opening:
+                out.append((opening, continuation, label))
+    return out
+
+
+def _sentences_of_line(text: str) -> list[str]:
+    """The sentences of one labelled line (some hold two), as ``builtin:reviews`` splits them."""
+    return re.split(r"(?<=[.!?])\s+(?=\S)", text)
+
+
 def builtin_records(name: str) -> list[str | dict]:
     """The records of built-in set `name`: strings (``reviews``, ``news``), or for ``arithmetic`` dicts with a
     `prompt` and the columns reward functions read by name (``solution``)."""
@@ -256,7 +274,7 @@ def _review_prompts() -> list[tuple[str, int | None]]:
     texts, labels = polarity_sentences()
     sentences: list[tuple[str, int | None]] = []
     for text, label in zip(texts, labels):  # some labelled lines hold two sentences
-        sentences += [(part, label) for part in re.split(r"(?<=[.!?])\s+(?=\S)", text)]
+        sentences += [(part, label) for part in _sentences_of_line(text)]
     for line in gensim_test_file("alldata-id-10.txt").read_text(encoding="utf-8").splitlines():
         line = re.sub(r"^_\*\d+\s+", "", line.strip())  # each line is `_*<id> <review>`
         line = re.sub(r"<br\s*/?>", " ", line)
@@ -273,6 +291,12 @@ def _review_prompts() -> list[tuple[str, int | None]]:
 def _opening(sentence: str) -> str:
     """The first 4-8 words of a sentence (count fixed by a checksum of the text, so deterministic), or "" when
     the sentence is too short to leave at least two words for the model to write."""
+    return split_opening(sentence)[0]
+
+
+def split_opening(sentence: str) -> tuple[str, str]:
+    """(opening, continuation): the opening as ``builtin:reviews`` makes it a prompt (see `_opening`; "" when the
+    sentence has none) and the words after it, the rest of the sentence a model would have to write."""
     sentence = sentence.lstrip("\"'` ")  # an opening quote with no closing one reads badly
     words = sentence.split()
     n = 4 + zlib.crc32(sentence.encode("utf-8")) % 5
@@ -282,12 +306,14 @@ def _opening(sentence: str) -> str:
             n = i
             break
     if n < 4:
-        return ""
+        return "", ""
     while n > 3 and not re.search(r"[A-Za-z0-9]", words[n - 1]):  # do not stop on a bare dash or quote
         n -= 1
     opening = " ".join(words[:n]).rstrip(" ,;:-")
     opening = opening[:1].upper() + opening[1:]
-    return opening if len(opening.split()) >= 3 else ""
+    if len(opening.split()) < 3:
+        return "", ""
+    return opening, " ".join(words[n:])
 
 
 _ABBREV = re.compile(

@@ -26,11 +26,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 from safetensors.torch import load_file, save_file
 
-from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin
+from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin, pearson_correlation
 from lmppo.data.preference_pairs import PreferencePair, load_preference_pairs, pair_texts
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.files import load_whole
 from lmppo.models.loading import resolve_model_path
+from lmppo.models.precision import PRECISIONS, choose_precision
 from lmppo.rewards.model import sequence_scores
 from lmppo.run import storage
 from lmppo.run.folder import checkpoints_dir
@@ -71,6 +72,8 @@ class RewardModelSettings:
     checkpoint_every: int = 5
     """Optimizer steps between checkpoints (and one at the end of each epoch)."""
     overwrite: bool = False
+    precision: str = "auto"
+    """`auto` (bf16 autocast where the CPU or GPU computes bf16 natively, as `lmppo train`), `bf16` or `fp32`."""
 
     def check(self) -> None:
         """ConfigError naming the first field with a value that cannot work (before any model loads)."""
@@ -83,13 +86,21 @@ class RewardModelSettings:
             raise ConfigError("learning_rate", self.learning_rate, "must be in (0, 1)")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError("seed", self.seed, "must be a whole number >= 0")
+        if self.precision not in PRECISIONS:
+            raise ConfigError("precision", self.precision, "must be one of " + ", ".join(PRECISIONS))
+
+
+HeldOut = tuple[float, float, float]
+"""Held-out (pair accuracy, mean margin, score-length correlation): the share of pairs ordered right, the mean of
+r_chosen - r_rejected, and Pearson's r of every held-out text's score with its length in tokens (the length-bias
+check: a reward model that rewards length, or the short fragments a truncated response is, shows it here)."""
 
 
 @dataclass
 class RewardModelResult:
     model_dir: str
-    before: tuple[float, float]  # held-out (pair accuracy, mean margin) before training
-    after: tuple[float, float]
+    before: HeldOut  # held-out (pair accuracy, mean margin, score-length correlation) before training
+    after: HeldOut
     steps: int
     seconds: float
 
@@ -119,11 +130,30 @@ def prepare_folder(settings: RewardModelSettings, resume: bool) -> None:
 
 
 def split_pairs(pairs: list[PreferencePair], held_out: int, seed: int) -> tuple[list, list]:
-    """(training pairs, held-out pairs): the last `held_out` of a shuffle seeded with `seed`."""
+    """(training pairs, held-out pairs): the held-out pairs are the last `held_out` of a shuffle seeded with
+    `seed`; a pair sharing a response (its `chosen` or `rejected`) with a held-out pair never trains, so the
+    held-out accuracy is measured on responses the model has not seen (sets such as `builtin:polarity` use each
+    response in several pairs)."""
     if held_out >= len(pairs):
         raise ConfigError("held_out", held_out, f"must leave pairs to train on: the data holds {len(pairs)}")
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
-    return [pairs[i] for i in order[:-held_out]], [pairs[i] for i in order[-held_out:]]
+    heldout = [pairs[i] for i in order[-held_out:]]
+    unseen = {_key(side) for p in heldout for side in (p.chosen, p.rejected)}
+    train = [
+        pairs[i]
+        for i in order[:-held_out]
+        if _key(pairs[i].chosen) not in unseen and _key(pairs[i].rejected) not in unseen
+    ]
+    if not train:
+        raise ConfigError(
+            "held_out", held_out, "leaves no pair to train on: every other pair shares a response with a held-out one"
+        )
+    return train, heldout
+
+
+def _key(side: object) -> str:
+    """A response as a comparable key (a text, or chat messages as JSON)."""
+    return side if isinstance(side, str) else json.dumps(side, sort_keys=True)
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
@@ -176,7 +206,10 @@ class RewardModelTrainer:
         self.settings, self.say, self.resume = settings, say, resume
         pairs = load_preference_pairs(settings.data)
         self.train_pairs, self.heldout_pairs = split_pairs(pairs, settings.held_out, settings.seed)
+        self.dropped = len(pairs) - len(self.train_pairs) - len(self.heldout_pairs)
         self.model, self.tokenizer, self.decoder_head = load_model(settings)
+        self.precision = choose_precision(settings.precision, "cpu")
+        say(self.precision.reason)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.trained, lr=settings.learning_rate)
         self.steps_per_epoch = -(-len(self.train_pairs) // settings.batch_size)
@@ -189,7 +222,9 @@ class RewardModelTrainer:
             texts, return_tensors="pt", padding=True, truncation=True, max_length=self.settings.max_length
         )
         inner = getattr(self.model, "get_base_model", lambda: self.model)()  # a PeftModel's, LoRA layers in
-        return sequence_scores(inner, enc["input_ids"], enc["attention_mask"], self.decoder_head)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision.precision == "bf16"):
+            scores = sequence_scores(inner, enc["input_ids"], enc["attention_mask"], self.decoder_head)
+        return scores.float()
 
     def pair_scores(self, pairs: list[PreferencePair]) -> tuple[torch.Tensor, torch.Tensor]:
         """(chosen scores (N,), rejected scores (N,)), in one forward pass."""
@@ -198,15 +233,23 @@ class RewardModelTrainer:
         return scores[: len(pairs)], scores[len(pairs) :]
 
     @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """Held-out (pair accuracy, mean margin)."""
+    def evaluate(self) -> HeldOut:
+        """Held-out (pair accuracy, mean margin, score-length correlation)."""
         self.model.eval()
         chosen, rejected = [], []
         for k in range(0, len(self.heldout_pairs), self.settings.batch_size):
             c, r = self.pair_scores(self.heldout_pairs[k : k + self.settings.batch_size])
             chosen.append(c)
             rejected.append(r)
-        return pair_accuracy_and_margin(torch.cat(chosen), torch.cat(rejected))
+        texts = [pair_texts(p, self.tokenizer) for p in self.heldout_pairs]
+        lengths = self.token_counts([c for c, _ in texts] + [r for _, r in texts])  # (2N,): chosen, then rejected
+        correlation = pearson_correlation(torch.cat(chosen + rejected), lengths)
+        return (*pair_accuracy_and_margin(torch.cat(chosen), torch.cat(rejected)), correlation)
+
+    def token_counts(self, texts: list[str]) -> torch.Tensor:
+        """(N,) tokens of each text as the model reads it (cut to max_length)."""
+        enc = self.tokenizer(texts, truncation=True, max_length=self.settings.max_length)
+        return torch.tensor([len(ids) for ids in enc["input_ids"]], dtype=torch.float64)
 
     # ------------------------------------------------------------------ the run
     def train(self) -> RewardModelResult:
@@ -230,11 +273,11 @@ class RewardModelTrainer:
                 loss_sum += float(loss.detach())
                 row: dict[str, float] = {"step": self.step, "epoch": epoch + 1, "loss": float(loss.detach())}
                 if self.step % self.steps_per_epoch == 0 or self.step == total:
-                    accuracy, margin = self.evaluate()
-                    row.update({"heldout/pair_accuracy": accuracy, "heldout/margin": margin})
+                    held = self.evaluate()
+                    row.update(heldout_row(held))
                     self.say(
-                        f"epoch {epoch + 1}/{s.epochs}: held-out pair accuracy {accuracy:.3f}, margin {margin:+.3f}, "
-                        f"mean training loss {loss_sum / (index + 1):.4f}"
+                        f"epoch {epoch + 1}/{s.epochs}: {describe(held)}, mean training loss "
+                        f"{loss_sum / (index + 1):.4f}"
                     )
                     loss_sum = 0.0
                 self._log(row)
@@ -244,15 +287,23 @@ class RewardModelTrainer:
             model_dir = self._export(before, after)
             return RewardModelResult(model_dir, before, after, self.step, time.time() - start)
 
-    def _begin(self) -> tuple[float, float]:
+    def _begin(self) -> HeldOut:
         """A new run: its settings written and the held-out numbers before training. A resume: the latest complete
         checkpoint loaded, the metrics after it cut, the numbers before training read back."""
         out = self.settings.output_dir
         if not self.resume:
             storage.write_json(os.path.join(out, SETTINGS), dataclasses.asdict(self.settings), SETTINGS, indent=1)
+            self.say(
+                f"{len(self.train_pairs)} training pairs, {len(self.heldout_pairs)} held out"
+                + (
+                    f" ({self.dropped} more left out: they share a response with a held-out pair)"
+                    if self.dropped
+                    else ""
+                )
+            )
             before = self.evaluate()
-            self._log({"step": 0, "heldout/pair_accuracy": before[0], "heldout/margin": before[1]})
-            self.say(f"held-out pair accuracy before training {before[0]:.3f}, margin {before[1]:+.3f}")
+            self._log({"step": 0, **heldout_row(before)})
+            self.say(f"before training: {describe(before)}")
             return before
         path = latest_checkpoint(out)
         if path is not None:
@@ -263,9 +314,13 @@ class RewardModelTrainer:
         first = next((r for r in kept if r.get("step") == 0), None)
         if first is None:  # killed before its first row: measured again (nothing has trained yet)
             before = self.evaluate()
-            self._log({"step": 0, "heldout/pair_accuracy": before[0], "heldout/margin": before[1]})
+            self._log({"step": 0, **heldout_row(before)})
         else:
-            before = (first["heldout/pair_accuracy"], first["heldout/margin"])
+            before = (
+                first["heldout/pair_accuracy"],
+                first["heldout/margin"],
+                first.get("heldout/length_correlation", float("nan")),
+            )
         self.say(f"resuming {out} at step {self.step} of {self.settings.epochs * self.steps_per_epoch}")
         return before
 
@@ -300,7 +355,7 @@ class RewardModelTrainer:
         self.step = int(state["step"])
         RngState(load_file(os.path.join(path, "rng.safetensors"))["torch_cpu"], [], state["python"]).restore()
 
-    def _export(self, before: tuple[float, float], after: tuple[float, float]) -> str:
+    def _export(self, before: HeldOut, after: HeldOut) -> str:
         """OUTPUT_DIR/model: the classifier (LoRA merged in) with its tokenizer and model card, published at once."""
         model = getattr(self.model, "merge_and_unload", lambda: self.model)()  # LoRA merged into the weights
         final = os.path.join(self.settings.output_dir, MODEL)
@@ -310,11 +365,12 @@ class RewardModelTrainer:
             storage.write_text(os.path.join(tmp, "README.md"), self.card(before, after), "the model card")
         self.say(
             f"wrote {final}: held-out pair accuracy {before[0]:.3f} -> {after[0]:.3f}, margin {before[1]:+.3f} -> "
-            f"{after[1]:+.3f}; use it with reward.sources: [{{kind: model, path: {final}}}]"
+            f"{after[1]:+.3f}, score-length correlation {before[2]:+.3f} -> {after[2]:+.3f}; use it with "
+            f"reward.sources: [{{kind: model, path: {final}}}]"
         )
         return final
 
-    def card(self, before: tuple[float, float], after: tuple[float, float]) -> str:
+    def card(self, before: HeldOut, after: HeldOut) -> str:
         s = self.settings
         how = f"LoRA r={s.lora_r} (merged) and the score head" if s.lora else "every weight"
         return (
@@ -323,13 +379,26 @@ class RewardModelTrainer:
             f"reward-model`) with the Bradley-Terry loss on preference pairs from `{s.data}`: "
             f"{len(self.train_pairs)} pairs trained on, {len(self.heldout_pairs)} held out. Started from "
             f"`{s.base}`; trained: {how}; {s.epochs} epochs of batches of {s.batch_size} pairs, learning "
-            f"rate {s.learning_rate:g}, seed {s.seed}.\n\n| held out | pair accuracy | mean margin |\n|---|---|---|\n"
-            f"| before training | {before[0]:.3f} | {before[1]:+.3f} |\n"
-            f"| after | {after[0]:.3f} | {after[1]:+.3f} |\n\n"
+            f"rate {s.learning_rate:g}, seed {s.seed}.\n\n| held out | pair accuracy | mean margin | score-length "
+            "correlation |\n|---|---|---|---|\n"
+            f"| before training | {before[0]:.3f} | {before[1]:+.3f} | {before[2]:+.3f} |\n"
+            f"| after | {after[0]:.3f} | {after[1]:+.3f} | {after[2]:+.3f} |\n\n"
+            "The score-length correlation is Pearson's r of each held-out text's score with its length in tokens: "
+            "far from 0, the model rewards length (or shortness) and a policy trained on it can exploit that.\n\n"
             "The score of a text is the head's output at its last token (right padding). In lmppo:\n\n"
             f"```yaml\nreward:\n  sources:\n    - {{kind: model, path: {os.path.join(s.output_dir, MODEL)}}}\n```\n\n"
             "Elsewhere: `AutoModelForSequenceClassification.from_pretrained(folder)` (num_labels=1).\n"
         )
+
+
+def heldout_row(held: HeldOut) -> dict[str, float]:
+    """The held-out numbers as metrics.jsonl keys."""
+    return dict(zip(("heldout/pair_accuracy", "heldout/margin", "heldout/length_correlation"), held))
+
+
+def describe(held: HeldOut) -> str:
+    """The held-out numbers as one phrase of the console report."""
+    return f"held-out pair accuracy {held[0]:.3f}, margin {held[1]:+.3f}, score-length correlation {held[2]:+.3f}"
 
 
 def train_reward_model(
