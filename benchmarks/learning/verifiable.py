@@ -8,8 +8,12 @@ by a fixed seed into 380 training problems and 100 held-out ones, prompts throug
 Equal on every side: LoRA r16 / alpha 32 / all-linear / no dropout, fp32, 1 thread, 16 new tokens at temperature
 0.7, AdamW at a constant 7e-4 (eps 1e-5, grad-norm clip 1.0), 32 completions per rollout and 4 optimizer steps of
 16 completions on each rollout (2 epochs x 2 minibatches; TRL: steps_per_generation 2, num_iterations 2), the same
-completions in all (`--episodes`). Group sides (lmppo grpo/rloo, TRL) sample 8 completions per prompt. Everything
-else is each side's default: TRL's GRPOTrainer `beta 0` (no KL term), `loss_type dapo`, `scale_rewards group`;
+completions in all (`--episodes`). Group sides (lmppo grpo/rloo, TRL) sample 8 completions per prompt; ratio clip
+0.2, top_k 0 / top_p 1 on both. Everything else is each side's default: TRL 1.12's GRPOTrainer `beta 0` (no KL
+term), `loss_type dapo` (token sum over the generation batch's token count: a token mean, as lmppo's),
+`scale_rewards group` (group std with Bessel's correction, + 1e-4; lmppo's grpo: population std, + 1e-6, then
+`ppo.whiten_advantages` over the tokens of rows with a signal), and the Trainer's AdamW step on every batch, an
+all-zero gradient included (its moments keep moving the weights; lmppo takes no step on a batch without signal);
 lmppo the arithmetic recipe's KL (PI controller, target 5 nats, starting beta 0.05).
 
 Measured per run, by one evaluator in lmppo's venv on the saved, merged policy: held-out exact match of greedy
@@ -51,6 +55,7 @@ LMPPO_SIDES: dict[str, dict] = {
     "rloo": {"ppo.advantage_estimator": "rloo", "rollout.num_samples_per_prompt": GROUP, "ppo.vf_coef": 0.0},
 }
 SIDES = ["trl", *LMPPO_SIDES]
+SHOWN = {"trl": "TRL GRPOTrainer", **{side: f"lmppo `{side}`" for side in LMPPO_SIDES}}  # names in the table
 
 
 def split_problems(work: Path) -> tuple[Path, list[dict]]:
@@ -357,7 +362,7 @@ def table(path: Path) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["side"] != "base":
-            groups.setdefault((r["side"] + r.get("tag", ""), r["episodes"]), []).append(r)
+            groups.setdefault((SHOWN.get(r["side"], r["side"]) + r.get("tag", ""), r["episodes"]), []).append(r)
     for (side, episodes), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         em = [r["heldout_exact_match"] for r in rs]
         kl = [r["heldout_kl"] for r in rs]
