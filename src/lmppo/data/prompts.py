@@ -9,7 +9,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from dataclasses import field as dc_field
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -43,7 +43,7 @@ def _where(records: Sequence[Any], index: int) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_prompt_records(data_cfg: DataConfig, prompts: Sequence[Any] | None = None) -> PromptRecords:
+def load_prompt_records(data_cfg: DataConfig, prompts: Iterable[object] | None = None) -> PromptRecords:
     """The prompt records of ``data_cfg.prompts`` (a file or ``builtin:NAME``), or of ``prompts`` when given."""
     if prompts is not None:
         if is_hf_dataset(prompts):  # a datasets.Dataset object: its `data.field` column

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
     from rich.console import Console
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-    from typing_extensions import Unpack
+    from typing_extensions import Self, Unpack
 
     from lmppo.training.resume import TrainerObjects
 
@@ -463,7 +463,7 @@ class PPOTrainer:
         overrides: Optional[dict] = None,
         console: Optional[Console] = None,
         **kwargs: Unpack[TrainerObjects],
-    ) -> "PPOTrainer":
+    ) -> Self:
         """A trainer that continues the run in `output_dir` from its latest complete checkpoint; call `train()`.
 
         `config` (default: the run's own config.yaml) with `overrides` ({"total_episodes": 2048}) may change

@@ -14,7 +14,7 @@ from lmppo.config import field_docs
 
 
 @dataclass
-class PPOConfig(TrainingArguments):
+class PPOConfig(TrainingArguments):  # type: ignore[explicit-any]  # the __init__ mypy writes repeats TrainingArguments' Any fields
     """TRL 1.12's `PPOConfig`: `transformers.TrainingArguments` with TRL's base-config overrides and the PPO fields.
     The docstring under each field says what it becomes in lmppo's own config (also the `--help` text)."""
 
@@ -25,7 +25,7 @@ class PPOConfig(TrainingArguments):
     gradient_checkpointing: bool = True
     """-> model.gradient_checkpointing (non-reentrant, on the policy and the critic). TRL 1.12's PPOTrainer never
     turned it on, whatever this is: set False for TRL's speed (about a third more compute in the update when on)."""
-    bf16: bool | None = None
+    bf16: bool | None = None  # type: ignore[assignment]  # TRL's base config: None, then `not fp16` (__post_init__)
     """True (the default when fp16 is not set) -> lmppo `precision: auto` (bf16 autocast where this machine runs
     it faster); False -> `precision: fp32`. TRL 1.12's PPOTrainer builds its Accelerator without mixed precision,
     so there bf16 changes nothing."""
@@ -199,8 +199,9 @@ class ModelConfig:
     def __post_init__(self):
         if self.load_in_8bit and self.load_in_4bit:
             raise ValueError("You can't use 8 bit and 4 bit precision at the same time")
-        if hasattr(self.lora_target_modules, "__len__") and len(self.lora_target_modules) == 1:
-            self.lora_target_modules = self.lora_target_modules[0]
+        targets = self.lora_target_modules
+        if isinstance(targets, (list, tuple)) and len(targets) == 1:  # as TRL 1.12: one module by its name
+            self.lora_target_modules = targets[0]  # type: ignore[assignment]  # a str where the field says list
 
 
 _docs_as_help(ScriptArguments)

@@ -1,6 +1,8 @@
 """How each TRL PPOConfig field is treated: translated (MAPPED), without effect in TRL 1.12's PPOTrainer
 (NO_EFFECT_IN_TRL), or refused unless at TRL's default (REFUSED_UNLESS_DEFAULT); and the metric names TRL logs."""
 
+from typing import Literal
+
 TRL_LOG_KEYS = (
     "eps",
     "objective/kl",
@@ -240,5 +242,11 @@ REFUSED_UNLESS_DEFAULT = {
 }
 """Fields lmppo accepts only at TRL's default value: any other is a ConfigError naming the field."""
 
-SCHEDULES = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
+SCHEDULES: dict[str, Literal["constant", "linear", "cosine"]] = {
+    "linear": "linear",
+    "cosine": "cosine",
+    "constant": "constant",
+    "constant_with_warmup": "constant",
+}
+"""TrainingArguments' lr_scheduler_type -> lmppo's ppo.lr_schedule (the others are refused)."""
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")

@@ -2,16 +2,24 @@
 `get_quantization_config` and `get_kbit_device_map`, so a script's `from trl import ...` line can point at lmppo.trl
 when TRL is not installed."""
 
+from __future__ import annotations
+
+import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from transformers import HfArgumentParser
+from transformers.hf_argparser import DataClassType
 
 from lmppo.errors import ConfigError
 from lmppo.trl.config import ModelConfig
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+    from peft import LoraConfig
 
-def get_peft_config(model_args: ModelConfig) -> Any:
+
+def get_peft_config(model_args: ModelConfig) -> LoraConfig | None:
     """TRL 1.12's get_peft_config: a peft.LoraConfig from the ModelConfig, or None without use_peft."""
     if model_args.use_peft is False:
         return None
@@ -52,22 +60,28 @@ class TrlParser(HfArgumentParser):
     """TRL 1.12's `TrlParser`: HfArgumentParser plus `--config file.yaml` (its values become the defaults, its
     `env` mapping is set in os.environ; command-line flags still win)."""
 
-    def __init__(self, dataclass_types: Any = None, **kwargs: Any):
+    def __init__(
+        self,
+        dataclass_types: type[DataclassInstance] | Iterable[type[DataclassInstance]] | None = None,
+        **kwargs: object,
+    ):
         if dataclass_types is None:
-            dataclass_types = []
+            types = []
         elif isinstance(dataclass_types, type):
-            dataclass_types = [dataclass_types]
-        for dataclass_type in dataclass_types:
-            if "config" in dataclass_type.__dataclass_fields__:
+            types = [dataclass_types]
+        else:
+            types = list(dataclass_types)
+        for dataclass_type in types:
+            if "config" in {f.name for f in dataclasses.fields(dataclass_type)}:
                 raise ValueError(
                     f"Dataclass {dataclass_type.__name__} has a field named 'config'; it is reserved "
                     "for the config file path"
                 )
-        super().__init__(dataclass_types=dataclass_types, **kwargs)
+        super().__init__(dataclass_types=[DataClassType(t) for t in types], **kwargs)
 
     def parse_args_and_config(
         self,
-        args: Any = None,
+        args: Sequence[str] | None = None,
         return_remaining_strings: bool = False,
         fail_with_unknown_args: bool = True,
         separate_remaining_strings: bool = False,
@@ -100,7 +114,7 @@ class TrlParser(HfArgumentParser):
             raise ValueError(f"Unknown arguments from config file: {config_remaining}")
         return output
 
-    def set_defaults_with_config(self, **kwargs: Any) -> list[str]:
+    def set_defaults_with_config(self, **kwargs: object) -> list[str]:
         used = set()
         for action in self._actions:
             if action.dest in kwargs:

@@ -1,6 +1,8 @@
 """TRL 1.12's `PPOTrainer` (its constructor, `train`, `save_model`, `generate_completions`, `state.log_history`,
 callbacks) on lmppo's own trainer, `lmppo.training.trainer.PPOTrainer`."""
 
+from __future__ import annotations
+
 import copy
 import json
 import math
@@ -8,17 +10,13 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Callable, Optional, Sequence, TypedDict, Union
 
 import torch
-from tokenizers import Tokenizer
 from torch import nn
-from transformers import TrainerState, TrainingArguments
+from transformers import TrainerState
 
-from lmppo.config import DataConfig
-from lmppo.data.hf_datasets import is_hf_dataset
-from lmppo.data.prompts import load_prompt_records
-from lmppo.errors import ConfigError, LmppoError
+from lmppo.errors import ConfigError
 from lmppo.evaluation.tables import make_console
 from lmppo.models.loading import hf_model
 from lmppo.quiet import quiet_libraries
@@ -30,14 +28,38 @@ from lmppo.sampling.native import response_seed, sample_native
 from lmppo.training.trainer import PPOTrainer as LmppoTrainer
 from lmppo.trl.config import PPOConfig
 from lmppo.trl.fields import DOCS, REFUSED_UNLESS_DEFAULT, TRL_LOG_KEYS
+from lmppo.trl.inputs import (
+    PromptDataset,
+    check_arguments,
+    internal_tokenizer,
+    prompt_ids,
+    set_trl_sizes,
+    with_adapters,
+)
 from lmppo.trl.translate import (
     check_resume_folder_kept,
     ignored_fields,
     lmppo_config,
+    output_folder,
     refuse,
     resume_folder,
     stop_token_name,
 )
+
+if TYPE_CHECKING:
+    from peft import PeftConfig
+    from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainerCallback
+
+    from lmppo.core.batch import Rollout
+    from lmppo.training.metrics import MetricsAccumulator, PhaseTimer
+    from lmppo.training.resume import TrainerObjects
+    from lmppo.training.scoring import ScoredRollout, TokenRewards
+
+
+Callback = Union["TrainerCallback", type["TrainerCallback"]]
+"""A transformers callback, or its class (the handler builds it)."""
+CompletionRow = TypedDict("CompletionRow", {"query": str, "model response": str, "score": float})
+"""A row of `generate_completions` (TRL's keys)."""
 
 
 class MissingEosPenalty:
@@ -56,6 +78,8 @@ class MissingEosPenalty:
 
 class PolicyAndValueWrapper(nn.Module):
     """What TRL's `trainer.model` is: the policy and the value model side by side (`.policy`, `.value_model`)."""
+
+    config: PretrainedConfig  # the policy's (set by PPOTrainer)
 
     def __init__(self, policy: nn.Module, value_model: nn.Module):
         super().__init__()
@@ -78,17 +102,17 @@ class PPOTrainer:
     def __init__(
         self,
         args: PPOConfig,
-        processing_class: Any,
+        processing_class: PreTrainedTokenizerBase,
         model: nn.Module,
         ref_model: nn.Module | None,
         reward_model: nn.Module,
-        train_dataset: Any,
+        train_dataset: PromptDataset,
         value_model: nn.Module,
-        data_collator: Any = None,
-        eval_dataset: Any = None,
-        optimizers: tuple = (None, None),
-        callbacks: list | None = None,
-        peft_config: Any = None,
+        data_collator: object = None,
+        eval_dataset: PromptDataset | None = None,
+        optimizers: tuple[object, object] = (None, None),
+        callbacks: list[Callback] | None = None,
+        peft_config: PeftConfig | None = None,
     ) -> None:
         quiet_libraries()  # library noise off, as in the CLI (lmppo.quiet); before accelerate and DeepSpeed load
         from accelerate import PartialState
@@ -97,7 +121,7 @@ class PPOTrainer:
         from transformers.trainer import DEFAULT_CALLBACKS, DEFAULT_PROGRESS_CALLBACK
         from transformers.trainer_callback import CallbackHandler, ExportableState, PrinterCallback
 
-        _check_arguments(args, model, ref_model, reward_model, value_model, train_dataset, data_collator, optimizers)
+        check_arguments(args, model, ref_model, reward_model, value_model, train_dataset, data_collator, optimizers)
         check_resume_folder_kept(args, getattr(args, "_resume_folder_seen", False))
         self.args = args
         self.processing_class = processing_class
@@ -106,16 +130,16 @@ class PPOTrainer:
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.data_collator = None
-        model = _with_adapters(model, peft_config)
+        model = with_adapters(model, peft_config)
         self.policy_model = model
         self.ref_model = ref_model
 
         world = PartialState().num_processes
-        _set_trl_sizes(args, world, len(train_dataset))  # as TRL computes them, written into args
+        self.counts = set_trl_sizes(args, world, len(train_dataset))  # as TRL computes them, written into args
 
         # -- lmppo's config and trainer, with the objects as given
-        records = _input_ids(train_dataset)
-        tokenizer = _internal_tokenizer(processing_class, model)
+        records = prompt_ids(train_dataset)
+        tokenizer = internal_tokenizer(processing_class, model)
         self.config = lmppo_config(
             args,
             world_size=world,
@@ -140,11 +164,11 @@ class PPOTrainer:
             name="reward_model",
             ctx=SourceContext(device=device, batch_size=self.config.rollout.forward_batch_size),
         )
-        rewards: list = [self.reward_source]
+        rewards: list[FunctionSource | ModelSource] = [self.reward_source]
         if args.missing_eos_penalty is not None and self.config.rollout.stop_token == "none":
             penalty = MissingEosPenalty(processing_class.eos_token_id, float(args.missing_eos_penalty))
             rewards.append(FunctionSource.from_callable(penalty, name="missing_eos_penalty"))
-        objects = dict(
+        objects: TrainerObjects = dict(
             policy=model,
             tokenizer=tokenizer,
             prompts=list(records),
@@ -167,7 +191,7 @@ class PPOTrainer:
         self.model.config = self.lmppo.policy.config
         self.is_peft_model = hasattr(self.lmppo.policy, "peft_config")
         if args.num_sample_generations > 0:
-            self.sample_generations_freq = max(1, args.num_total_batches // args.num_sample_generations)
+            self.sample_generations_freq = max(1, self.counts.updates // args.num_sample_generations)
 
         # -- callbacks and state, as TRL sets them up
         callbacks_all = DEFAULT_CALLBACKS + get_reporting_integration_callbacks(args.report_to)
@@ -176,14 +200,13 @@ class PPOTrainer:
         )
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.control = TrainerControl()
+        stateful = [cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)]
         self.state = OnlineTrainerState(
             is_local_process_zero=self.accelerator.is_local_main_process,
             is_world_process_zero=self.accelerator.is_main_process,
-            stateful_callbacks=[
-                cb for cb in self.callback_handler.callbacks + [self.control] if isinstance(cb, ExportableState)
-            ],
+            stateful_callbacks=stateful,  # type: ignore[arg-type]  # typed list[TrainerCallback]; Trainer passes these
         )
-        self._start_time = None
+        self._start_time = 0.0  # set by train()
 
     # ------------------------------------------------------------------ TRL's API
     def train(self) -> None:
@@ -192,8 +215,8 @@ class PPOTrainer:
         state.global_step = self.lmppo.iteration  # 0, or the updates of the run being resumed
         state.episode = self._start_episode = self.lmppo.episode
         state.log_history = self._logs_so_far()
-        state.max_steps = args.num_total_batches
-        state.num_train_epochs = args.total_episodes / len(self.train_dataset)
+        state.max_steps = self.counts.updates
+        state.num_train_epochs = self.counts.total_episodes / len(self.train_dataset)  # type: ignore[assignment]  # TRL 1.12 stores the fraction
         for name in ("logging_steps", "eval_steps", "save_steps"):
             value = getattr(args, name)
             if value is not None:
@@ -246,7 +269,7 @@ class PPOTrainer:
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """The policy in Hugging Face format (safetensors; a PEFT policy saves its adapter), the tokenizer, and the
         PPOConfig as training_args.json (TRL pickles it to training_args.bin)."""
-        output_dir = output_dir or self.args.output_dir
+        output_dir = output_dir or output_folder(self.args)
         if not self.accelerator.is_main_process:
             return
         os.makedirs(output_dir, exist_ok=True)
@@ -257,7 +280,7 @@ class PPOTrainer:
             fh.write(self.args.to_json_string())
 
     @torch.no_grad()
-    def generate_completions(self, sampling: bool = False) -> list[dict[str, Any]] | None:
+    def generate_completions(self, sampling: bool = False) -> list[CompletionRow] | None:
         """Near-greedy completions (temperature 0.01, as TRL) of the eval prompts in batches of
         per_device_eval_batch_size (the last partial batch dropped, as TRL), scored by the reward model; prints the
         first 5 rows and returns every row ({"query", "model response", "score"}). `sampling`: the first batch only."""
@@ -265,9 +288,9 @@ class PPOTrainer:
             return None
 
         engine, tok = self.lmppo, self.lmppo.tokenizer
-        prompts = [list(r) for r in _input_ids(self.eval_dataset)]
+        prompts = [list(r) for r in prompt_ids(self.eval_dataset)]
         size = self.args.per_device_eval_batch_size
-        rows: list[dict[str, Any]] = []
+        rows: list[CompletionRow] = []
         for start in range(0, len(prompts) - size + 1, size):
             batch = prompts[start : start + size]
             ids, mask = left_pad(batch, tok.pad_token_id)
@@ -289,8 +312,8 @@ class PPOTrainer:
             for p, r, s in zip(batch, responses, scores):
                 rows.append(
                     {
-                        "query": tok.decode(p, skip_special_tokens=True),
-                        "model response": tok.decode(r),
+                        "query": _decode(tok, p, skip_special_tokens=True),
+                        "model response": _decode(tok, r),
                         "score": float(s),
                     }
                 )
@@ -307,17 +330,17 @@ class PPOTrainer:
                     )
         return rows
 
-    def push_to_hub(self, *args: Any, **kwargs: Any) -> None:
+    def push_to_hub(self, *args: object, **kwargs: object) -> None:
         raise refuse("push_to_hub", True, REFUSED_UNLESS_DEFAULT["push_to_hub"])
 
     # ------------------------------------------------------------------ callbacks and helpers (as transformers')
-    def add_callback(self, callback: Any) -> None:
+    def add_callback(self, callback: Callback) -> None:
         self.callback_handler.add_callback(callback)
 
-    def pop_callback(self, callback: Any) -> Any:
+    def pop_callback(self, callback: Callback) -> Optional[TrainerCallback]:
         return self.callback_handler.pop_callback(callback)
 
-    def remove_callback(self, callback: Any) -> None:
+    def remove_callback(self, callback: Callback) -> None:
         self.callback_handler.remove_callback(callback)
 
     def is_world_process_zero(self) -> bool:
@@ -330,80 +353,6 @@ class PPOTrainer:
     def lmppo_history(self) -> list[dict[str, float]]:
         """lmppo's own metrics of every iteration (a superset of TRL's, see docs/metrics.md)."""
         return self.lmppo.history
-
-
-def _check_arguments(
-    args: Any,
-    model: nn.Module,
-    ref_model: nn.Module | None,
-    reward_model: nn.Module,
-    value_model: nn.Module,
-    train_dataset: Any,
-    data_collator: Any,
-    optimizers: tuple | None,
-) -> None:
-    """TRL's constructor arguments that lmppo cannot take, each refused in one line."""
-    if not isinstance(args, TrainingArguments):
-        raise LmppoError(f"args must be an lmppo.trl.PPOConfig, got a {type(args).__name__}")
-    if train_dataset is None:
-        raise ConfigError("train_dataset", None, "is required")
-    if ref_model is not None and ref_model is model:
-        raise ConfigError(
-            "ref_model",
-            "the policy model",
-            "must not be `model` itself: pass a copy, or None (a "
-            "copy of the initial policy; with peft_config, the policy with its adapters off)",
-        )
-    if data_collator is not None:
-        raise ConfigError(
-            "data_collator",
-            type(data_collator).__name__,
-            f"lmppo left-pads the `input_ids` column itself; pass data_collator=None (see {DOCS})",
-        )
-    if optimizers is not None and any(o is not None for o in optimizers):
-        raise ConfigError(
-            "optimizers",
-            optimizers,
-            "lmppo builds its own AdamW and schedule from the PPOConfig; pass (None, None)",
-        )
-    if value_model is None or reward_model is None:
-        raise ConfigError("value_model" if value_model is None else "reward_model", None, "is required, as in TRL")
-
-
-def _with_adapters(model: nn.Module, peft_config: Any) -> nn.Module:
-    """`model` with peft's adapters of `peft_config` (None: as it is), as TRL's constructor wraps it."""
-    if peft_config is None:
-        return model
-    from peft import PeftModel, get_peft_model
-
-    if isinstance(model, PeftModel):
-        raise ConfigError(
-            "peft_config",
-            type(peft_config).__name__,
-            "was given with a model that is already "
-            "a PeftModel: merge and unload the adapter first, or pass peft_config=None",
-        )
-    return get_peft_model(model, peft_config)
-
-
-def _set_trl_sizes(args: Any, world: int, num_prompts: int) -> None:
-    """The batch sizes and counts TRL's PPOTrainer derives from its config and writes into `args`."""
-    args.world_size = world
-    args.local_batch_size = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    args.micro_batch_size = args.per_device_train_batch_size * world
-    args.batch_size = args.local_batch_size * world
-    if args.local_batch_size % args.num_mini_batches:
-        raise ConfigError(
-            "num_mini_batches",
-            args.num_mini_batches,
-            f"must divide local_batch_size "
-            f"({args.local_batch_size} = per_device_train_batch_size x gradient_accumulation_steps)",
-        )
-    args.mini_batch_size = args.batch_size // args.num_mini_batches
-    args.local_mini_batch_size = args.local_batch_size // args.num_mini_batches
-    if args.total_episodes is None:
-        args.total_episodes = int(args.num_train_epochs * num_prompts)
-    args.num_total_batches = math.ceil(args.total_episodes / args.batch_size)
 
 
 def _trl_logs(metrics: dict[str, float]) -> dict[str, float]:
@@ -443,53 +392,28 @@ class _Engine(LmppoTrainer):
     """lmppo's trainer, calling `on_iteration(metrics)` after each iteration's phase 6 (its checkpoint included, so
     TRL's `on_save` callbacks come after the files exist, as in TRL)."""
 
-    on_iteration = None
+    on_iteration: Optional[Callable[[dict[str, float]], None]] = None
 
-    def finish_iteration(self, *args: Any, **kwargs: Any) -> None:
-        super().finish_iteration(*args, **kwargs)
+    def finish_iteration(
+        self,
+        batch: Rollout,
+        scored: ScoredRollout,
+        rewards: TokenRewards,
+        stats: MetricsAccumulator,
+        timer: PhaseTimer,
+    ) -> None:
+        super().finish_iteration(batch, scored, rewards, stats, timer)
         if self.on_iteration is not None:
             self.on_iteration(self.history[-1])
 
 
-def _input_ids(dataset: Any) -> list:
-    """The prompt token ids of a TRL dataset: its `input_ids` column (a `datasets.Dataset`, or any sequence of rows
-    {"input_ids": [...]}), checked as every lmppo prompt source."""
-
-    if not is_hf_dataset(dataset):
-        rows = list(dataset)
-        dataset = [r["input_ids"] if isinstance(r, dict) and "input_ids" in r else r for r in rows]
-    return list(load_prompt_records(DataConfig(field="input_ids"), dataset))
+def _decode(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+    text = tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+    assert isinstance(text, str), "one sequence of ids decodes to one string"
+    return text
 
 
-def _internal_tokenizer(tokenizer: Any, model: nn.Module) -> Any:
-    """The tokenizer lmppo pads with: the one given, or a copy padding with eos when its pad id is outside the
-    policy's embedding table (TRL scripts add a `[PAD]` token the model never learnt; TRL replaces padding by id 0
-    before each forward pass, lmppo pads with an id the model has). A fast tokenizer's copy also drops that pad
-    token, so its size fits the embedding (lmppo refuses a tokenizer with ids the model has no row for)."""
-
-    rows = hf_model(model).get_input_embeddings().weight.shape[0]
-    pad = tokenizer.pad_token_id
-    if pad is not None and pad < rows:
-        return tokenizer
-    if tokenizer.eos_token_id is None or tokenizer.eos_token_id >= rows:
-        raise ConfigError(
-            "processing_class",
-            type(tokenizer).__name__,
-            f"pad token id {pad} is outside the policy's "
-            f"{rows} embeddings and there is no eos token to pad with instead",
-        )
-    internal = copy.deepcopy(tokenizer)
-    old_pad = internal.pad_token
-    internal.pad_token = internal.eos_token
-    backend = getattr(internal, "backend_tokenizer", None)
-    if pad is not None and backend is not None:  # the unused pad token leaves the copy: len() fits the embedding
-        data = json.loads(backend.to_str())
-        data["added_tokens"] = [t for t in data["added_tokens"] if not (t["id"] >= rows and t["content"] == old_pad)]
-        internal._tokenizer = Tokenizer.from_str(json.dumps(data))  # the backend a fast tokenizer wraps
-    return internal
-
-
-def _print_table(rows: list[dict[str, Any]]) -> None:
+def _print_table(rows: list[CompletionRow]) -> None:
     from rich.table import Table
 
     table = Table(show_lines=True)

@@ -6,22 +6,31 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lmppo.config import Config
 from lmppo.errors import ConfigError
 from lmppo.trl.fields import DOCS, IGNORED, OPTIMIZERS, REFUSED_UNLESS_DEFAULT, SCHEDULES
 
 if TYPE_CHECKING:  # PPOConfig checks itself with this module when built: no import of it at run time
+    from peft import PeftConfig
+    from transformers import PreTrainedTokenizerBase
+
     from lmppo.trl.config import PPOConfig
 
 
-def _default(args: PPOConfig, name: str) -> Any:
+def _default(args: PPOConfig, name: str) -> object:
     f = type(args).__dataclass_fields__[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
-def refuse(name: str, value: Any, why: str) -> ConfigError:
+def output_folder(args: PPOConfig) -> str:
+    """`args.output_dir` (TrainingArguments.__post_init__ sets its default, `trainer_output`, for a None)."""
+    assert args.output_dir is not None, "TrainingArguments.__post_init__ sets output_dir"
+    return args.output_dir
+
+
+def refuse(name: str, value: object, why: str) -> ConfigError:
     return ConfigError(name, value, f"{why} (TRL PPOConfig field; see {DOCS})")
 
 
@@ -83,8 +92,8 @@ def resume_folder(args: PPOConfig) -> str | None:
     value = args.resume_from_checkpoint
     if value is None or str(value).strip().lower() in ("", "false"):
         return None
-    if str(value).strip().lower() == "true" or os.path.realpath(str(value)) == os.path.realpath(args.output_dir):
-        return args.output_dir
+    if str(value).strip().lower() == "true" or os.path.realpath(str(value)) == os.path.realpath(output_folder(args)):
+        return output_folder(args)
     raise refuse(
         "resume_from_checkpoint",
         value,
@@ -130,18 +139,18 @@ def lmppo_config(
     num_prompts: int,
     max_prompt_length: int,
     stop_token: str = "none",
-    peft_config: Any = None,
+    peft_config: PeftConfig | None = None,
 ) -> Config:
     """lmppo's Config for TRL PPOConfig `args` (fields checked by `check_fields` first); `stop_token` is the
     rollout.stop_token string the trainer derived from stop_token / stop_token_id."""
     check_fields(args)
     c = Config()
-    c.output_dir = args.output_dir
+    c.output_dir = output_folder(args)
     c.overwrite = True  # TRL writes into an existing output_dir without asking
     c.seed = int(args.seed)
     c.device = "cpu" if args.use_cpu else "auto"
     c.precision = "auto" if args.bf16 else "fp32"
-    c.deepspeed = args.deepspeed or ""
+    c.deepspeed = args.deepspeed if isinstance(args.deepspeed, str) else ""  # a dict is refused (check_fields)
     local_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps
     batch = local_batch * world_size
     episodes = args.total_episodes if args.total_episodes is not None else int(args.num_train_epochs * num_prompts)
@@ -185,7 +194,7 @@ def lmppo_config(
     )
     p.learning_rate = float(args.learning_rate)
     schedule = str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))
-    p.lr_schedule = SCHEDULES.get(schedule, schedule)
+    p.lr_schedule = SCHEDULES[schedule]  # (check_fields refused the others)
     p.warmup_iterations = _steps(args.warmup_steps, iterations)
     p.weight_decay, p.adam_eps, p.max_grad_norm = (
         float(args.weight_decay),
@@ -215,13 +224,13 @@ def lmppo_config(
     return c
 
 
-def stop_token_name(args: PPOConfig, tokenizer: Any) -> str:
+def stop_token_name(args: PPOConfig, tokenizer: PreTrainedTokenizerBase) -> str:
     """rollout.stop_token for TRL's stop_token / stop_token_id."""
     if args.stop_token == "eos":
         return "eos"
     if args.stop_token_id is None:
         return "none"
     token = tokenizer.convert_ids_to_tokens(int(args.stop_token_id))
-    if token is None or tokenizer.convert_tokens_to_ids(token) != int(args.stop_token_id):
+    if not isinstance(token, str) or tokenizer.convert_tokens_to_ids(token) != int(args.stop_token_id):
         raise refuse("stop_token_id", args.stop_token_id, "is not a token of this tokenizer that lmppo can name")
     return token
