@@ -306,3 +306,12 @@ def test_port_out_of_range_is_refused_by_the_cli_before_any_model_loads(env, cap
     assert_one_clean_line(code, err, "reward.sources[0].path", "99999", "1 to 65535")
     assert "Port out of range" not in err and "Traceback" not in err
     assert not os.path.exists(base["output_dir"])  # refused before the run started
+
+
+def test_a_proxy_without_a_host_is_one_error_with_its_password_masked(monkeypatch):
+    monkeypatch.setenv("http_proxy", f"http://bob:{SECRET}@:8080")
+    monkeypatch.setenv("no_proxy", "")
+    src = source("http://reward.invalid/score", retries=0)
+    with pytest.raises(RewardError, match=r"the http proxy the environment names \(.*\) has no host") as info:
+        src(["p"], ["c"])
+    assert SECRET not in str(info.value)

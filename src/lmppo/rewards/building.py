@@ -3,7 +3,7 @@ callables given through the Python API, with unique names; and the context they 
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -29,8 +29,8 @@ def build_reward_sources(
     Names must be unique (they become the `reward/<name>` metrics): repeated ones get `_2`, `_3`, ...
     """
     ctx = ctx or SourceContext(device=device)
-    given: dict[str, Any] = dict(functions) if isinstance(functions, dict) else {}
-    extra: list[tuple[str, Any]] = []
+    given: dict[str, Callable] = dict(functions) if isinstance(functions, dict) else {}
+    extra: list[tuple[str, Callable]] = []
     if isinstance(functions, dict):
         bound = {s.path for s in reward_cfg.sources if s.kind == "function"}
         extra = [(k, f) for k, f in given.items() if k not in bound]

@@ -11,12 +11,33 @@ import os
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from lmppo.errors import LmppoError, RewardError
 from lmppo.models.assets import cache_dir, minilm_path, polarity_sentences
 from lmppo.models.cache import fill_file
 from lmppo.models.files import load_whole
+
+if TYPE_CHECKING:  # torch and transformers are imported when a MiniLM reward is first called
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class PolarityScorer(Protocol):
+    """vaderSentiment's `SentimentIntensityAnalyzer` (the package ships no types)."""
+
+    def polarity_scores(self, text: str) -> dict[str, float]: ...
+
+
+class JudgeHead(TypedDict):
+    """The MiniLM sentiment judge's logistic head and how well it does (`_train_head`; cached with torch.save)."""
+
+    weight: torch.Tensor  # (384,)
+    bias: torch.Tensor  # ()
+    heldout_accuracy: float
+    train_accuracy: float
+    num_sentences: int
+
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +115,7 @@ def _normalize_answer(answer: str) -> str:
     return " ".join(a.split())
 
 
-def exact_match(completions: list[str], solution: list[Any], **kwargs: Any) -> list[float]:
+def exact_match(completions: list[str], solution: list[object], **kwargs: object) -> list[float]:
     """1.0 where the completion's final answer (``final_answer``) equals the prompt's ``solution``, else 0.0.
 
     Called by keyword (TRL's convention): ``solution`` is the column of that name of the prompt data."""
@@ -119,7 +140,7 @@ def vader_sentiment(prompts: list[str], completions: list[str]) -> list[float]:
 
 
 @lru_cache(maxsize=1)
-def _vader() -> Any:
+def _vader() -> PolarityScorer:
     try:
         from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
     except ImportError:
@@ -134,7 +155,7 @@ def _vader() -> Any:
 
 
 @lru_cache(maxsize=1)
-def _minilm() -> tuple[Any, Any]:
+def _minilm() -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     path = minilm_path()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -149,7 +170,7 @@ def _minilm() -> tuple[Any, Any]:
     return tokenizer, model.eval()
 
 
-def embed(texts: list[str], batch_size: int = 64) -> Any:
+def embed(texts: list[str], batch_size: int = 64) -> torch.Tensor:
     """(N, 384) float32 CPU tensor: mean-pooled (over real tokens), L2-normalised all-MiniLM-L6-v2 embeddings,
     as sentence-transformers computes them for this model."""
     import torch
@@ -203,7 +224,7 @@ def minilm_sentiment_info() -> dict[str, float]:
 
 
 @lru_cache(maxsize=1)
-def _judge_head() -> dict[str, Any]:
+def _judge_head() -> JudgeHead:
     """The trained head, from the disk cache when its key matches, else trained (seconds) and cached."""
     import torch
 
@@ -226,21 +247,21 @@ def _judge_head() -> dict[str, Any]:
     )
     key = hashlib.sha256(key_src.encode("utf-8")).hexdigest()[:16]
     path = cache_dir() / "judges" / f"minilm_sentiment-{key}.pt"
-    trained: dict[str, Any] = {}
+    trained: list[JudgeHead] = []  # the head this process trained, if it did
 
     def build(tmp: Path) -> None:
-        trained.update(_train_head(texts, labels))
-        torch.save(trained, tmp)
+        trained.append(_train_head(texts, labels))
+        torch.save(trained[0], tmp)
 
     try:  # one process trains and writes the head; others started at the same time wait for it
         fill_file(path, build, lambda p: _cached_head(p) is not None, "the MiniLM judge head")
     except OSError as err:  # a read-only cache only costs the seconds of retraining
         log.warning("could not cache the MiniLM judge at %s (%s)", path, err)
-        return trained or _train_head(texts, labels)
-    return trained or _cached_head(path) or _train_head(texts, labels)
+        return trained[0] if trained else _train_head(texts, labels)
+    return trained[0] if trained else _cached_head(path) or _train_head(texts, labels)
 
 
-def _cached_head(path: Path) -> dict[str, Any] | None:
+def _cached_head(path: Path) -> JudgeHead | None:
     """The head in the cache file `path`, or None when it is missing or unreadable (then it is rebuilt)."""
     import torch
 
@@ -251,7 +272,15 @@ def _cached_head(path: Path) -> dict[str, Any] | None:
     except Exception as err:  # a corrupt cache file is rebuilt, never fatal
         log.warning("ignoring unreadable judge cache %s (%s)", path, err)
         return None
-    return head if isinstance(head, dict) and {"weight", "bias", "heldout_accuracy"} <= set(head) else None
+    if not (isinstance(head, dict) and set(JudgeHead.__annotations__) <= set(head)):
+        return None
+    return JudgeHead(
+        weight=head["weight"],
+        bias=head["bias"],
+        heldout_accuracy=float(head["heldout_accuracy"]),
+        train_accuracy=float(head["train_accuracy"]),
+        num_sentences=int(head["num_sentences"]),
+    )
 
 
 def _file_size(path: Path) -> int:
@@ -261,7 +290,7 @@ def _file_size(path: Path) -> int:
         return -1
 
 
-def _train_head(texts: list[str], labels: list[int]) -> dict[str, Any]:
+def _train_head(texts: list[str], labels: list[int]) -> JudgeHead:
     """Logistic regression on the embeddings with an L2 pull towards a prior direction (full-batch L-BFGS from
     the prior: deterministic), evaluated by 5-fold cross-validation, then refit on all sentences."""
     import torch
@@ -281,10 +310,10 @@ def _train_head(texts: list[str], labels: list[int]) -> dict[str, Any]:
         correct += int(((x[test] @ w + b > 0).float() == y[test]).sum())
     w, b = _fit_logistic(x, y, prior)
     train_acc = float(((x @ w + b > 0).float() == y).float().mean())
-    return {"weight": w, "bias": b, "heldout_accuracy": correct / n, "train_accuracy": train_acc, "num_sentences": n}
+    return JudgeHead(weight=w, bias=b, heldout_accuracy=correct / n, train_accuracy=train_acc, num_sentences=n)
 
 
-def _fit_logistic(x: Any, y: Any, prior: Any) -> tuple[Any, Any]:
+def _fit_logistic(x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """argmin_w,b  BCE(x @ w + b, y) + _L2 * ||w - prior||^2."""
     import torch
 
@@ -292,7 +321,7 @@ def _fit_logistic(x: Any, y: Any, prior: Any) -> tuple[Any, Any]:
     b = torch.zeros((), requires_grad=True)
     opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=300, line_search_fn="strong_wolfe")
 
-    def closure() -> Any:
+    def closure() -> torch.Tensor:
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(x @ w + b, y) + _L2 * (w - prior).pow(2).sum()
         loss.backward()

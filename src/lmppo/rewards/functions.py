@@ -10,11 +10,11 @@ import inspect
 import os
 import re
 import sys
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from lmppo.config import RewardSourceConfig
 from lmppo.errors import RewardError
-from lmppo.rewards.sources import RewardSource, SourceContext, raised_text, register_reward_source
+from lmppo.rewards.sources import RewardSource, SourceContext, SpanPlacement, raised_text, register_reward_source
 
 KEYWORDS = ("prompts", "completions", "completion_ids")
 """The arguments lmppo itself provides to a reward function; every other name is a column of the prompt data."""
@@ -57,7 +57,7 @@ class FunctionSource(RewardSource):
 
     @classmethod
     def from_callable(
-        cls, fn: Callable, name: str = "", weight: float = 1.0, span_placement: str = "last"
+        cls, fn: Callable, name: str = "", weight: float = 1.0, span_placement: SpanPlacement = "last"
     ) -> "FunctionSource":
         """A source from a callable handed over through the Python API."""
         if not callable(fn):
@@ -89,13 +89,14 @@ class FunctionSource(RewardSource):
         completion_ids: list[list[int]] | None = None,
         columns: Sequence[dict] | None = None,
     ) -> list:
-        given: dict[str, Any] = {"prompts": prompts, "completions": completions}
+        given: dict[str, object] = {"prompts": prompts, "completions": completions}
         if completion_ids is not None:
             given["completion_ids"] = completion_ids
-        names = {k for row in columns or () for k in row}
+        rows = columns or ()
+        names = {k for row in rows for k in row}
         for name in sorted(names):
             if name not in KEYWORDS:
-                given[name] = [row.get(name) for row in columns]
+                given[name] = [row.get(name) for row in rows]
         kwargs = {k: v for k, v in given.items() if self.takes_kwargs or k in self.params}
         if self.by_keyword:
             return self.fn(**kwargs)

@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from typing import Any
+from email.message import Message
 
 from lmppo.config import RewardSourceConfig, http_headers
 from lmppo.errors import ConfigError, RewardError
@@ -60,6 +60,7 @@ class HttpSource(RewardSource):
             self.headers["Authorization"] = f"Basic {token}"
             self._secrets += [token, password]
         self._secrets = sorted({s for s in self._secrets if s}, key=len, reverse=True)
+        assert parts.hostname, "check_http_url refuses a URL without a host"
         self.scheme, self.host, self.port = parts.scheme.lower(), parts.hostname, parts.port
         self.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self.timeout = float(cfg.timeout)
@@ -148,6 +149,8 @@ class HttpSource(RewardSource):
         proxy = urllib.request.getproxies().get(self.scheme)
         if proxy and not urllib.request.proxy_bypass(self.host):
             p = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+            if not p.hostname:
+                raise self._error(f"the {self.scheme} proxy the environment names ({redact_text(proxy)!r}) has no host")
             auth = {}
             if p.username is not None:
                 pair = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
@@ -171,7 +174,7 @@ class HttpSource(RewardSource):
             )
         return http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
 
-    def _exchange(self, conn: http.client.HTTPConnection, body: bytes) -> tuple[int, Any, bytes]:
+    def _exchange(self, conn: http.client.HTTPConnection, body: bytes) -> tuple[int, Message, bytes]:
         """Send the request on `conn` and read the whole answer: (status, headers, body). The connection stays
         open for the next request unless the server says it closes it."""
         conn.request("POST", self._target, body=body, headers=self._headers)
@@ -217,7 +220,7 @@ class HttpSource(RewardSource):
                 raise self._error(msg)
             raise self._error(f"answered HTTP {status} (expected 200): {_body_text(raw)!r}")
         try:
-            answer: Any = json.loads(raw.decode("utf-8"))
+            answer: object = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise self._error(f"the answer is not JSON: {_body_text(raw)!r}") from None
         if isinstance(answer, dict):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import glob
 import os
+from typing import TYPE_CHECKING, Callable, Literal, TypeVar
 
 import torch
 
@@ -31,11 +32,22 @@ from lmppo.models.files import (
 )
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Item = TypeVar("Item", str, list[int])
+"""What a reward model scores: a text (`input: text`) or a sequence of token ids (`input: tokens`)."""
+
 PICKLE_EXTENSIONS = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 @register_reward_source("model")
 class ModelSource(RewardSource):
+    """A sequence-classification model (one label) that scores each prompt + completion."""
+
+    model: torch.nn.Module
+    tokenizer: PreTrainedTokenizerBase  # the model's own (`input: text`) or the policy's (`input: tokens`)
+
     def __init__(self, cfg: RewardSourceConfig, ctx: SourceContext):
         super().__init__(cfg, ctx)
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -85,12 +97,17 @@ class ModelSource(RewardSource):
                 f"{where}: cannot load its tokenizer (the folder must hold the reward model's own "
                 f"tokenizer): {type(err).__name__}: {err}"
             ) from err
-        kwargs = {"trust_remote_code": ctx.trust_remote_code, "use_safetensors": has_safetensors}
-        if ctx.dtype is not None:
-            kwargs["dtype"] = ctx.dtype
+        dtype = {"dtype": ctx.dtype} if ctx.dtype is not None else {}  # none given: the checkpoint's
         try:
             self.model = load_whole(
-                AutoModelForSequenceClassification.from_pretrained, path, "reward model", ctx.strict, **kwargs
+                AutoModelForSequenceClassification.from_pretrained,
+                path,
+                "reward model",
+                ctx.strict,
+                new_head=(),
+                trust_remote_code=ctx.trust_remote_code,
+                use_safetensors=has_safetensors,
+                **dtype,
             )
         except ModelFolderError as err:
             raise RewardError(str(err)) from None
@@ -102,8 +119,13 @@ class ModelSource(RewardSource):
 
     @classmethod
     def from_model(
-        cls, model, tokenizer, name: str = "reward_model", ctx: SourceContext | None = None, input: str = "tokens"
-    ) -> "ModelSource":
+        cls,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        name: str = "reward_model",
+        ctx: SourceContext | None = None,
+        input: Literal["text", "tokens"] = "tokens",
+    ) -> ModelSource:
         """A source from a sequence-classification model object (one label), used as given (frozen, eval mode,
         moved to `ctx.device`), and the tokenizer its inputs are written in (copied: its padding settings are
         changed). `input` as `reward.sources[].input`: `tokens` reads the policy's sampled ids (then `tokenizer`
@@ -156,9 +178,11 @@ class ModelSource(RewardSource):
                     f"reward model `{self.name}` reads token ids (input: tokens); call it with "
                     "token_ids=[prompt ids + response ids, ...]"
                 )
-            items, score = token_ids, self.score_ids
-        else:
-            items, score = [p + c for p, c in zip(prompts, completions)], self.score_texts
+            return self._in_batches(token_ids, self.score_ids)
+        return self._in_batches([p + c for p, c in zip(prompts, completions)], self.score_texts)
+
+    def _in_batches(self, items: list[Item], score: Callable[[list[Item]], torch.Tensor]) -> list[float]:
+        """`score` over `items` in batches of `batch_size` (0: all at once)."""
         step = self.batch_size or max(1, len(items))
         scores: list[float] = []
         for k in range(0, len(items), step):
@@ -203,8 +227,15 @@ def sequence_scores(
     """(N,) score of each right-padded sequence (N, L): a decoder's `score` head read at the last real token
     (`decoder_head`), else the classifier's `logits[:, 0]`. `lmppo reward-model` trains through this same read."""
     if decoder_head:
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
+        hidden = _submodule(model, "base_model")(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
         last = (attention_mask.sum(dim=-1) - 1).clamp(min=0)  # (N,) index of the last real token
         hidden_last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (N, H)
-        return model.score(hidden_last)[:, 0]  # (N,)
+        return _submodule(model, "score")(hidden_last)[:, 0]  # (N,)
     return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]  # (N,)
+
+
+def _submodule(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """`model.<name>` (a decoder's `base_model` trunk or its `score` head), checked to be a module."""
+    found = getattr(model, name)
+    assert isinstance(found, torch.nn.Module), f"{type(model).__name__}.{name} is not a module"
+    return found

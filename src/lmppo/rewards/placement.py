@@ -6,13 +6,23 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence, TypeGuard, Union
 
 import torch
 
-DECODE_KWARGS: dict[str, Any] = {"skip_special_tokens": True}
-"""How a completion's tokens become its text. The rollout must decode ``responses_text`` the same way
-(``decode_completion``), otherwise span offsets would point into a different string."""
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+SKIP_SPECIAL_TOKENS = True
+"""How a completion's tokens become its text (`decode(..., skip_special_tokens=True)`). The rollout must decode
+``responses_text`` the same way (``decode_completion``), otherwise span offsets would point into a different
+string."""
+Span = tuple[int, int, float]
+"""(start_char, end_char, value): a score on the characters [start, end) of the completion."""
+ParsedOutput = Union[
+    tuple[Literal["scalar"], float], tuple[Literal["tokens"], list[float]], tuple[Literal["spans"], list[Span]]
+]
+"""One response's output as `parse_output` checked it: a score, per-token scores, or spans."""
 
 SPAN_PLACEMENTS = ("last", "spread")
 
@@ -21,9 +31,11 @@ class BadOutput(ValueError):
     """One response's reward output cannot be used (message says why)."""
 
 
-def decode_completion(tokenizer: Any, ids: Sequence[int]) -> str:
+def decode_completion(tokenizer: PreTrainedTokenizerBase, ids: Sequence[int]) -> str:
     """The completion text of response tokens ``ids`` (stop token and padding already removed)."""
-    return tokenizer.decode(list(ids), **DECODE_KWARGS)
+    text = tokenizer.decode(list(ids), skip_special_tokens=SKIP_SPECIAL_TOKENS)
+    assert isinstance(text, str), "one sequence of ids decodes to one string"
+    return text
 
 
 def _common_prefix_len(a: str, b: str, hint: int) -> int:
@@ -36,7 +48,10 @@ def _common_prefix_len(a: str, b: str, hint: int) -> int:
 
 
 def token_char_offsets(
-    tokenizer: Any, response_ids: Sequence[int], text: str | None = None, has_stop: bool | None = None
+    tokenizer: PreTrainedTokenizerBase,
+    response_ids: Sequence[int],
+    text: str | None = None,
+    has_stop: bool | None = None,
 ) -> list[tuple[int, int]]:
     """Each response token's ``(start, end)`` character range in the completion text.
 
@@ -64,7 +79,9 @@ def token_char_offsets(
             f"the completion text {text[:60]!r} is not the decoding of its tokens ({full[:60]!r}); "
             "decode responses with lmppo.rewards.placement.decode_completion"
         )
-    prefixes = tokenizer.batch_decode([text_ids[:k] for k in range(1, len(text_ids) + 1)], **DECODE_KWARGS)
+    prefixes = tokenizer.batch_decode(
+        [text_ids[:k] for k in range(1, len(text_ids) + 1)], skip_special_tokens=SKIP_SPECIAL_TOKENS
+    )
     offsets: list[tuple[int, int]] = []
     done = 0  # characters of `full` fully produced by the tokens so far
     for prefix in prefixes:
@@ -83,18 +100,19 @@ def token_char_offsets(
 # ----------------------------------------------------------------------------- one output
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> TypeGuard[numbers.Real]:
     return isinstance(x, numbers.Real)
 
 
-def _to_plain(x: Any) -> Any:
+def _to_plain(x: object) -> object:
     """Tensors and numpy arrays as Python numbers / lists."""
     if isinstance(x, torch.Tensor) or type(x).__module__ == "numpy":
-        return x.tolist() if hasattr(x, "tolist") else x
+        to_list = getattr(x, "tolist", None)
+        return to_list() if callable(to_list) else x
     return x
 
 
-def _finite(x: Any, what: str) -> float:
+def _finite(x: object, what: str) -> float:
     if not _is_number(x):
         raise BadOutput(f"{what} is {x!r} of type {type(x).__name__}, not a number")
     v = float(x)
@@ -103,7 +121,7 @@ def _finite(x: Any, what: str) -> float:
     return v
 
 
-def parse_output(out: Any, num_tokens: int, text_len: int | None) -> tuple[str, Any]:
+def parse_output(out: object, num_tokens: int, text_len: int | None) -> ParsedOutput:
     """Check one response's output; return ``("scalar", v)``, ``("tokens", [v...])`` or ``("spans", [...])``.
 
     ``num_tokens``: real response tokens (stop token included); ``text_len``: characters of the completion
@@ -128,7 +146,7 @@ def parse_output(out: Any, num_tokens: int, text_len: int | None) -> tuple[str, 
                 "parameter: re-encoding the text need not give back the sampled tokens)"
             )
         return "tokens", [_finite(x, f"per-token score [{j}]") for j, x in enumerate(items)]
-    spans = []
+    spans: list[Span] = []
     for j, s in enumerate(items):
         if not (isinstance(s, (list, tuple)) and len(s) == 3):
             raise BadOutput(
@@ -153,38 +171,37 @@ def parse_output(out: Any, num_tokens: int, text_len: int | None) -> tuple[str, 
     return "spans", spans
 
 
-def _short(x: Any, n: int = 80) -> str:
+def _short(x: object, n: int = 80) -> str:
     r = repr(x)
     return r if len(r) <= n else r[: n - 3] + "..."
 
 
 def place_one(
-    kind: str,
-    payload: Any,
+    parsed: ParsedOutput,
     num_tokens: int,
     width: int,
     offsets: Sequence[tuple[int, int]] | None = None,
     span_placement: str = "last",
 ) -> torch.Tensor:
-    """(width,) float32 scores of one response from a parsed output (see ``parse_output``)."""
+    """(width,) float32 scores of one response from its parsed output (``parse_output``)."""
     row = torch.zeros(width, dtype=torch.float32)
-    if kind == "scalar":
-        row[num_tokens - 1] = payload
-    elif kind == "tokens":
-        row[:num_tokens] = torch.tensor(payload, dtype=torch.float32)
-    elif kind == "spans":
-        if payload and offsets is None:
-            raise ValueError("span outputs need the token offsets of the response")
+    if parsed[0] == "scalar":
+        row[num_tokens - 1] = parsed[1]
+    elif parsed[0] == "tokens":
+        row[:num_tokens] = torch.tensor(parsed[1], dtype=torch.float32)
+    else:
         if span_placement not in SPAN_PLACEMENTS:
             raise ValueError(f"span_placement {span_placement!r}: must be one of {SPAN_PLACEMENTS}")
-        for start, end, value in payload:
+        if not parsed[1]:
+            return row
+        if offsets is None:
+            raise ValueError("span outputs need the token offsets of the response")
+        for start, end, value in parsed[1]:
             tokens = _tokens_covering(offsets, start, end, num_tokens)
             if span_placement == "last":
                 row[tokens[-1]] += value
             else:
                 row[tokens] += value / len(tokens)
-    else:
-        raise ValueError(f"unknown output kind {kind!r}")
     return row
 
 
@@ -201,7 +218,7 @@ def _tokens_covering(offsets: Sequence[tuple[int, int]], start: int, end: int, n
 
 
 def place_scores(
-    outputs: Sequence[Any],
+    outputs: Sequence[object],
     response_mask: torch.Tensor,
     offsets: Sequence[Sequence[tuple[int, int]] | None] | None = None,
     span_placement: str = "last",
@@ -221,9 +238,9 @@ def place_scores(
         off = offsets[i] if offsets is not None else None
         text_len = max((b for _, b in off), default=0) if off is not None else None
         try:
-            kind, payload = parse_output(out, lengths[i], text_len)
+            parsed = parse_output(out, lengths[i], text_len)
         except BadOutput as err:
             raise ValueError(f"sample {i}: {err}") from None
-        rows.append(place_one(kind, payload, lengths[i], mask.shape[1], off, span_placement))
+        rows.append(place_one(parsed, lengths[i], mask.shape[1], off, span_placement))
     scores = torch.stack(rows) if rows else torch.zeros(mask.shape, dtype=torch.float32)
     return scores.to(response_mask.device) * mask

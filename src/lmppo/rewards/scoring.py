@@ -157,14 +157,14 @@ def _score_source(source: RewardSource, batch: ScoredBatch, offsets: SpanOffsets
     outputs = _call_source(source, batch, verdicts)
     for i, out in enumerate(outputs or []):
         try:
-            kind, payload = parse_output(out, batch.lengths[i], len(batch.completions[i]))
+            parsed = parse_output(out, batch.lengths[i], len(batch.completions[i]))
         except BadOutput as err:
             verdicts.bad(source, i, f"{err} (value {_short(out)})")
             continue
-        off = offsets(i) if kind == "spans" and payload else None
-        placed.rows[i] = place_one(kind, payload, batch.lengths[i], batch.width, off, source.span_placement)
-        if kind == "scalar":
-            placed.scalar[i] = payload
+        off = offsets(i) if parsed[0] == "spans" and parsed[1] else None
+        placed.rows[i] = place_one(parsed, batch.lengths[i], batch.width, off, source.span_placement)
+        if parsed[0] == "scalar":
+            placed.scalar[i] = parsed[1]
     return placed
 
 

@@ -9,10 +9,16 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Literal, Optional
 
 from lmppo.config import RewardSourceConfig
 from lmppo.registry import REWARD_SOURCES
+
+if TYPE_CHECKING:
+    import torch
+
+SpanPlacement = Literal["last", "spread"]
+"""`reward.sources[].span_placement` (`lmppo.config.RewardSourceConfig`)."""
 
 
 @dataclass
@@ -29,9 +35,9 @@ class SourceContext:
     """Refuse a reward model whose weights do not match its config.json whole (`model.strict`)."""
     batch_size: int = 0
     """Sequences per reward-model forward pass; 0 means the whole batch."""
-    dtype: Any = None
+    dtype: Optional[torch.dtype] = None
     """torch dtype for reward models; None keeps the checkpoint's (float32 for most small models)."""
-    autocast_dtype: Any = None
+    autocast_dtype: Optional[torch.dtype] = None
     """Run reward-model forward passes under autocast to this dtype (`torch.bfloat16` with `precision: bf16`,
     like the policy's passes); None: no autocast. Scores are returned in float32 either way."""
     resolve_path: Callable[[str], str] | None = None
