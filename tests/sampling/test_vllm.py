@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 import pytest
 import torch
+from torch import nn
 
 from conftest import PROMPTS, small_config, tiny_llama
 from lmppo.config import Config, ModelConfig, RolloutConfig, field_docs
@@ -22,7 +23,14 @@ from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import prepare_policy
 from lmppo.sampling import vllm as vllm_backend
 from lmppo.sampling.native import response_seed
-from lmppo.sampling.vllm import VLLMSampler, engine_kwargs, engine_weights, outputs_to_responses, pure_sampling_kwargs
+from lmppo.sampling.vllm import (
+    VLLMSampler,
+    engine_kwargs,
+    engine_weights,
+    merged_lora_layer,
+    outputs_to_responses,
+    pure_sampling_kwargs,
+)
 
 STOP, PAD = 2, 0  # the test tokenizer's eos and pad ids
 
@@ -459,3 +467,22 @@ def test_trainer_samples_with_the_engine_and_syncs_lora_weights(
     first, last = dict(llm.model.loads[0])[q], dict(llm.model.loads[2])[q]
     assert not torch.equal(first, last)  # training moved the adapter, and the engine got the new merged weight
     assert llm.calls.count(("sleep", 1)) == 3 and llm.calls.count(("wake_up", ("weights",))) == 2
+
+
+def test_a_lora_bias_on_a_layer_without_one_is_one_error():
+    """peft accepts `lora_bias=True` on a bias-less linear layer (with a warning); vLLM's model has no bias there
+    to load the merged one into: one LmppoError (before: a TypeError adding to None)."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+
+    class Projection(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(4, 3, bias=False)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # peft's "merging LoRA weights won't be possible"
+        model = get_peft_model(Projection(), LoraConfig(r=2, target_modules=["proj"], lora_bias=True))
+    with pytest.raises(LmppoError, match=r"adapter `default` trains a bias \(lora_bias\) on a layer without one"):
+        merged_lora_layer(model.base_model.model.proj)

@@ -78,8 +78,11 @@ class DecodeGraphs:
         batch = round_up(B, BATCH_BUCKETS, 64)
         prompt_len = round_up(P, (), PROMPT_MULTIPLE)
         weights = tuple(p.data_ptr() for p in model.parameters())
-        key = (id(model), hash(weights), batch, prompt_len, max_new_tokens, float(temperature))
-        key += (tuple(stop_ids.tolist()), int(pad_id), _autocast_state())  # the cache's dtype follows autocast
+        key = (id(model), hash(weights), batch, prompt_len, max_new_tokens, float(temperature)) + (
+            tuple(stop_ids.tolist()),
+            int(pad_id),
+            _autocast_state(),  # the cache's dtype follows autocast
+        )
         inputs = pad_batch(prompt_ids, prompt_mask, seeds, batch, prompt_len, pad_id)
         with _autocast_without_cache():
             if key in self.entries:

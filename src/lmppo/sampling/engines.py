@@ -5,7 +5,7 @@ Design notes: docs/design.md, `lmppo.sampling.engines`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -17,6 +17,9 @@ from lmppo.sampling.cuda_graphs import DecodeGraphs
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, sample_native
 from lmppo.sampling.turns import CachedTurns, RepeatedPrefill, TurnSampler
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 Responses = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 """response_ids (B, T), response_mask (B, T) bool, terminated (B,) bool, truncated (B,) bool."""
@@ -43,6 +46,21 @@ class OneProcess:
     is_main_process: bool = True
 
 
+class ProcessLayout(Protocol):
+    """What an engine reads of the accelerator (accelerate's `Accelerator`, or `OneProcess`)."""
+
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def process_index(self) -> int: ...
+    @property
+    def local_process_index(self) -> int: ...
+    @property
+    def num_processes(self) -> int: ...
+    @property
+    def is_main_process(self) -> bool: ...
+
+
 class SamplingEngine:
     """One way to sample responses. Built once per run, after every model is loaded, from the run's config, the
     stop token ids, the pad id and the accelerator (device and process layout)."""
@@ -53,7 +71,7 @@ class SamplingEngine:
     (the initial policy, a loaded checkpoint). False for an engine that holds its own copy of one model's weights
     (vLLM): evaluation then samples only the trained policy with it, or refuses (`lmppo eval`)."""
 
-    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: ProcessLayout):
         self.config, self.stop_ids, self.pad_id, self.accelerator = config, stop_ids, pad_id, accelerator
 
     @classmethod
@@ -101,7 +119,7 @@ class NativeEngine(SamplingEngine):
     linear weights in the autocast dtype, adapters folded in), refreshed at every rollout; under DeepSpeed the policy
     itself (its weights are gathered for generation)."""
 
-    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: ProcessLayout):
         super().__init__(config, stop_ids, pad_id, accelerator)
         self.weights = SamplingWeights()
         self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
@@ -129,9 +147,9 @@ class HFEngine(SamplingEngine):
     draws from the global torch RNG (the seeds are not used); `rollout.generation_kwargs` apply here only. With
     LoRA on CPU it generates from the same folded sampling copy as the native engine."""
 
-    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: ProcessLayout):
         super().__init__(config, stop_ids, pad_id, accelerator)
-        self.gen_config: Optional[Any] = None  # built at the first rollout (its probe runs the policy)
+        self.gen_config: Optional[GenerationConfig] = None  # built at the first rollout (its probe runs the policy)
         self.weights = SamplingWeights()
         self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
 
@@ -152,7 +170,7 @@ class VLLMEngine(SamplingEngine):
 
     samples_any_model = False  # its engine holds the policy's weights, synced with what training changes
 
-    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any):
+    def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: ProcessLayout):
         super().__init__(config, stop_ids, pad_id, accelerator)
         self.sampler: Optional[vllm_backend.VLLMSampler] = None
 
@@ -174,7 +192,7 @@ def check_sampling_engine(config: Config) -> None:
 
 
 def build_sampling_engine(
-    name: str, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: Any
+    name: str, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: ProcessLayout
 ) -> SamplingEngine:
     return engine_class(name)(config, stop_ids, pad_id, accelerator)
 

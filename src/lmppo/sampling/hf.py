@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import warnings
 from contextlib import contextmanager
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -31,6 +31,9 @@ from lmppo.config.sampling_settings import (  # noqa: F401  (re-exported: the se
 from lmppo.core.masking import stop_token_mask
 from lmppo.errors import LmppoError
 
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
+
 
 def pure_sampling_config(
     model: nn.Module,
@@ -39,7 +42,7 @@ def pure_sampling_config(
     stop_ids: Sequence[int],
     pad_id: int,
     extra: Optional[dict] = None,
-):
+) -> GenerationConfig:
     """A GenerationConfig for pure sampling at `temperature` (plus the user's `extra` settings, already checked
     by `check_generation_kwargs`). Unless `extra` bends the distribution on purpose, a two-token probe with
     `model` verifies that transformers samples from softmax(logits / temperature) (see `verify_pure_sampling`)."""
@@ -62,23 +65,22 @@ def pure_sampling_config(
 
 
 @contextmanager
-def neutral_generation_config(model: nn.Module, gen_config) -> Iterator[None]:
+def neutral_generation_config(model: nn.Module, gen_config: GenerationConfig) -> Iterator[None]:
     """Inside the block the model's own generation_config holds only the stop and pad ids, so none of its
     sampling defaults can be merged into `gen_config` by `generate`; the original is restored afterwards."""
     from transformers import GenerationConfig
 
     original = getattr(model, "generation_config", None)
-    model.generation_config = GenerationConfig(
-        eos_token_id=gen_config.eos_token_id, pad_token_id=gen_config.pad_token_id
-    )
+    neutral = GenerationConfig(eos_token_id=gen_config.eos_token_id, pad_token_id=gen_config.pad_token_id)
+    setattr(model, "generation_config", neutral)  # a transformers model's attribute, not an nn.Module's
     try:
         yield
     finally:
-        model.generation_config = original
+        setattr(model, "generation_config", original)
 
 
 @torch.no_grad()
-def verify_pure_sampling(model: nn.Module, gen_config) -> None:
+def verify_pure_sampling(model: nn.Module, gen_config: GenerationConfig) -> None:
     """Generate two tokens with `gen_config` and check the scores transformers samples from are exactly the raw
     logits / temperature (no top-k/top-p mask, no penalty, no forced or suppressed token). Raises LmppoError
     naming the offending tokens otherwise. The global RNG is left untouched."""
@@ -89,7 +91,7 @@ def verify_pure_sampling(model: nn.Module, gen_config) -> None:
     ids = torch.arange(1, 5, device=device)[None]  # a few distinct tokens: a repetition penalty would show
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), neutral_generation_config(model, probe):
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=probe)
+        out = getattr(model, "generate")(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=probe)
     temperature = gen_config.temperature or 1.0
     for step, (scores, logits) in enumerate(zip(out.scores, out.logits)):
         expected = logits.float() / temperature
@@ -126,17 +128,18 @@ def sample_responses(
     policy: nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
-    gen_config,
+    gen_config: GenerationConfig,
     stop_ids: torch.Tensor,
     max_new_tokens: int,
-):
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Generate one response per prompt.
 
     Returns response_ids (B, T) with padding after the first stop token, response_mask (B, T) bool,
     terminated (B,) bool (stop token produced) and truncated (B,) bool (hit max_new_tokens without it).
     """
     with neutral_generation_config(policy, gen_config):
-        out = policy.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_config)
+        generate = getattr(policy, "generate")  # a transformers (or peft) model's, not an nn.Module's
+        out = generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=gen_config)
     response_ids = out[:, prompt_ids.shape[1] :]
     response_mask, terminated = stop_token_mask(response_ids, stop_ids)
     response_ids = torch.where(response_mask, response_ids, torch.full_like(response_ids, gen_config.pad_token_id))

@@ -155,22 +155,55 @@ def _lora_parts(module: nn.Module) -> Optional[list[tuple[torch.Tensor, torch.Te
         return None
     if getattr(module, "disable_adapters", False):
         return []
+    lora_a, lora_b = module_dict(module, "lora_A"), module_dict(module, "lora_B")
+    scaling: dict[str, float] = getattr(module, "scaling")
+    active: list[str] = getattr(module, "active_adapters")
     return [
-        (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
-        for name in module.active_adapters
-        if name in module.lora_A
+        (parameter(lora_a[name], "weight"), parameter(lora_b[name], "weight"), float(scaling[name]))
+        for name in active
+        if name in lora_a
     ]
+
+
+# peft's LoRA layers and transformers' models keep their parts as attributes, which nn.Module types as
+# `Tensor | Module`: these read them with their type checked
+def parameter(module: nn.Module, name: str) -> torch.Tensor:
+    """`module.<name>`, a weight (a tensor)."""
+    value = getattr(module, name)
+    assert isinstance(value, torch.Tensor), f"{type(module).__name__}.{name} is not a tensor"
+    return value
+
+
+def optional_parameter(module: nn.Module, name: str) -> Optional[torch.Tensor]:
+    """`module.<name>`, a tensor or None (a bias)."""
+    value = getattr(module, name, None)
+    assert value is None or isinstance(value, torch.Tensor), f"{type(module).__name__}.{name} is not a tensor"
+    return value
+
+
+def submodule(module: nn.Module, name: str) -> nn.Module:
+    """`module.<name>`, a module (a LoRA layer's `base_layer`)."""
+    value = getattr(module, name)
+    assert isinstance(value, nn.Module), f"{type(module).__name__}.{name} is not a module"
+    return value
+
+
+def module_dict(module: nn.Module, name: str) -> nn.ModuleDict:
+    """`module.<name>`, a ModuleDict by adapter name (a LoRA layer's `lora_A`, `lora_B`, `lora_dropout`)."""
+    value = getattr(module, name)
+    assert isinstance(value, nn.ModuleDict), f"{type(module).__name__}.{name} is not a ModuleDict"
+    return value
 
 
 def _foldable(module: nn.Module) -> bool:
     """A LoRA layer around a floating-point nn.Linear that a weight fold reproduces exactly: no DoRA, not merged, no
     dropout active, weights not transposed (GPT-2's Conv1D)."""
-    base = module.base_layer
-    dropout_on = any(d.training and getattr(d, "p", 0.0) > 0 for d in module.lora_dropout.values())
+    base = submodule(module, "base_layer")
+    dropout_on = any(d.training and getattr(d, "p", 0.0) > 0 for d in module_dict(module, "lora_dropout").values())
     dora = any(getattr(module, "use_dora", {}).values())
     return (
         type(base) is nn.Linear
-        and base.weight.is_floating_point()
+        and parameter(base, "weight").is_floating_point()
         and not dropout_on
         and not dora
         and not getattr(module, "merged", False)
@@ -225,6 +258,7 @@ class SamplingWeights:
             if not self._build(model, dtype, working):
                 return model
         self._refresh()  # every call: fused optimizers update in place without bumping tensor versions
+        assert self.copy is not None, "_build made the copy"
         reuse_frozen_casts(self.copy, enabled=self.keep_casts and self.dtype is not None)  # under autocast
         return self.copy
 
@@ -245,15 +279,17 @@ class SamplingWeights:
         clone = copy.deepcopy(model, memo=shared)  # new modules around the same parameters and buffers
         layers = []
         for name, m in targets:
-            base = m.base_layer if _lora_parts(m) is not None else m
+            base = submodule(m, "base_layer") if _lora_parts(m) is not None else m
+            weight = parameter(base, "weight")
             # built on the meta device, then given empty storage: no random init, the global RNG is left untouched
+            out_features, in_features = weight.shape
             plain = nn.Linear(
-                base.in_features,
-                base.out_features,
-                bias=base.bias is not None,
+                in_features,
+                out_features,
+                bias=optional_parameter(base, "bias") is not None,
                 device="meta",
-                dtype=dtype or base.weight.dtype,
-            ).to_empty(device=base.weight.device)
+                dtype=dtype or weight.dtype,
+            ).to_empty(device=weight.device)
             plain.requires_grad_(False)
             parent_name, _, attr = name.rpartition(".")
             setattr(clone.get_submodule(parent_name) if parent_name else clone, attr, plain)
@@ -265,11 +301,12 @@ class SamplingWeights:
     def _refresh(self) -> None:
         for layer, plain in self.layers:
             parts = _lora_parts(layer) or []  # [] for a plain linear layer or switched-off adapters
-            base = layer.base_layer if hasattr(layer, "base_layer") else layer
-            weight = base.weight.float()
+            base = submodule(layer, "base_layer") if hasattr(layer, "base_layer") else layer
+            weight = parameter(base, "weight").float()
             for a, b, scale in parts:
                 weight = weight + scale * (b.float() @ a.float())
             plain.weight.copy_(weight)
-            if base.bias is not None:
-                plain.bias.copy_(base.bias)
+            bias = optional_parameter(base, "bias")
+            if bias is not None:
+                plain.bias.copy_(bias)
         self.refreshes += 1

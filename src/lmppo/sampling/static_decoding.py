@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from transformers import StaticCache
 
-from lmppo.models.loading import position_ids_from_mask
+from lmppo.models.loading import hf_model, position_ids_from_mask
 from lmppo.sampling.noise import gumbel_argmax
 
 
@@ -59,7 +59,7 @@ class StaticDecoder:
         self.model, self.batch, self.prompt_len, self.max_new_tokens = model, batch, prompt_len, max_new_tokens
         self.temperature, self.pad_id = float(temperature), int(pad_id)
         length = prompt_len + max_new_tokens
-        self.cache = StaticCache(config=model.config, max_cache_len=length)
+        self.cache = StaticCache(config=hf_model(model).config, max_cache_len=length)
         self.stop = stop_ids.to(device=device, dtype=torch.long)  # (S,)
         self.mask = torch.zeros(batch, length, dtype=torch.bool, device=device)  # (B, P + T) attended columns
         self.token = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) last sampled token

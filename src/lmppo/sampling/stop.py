@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from lmppo.errors import ConfigError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-def stop_token_ids(stop: str, tokenizer: Any, device: Optional[torch.device] = None) -> torch.Tensor:
+
+def stop_token_ids(
+    stop: str, tokenizer: PreTrainedTokenizerBase, device: Optional[torch.device] = None
+) -> torch.Tensor:
     """(S,) the ids of `rollout.stop_token`: `eos` the tokenizer's eos ids, `none` no stop token, otherwise a token
     of the tokenizer (its name, e.g. `<|im_end|>`, or a text that encodes to exactly one token)."""
     if stop == "none":
@@ -20,7 +25,8 @@ def stop_token_ids(stop: str, tokenizer: Any, device: Optional[torch.device] = N
             raise ConfigError("rollout.stop_token", stop, "the tokenizer has no eos token; name a token string")
         ids = [eos] if isinstance(eos, int) else list(eos)
     else:
-        tid = tokenizer.convert_tokens_to_ids(stop)
+        found = tokenizer.convert_tokens_to_ids(stop)  # one token's id for one token string
+        tid = found if isinstance(found, int) else None
         if tid is None or tid == tokenizer.unk_token_id:
             encoded = tokenizer.encode(stop, add_special_tokens=False)
             if len(encoded) != 1:

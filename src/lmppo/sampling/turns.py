@@ -75,7 +75,7 @@ class CachedTurns:
         self.attention = torch.zeros(B, 0, dtype=torch.long, device=self.device)
         self.next_position = torch.zeros(B, dtype=torch.long, device=self.device)
         self.past = None
-        logits = self._feed(list(prompts))
+        logits = self._feed([list(p) for p in prompts])
         return self._sample_turn(logits, torch.ones(B, dtype=torch.bool, device=self.device), 0)
 
     @torch.no_grad()

@@ -9,13 +9,14 @@ import os
 import re
 import socket
 from contextlib import ExitStack
-from typing import Any, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Protocol, Sequence
 
 import torch
 from torch import nn
 
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import hf_model
+from lmppo.sampling.native import module_dict, optional_parameter, parameter
 
 TARGET_VLLM = "0.10 / 0.11"
 OTHER_BACKENDS = "use rollout.backend `native` (the default) or `hf` on this machine"
@@ -85,11 +86,68 @@ def pure_sampling_kwargs(temperature: float, max_new_tokens: int, stop_ids: Sequ
     }
 
 
+# ----------------------------------------------------------------------------- what lmppo reads of vLLM (untyped)
+
+
+class CompletionOutput(Protocol):
+    """`vllm.CompletionOutput`: one sampled response."""
+
+    @property
+    def token_ids(self) -> Sequence[int]: ...
+    @property
+    def finish_reason(self) -> Optional[str]: ...
+
+
+class RequestOutput(Protocol):
+    """`vllm.RequestOutput`: the responses to one prompt (lmppo asks for one)."""
+
+    @property
+    def outputs(self) -> Sequence[CompletionOutput]: ...
+
+
+Weights = list[tuple[str, torch.Tensor]]
+"""(HF parameter name, tensor) pairs, as `load_weights` takes them."""
+
+
+class LoadsWeights(Protocol):
+    def load_weights(self, weights: Weights) -> object: ...
+
+
+class ModelRunner(Protocol):
+    @property
+    def model(self) -> LoadsWeights: ...
+
+
+class Worker(Protocol):
+    """The (in-process) vLLM worker `LLM.collective_rpc` runs a function on."""
+
+    @property
+    def model_runner(self) -> ModelRunner: ...
+
+
+class MakesSamplingParams(Protocol):
+    """`vllm.SamplingParams`, built from `pure_sampling_kwargs`."""
+
+    def __call__(self, **kwargs: object) -> object: ...
+
+
+class Engine(Protocol):
+    """What lmppo calls of a `vllm.LLM`."""
+
+    def generate(
+        self, prompts: list[dict[str, list[int]]], *, sampling_params: list[object], use_tqdm: bool
+    ) -> Sequence[RequestOutput]: ...
+    def collective_rpc(self, method: Callable[[Worker, Weights], object], *, args: tuple[Weights]) -> object: ...
+    def sleep(self, *, level: int) -> None: ...
+    def wake_up(self, *, tags: list[str]) -> None: ...
+    def reset_prefix_cache(self) -> object: ...
+
+
 # ----------------------------------------------------------------------------- outputs -> response tensors
 
 
 def outputs_to_responses(
-    outputs: Sequence[Any],
+    outputs: Sequence[RequestOutput],
     stop_ids: Sequence[int],
     max_new_tokens: int,
     pad_id: int,
@@ -175,24 +233,36 @@ def engine_weights(policy: nn.Module, changed_only: bool = False) -> Iterator[tu
 def merged_lora_layer(module: nn.Module) -> tuple[torch.Tensor, Optional[torch.Tensor], bool]:
     """(weight, bias, whether an adapter trains the bias) of a PEFT LoRA layer with its active adapters merged:
     W + sum over adapters of scale * B @ A (PEFT's own `get_delta_weight`), computed without touching the layer."""
-    base_layer = module.get_base_layer()
-    weight = base_layer.weight.detach()
-    bias = base_layer.bias.detach() if getattr(base_layer, "bias", None) is not None else None
+    get_base_layer: Callable[[], nn.Module] = getattr(module, "get_base_layer")
+    base_layer = get_base_layer()
+    weight = parameter(base_layer, "weight").detach()
+    base_bias = optional_parameter(base_layer, "bias")
+    bias = base_bias.detach() if base_bias is not None else None
     bias_trained = False
-    if module.merged or module.disable_adapters:  # merged: already in the base weight; disabled: not applied
+    if getattr(module, "merged") or getattr(module, "disable_adapters"):  # merged: in the base weight; disabled: off
         return weight, bias, bias_trained
-    for adapter in module.active_adapters:
-        if adapter not in module.lora_A and adapter not in getattr(module, "lora_embedding_A", {}):
+    lora_a, lora_b = module_dict(module, "lora_A"), module_dict(module, "lora_B")
+    delta_weight: Callable[[str], torch.Tensor] = getattr(module, "get_delta_weight")
+    scaling: dict[str, float] = getattr(module, "scaling")
+    active: list[str] = getattr(module, "active_adapters")
+    for adapter in active:
+        if adapter not in lora_a and adapter not in getattr(module, "lora_embedding_A", {}):
             continue
-        if adapter in getattr(module, "lora_variant", {}):
+        variants = getattr(module, "lora_variant", {})
+        if adapter in variants:
             raise LmppoError(
                 f"the vLLM backend merges plain LoRA adapters; adapter `{adapter}` of this policy is a "
-                f"variant ({type(module.lora_variant[adapter]).__name__}, e.g. DoRA) that it cannot "
+                f"variant ({type(variants[adapter]).__name__}, e.g. DoRA) that it cannot "
                 "merge; use rollout.backend `native` or `hf`"
             )
-        weight = weight + module.get_delta_weight(adapter).to(weight.dtype)
+        weight = weight + delta_weight(adapter).to(weight.dtype)
         if getattr(module, "lora_bias", {}).get(adapter, False):
-            bias = bias + (module.lora_B[adapter].bias * module.scaling[adapter]).to(bias.dtype)
+            if bias is None:
+                raise LmppoError(
+                    f"adapter `{adapter}` trains a bias (lora_bias) on a layer without one: the vLLM model has no "
+                    "bias there to load it into; use rollout.backend `native` or `hf`"
+                )
+            bias = bias + (parameter(lora_b[adapter], "bias") * scaling[adapter]).to(bias.dtype)
             bias_trained = True
     return weight.detach(), bias.detach() if bias is not None else None, bias_trained
 
@@ -214,7 +284,7 @@ def _owning_lora_layer(param_name: str, lora_layers: dict) -> Optional[str]:
     return None
 
 
-def _load_weights_on_worker(worker: Any, weights: list) -> Any:
+def _load_weights_on_worker(worker: Worker, weights: Weights) -> object:
     """Run by `LLM.collective_rpc` on the (in-process) vLLM worker: load HF-named weights into its model."""
     return worker.model_runner.model.load_weights(weights=weights)
 
@@ -230,8 +300,8 @@ class VLLMSampler:
 
     def __init__(
         self,
-        llm: Any,
-        sampling_params_cls: Any,
+        llm: Engine,
+        sampling_params_cls: MakesSamplingParams,
         *,
         temperature: float,
         max_new_tokens: int,
@@ -305,7 +375,7 @@ class VLLMSampler:
         """Load the policy's weights into the engine's model (everything on the first call, then what training
         changes; see `engine_weights`), in calls of at most about `chunk_bytes` each, so that merged LoRA weights
         never all exist at once."""
-        chunk: list[tuple[str, torch.Tensor]] = []
+        chunk: Weights = []
         size = 0
         for name, tensor in engine_weights(policy, changed_only=self.syncs > 0):
             chunk.append((name, tensor))
