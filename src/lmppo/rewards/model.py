@@ -30,6 +30,7 @@ from lmppo.models.files import (
     check_tokenizer_folder,
     load_whole,
 )
+from lmppo.models.parts import submodule
 from lmppo.rewards.sources import RewardSource, SourceContext, register_reward_source
 
 if TYPE_CHECKING:
@@ -227,15 +228,8 @@ def sequence_scores(
     """(N,) score of each right-padded sequence (N, L): a decoder's `score` head read at the last real token
     (`decoder_head`), else the classifier's `logits[:, 0]`. `lmppo reward-model` trains through this same read."""
     if decoder_head:
-        hidden = _submodule(model, "base_model")(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
+        hidden = submodule(model, "base_model")(input_ids=input_ids, attention_mask=attention_mask)[0]  # (N, L, H)
         last = (attention_mask.sum(dim=-1) - 1).clamp(min=0)  # (N,) index of the last real token
         hidden_last = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (N, H)
-        return _submodule(model, "score")(hidden_last)[:, 0]  # (N,)
+        return submodule(model, "score")(hidden_last)[:, 0]  # (N,)
     return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0]  # (N,)
-
-
-def _submodule(model: torch.nn.Module, name: str) -> torch.nn.Module:
-    """`model.<name>` (a decoder's `base_model` trunk or its `score` head), checked to be a module."""
-    found = getattr(model, name)
-    assert isinstance(found, torch.nn.Module), f"{type(model).__name__}.{name} is not a module"
-    return found

@@ -14,6 +14,7 @@ from torch import nn
 from lmppo.core.masking import stop_token_mask
 from lmppo.models.frozen_casts import reuse_frozen_casts
 from lmppo.models.loading import hf_model, position_ids_from_mask
+from lmppo.models.parts import module_dict, optional_parameter, parameter, submodule
 from lmppo.sampling.cuda_graphs import DecodeGraphs, static_sample
 from lmppo.sampling.noise import gumbel_argmax, seed_tensor
 from lmppo.sampling.static_decoding import supports_static_decoding
@@ -163,36 +164,6 @@ def _lora_parts(module: nn.Module) -> Optional[list[tuple[torch.Tensor, torch.Te
         for name in active
         if name in lora_a
     ]
-
-
-# peft's LoRA layers and transformers' models keep their parts as attributes, which nn.Module types as
-# `Tensor | Module`: these read them with their type checked
-def parameter(module: nn.Module, name: str) -> torch.Tensor:
-    """`module.<name>`, a weight (a tensor)."""
-    value = getattr(module, name)
-    assert isinstance(value, torch.Tensor), f"{type(module).__name__}.{name} is not a tensor"
-    return value
-
-
-def optional_parameter(module: nn.Module, name: str) -> Optional[torch.Tensor]:
-    """`module.<name>`, a tensor or None (a bias)."""
-    value = getattr(module, name, None)
-    assert value is None or isinstance(value, torch.Tensor), f"{type(module).__name__}.{name} is not a tensor"
-    return value
-
-
-def submodule(module: nn.Module, name: str) -> nn.Module:
-    """`module.<name>`, a module (a LoRA layer's `base_layer`)."""
-    value = getattr(module, name)
-    assert isinstance(value, nn.Module), f"{type(module).__name__}.{name} is not a module"
-    return value
-
-
-def module_dict(module: nn.Module, name: str) -> nn.ModuleDict:
-    """`module.<name>`, a ModuleDict by adapter name (a LoRA layer's `lora_A`, `lora_B`, `lora_dropout`)."""
-    value = getattr(module, name)
-    assert isinstance(value, nn.ModuleDict), f"{type(module).__name__}.{name} is not a ModuleDict"
-    return value
 
 
 def _foldable(module: nn.Module) -> bool:

@@ -16,7 +16,7 @@ from torch import nn
 
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import hf_model
-from lmppo.sampling.native import module_dict, optional_parameter, parameter
+from lmppo.models.parts import module_dict, optional_parameter, parameter
 
 TARGET_VLLM = "0.10 / 0.11"
 OTHER_BACKENDS = "use rollout.backend `native` (the default) or `hf` on this machine"

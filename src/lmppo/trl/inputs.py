@@ -9,7 +9,6 @@ import json
 import math
 from typing import TYPE_CHECKING, Iterator, NamedTuple, Protocol, Sequence
 
-import torch
 from tokenizers import Tokenizer
 from torch import nn
 from transformers import TrainingArguments
@@ -19,6 +18,7 @@ from lmppo.data.hf_datasets import is_hf_dataset
 from lmppo.data.prompts import load_prompt_records
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import hf_model
+from lmppo.models.parts import parameter
 from lmppo.trl.fields import DOCS
 
 if TYPE_CHECKING:
@@ -137,9 +137,7 @@ def internal_tokenizer(tokenizer: PreTrainedTokenizerBase, model: nn.Module) -> 
     before each forward pass, lmppo pads with an id the model has). A fast tokenizer's copy also drops that pad
     token, so its size fits the embedding (lmppo refuses a tokenizer with ids the model has no row for)."""
 
-    weight = hf_model(model).get_input_embeddings().weight  # (V, H); nn.Module types an attribute Tensor | Module
-    assert isinstance(weight, torch.Tensor), "an input embedding holds its weight"
-    rows = weight.shape[0]
+    rows = parameter(hf_model(model).get_input_embeddings(), "weight").shape[0]  # (V, H)
     pad = tokenizer.pad_token_id
     if pad is not None and pad < rows:
         return tokenizer
