@@ -1,6 +1,7 @@
 """What a reward model folder rewards besides sentiment: fragments, short and long sentences, the polarity corpus
-whole and cut to its first words, and PPO's case (held-out `builtin:polarity` prompts alone, and with a positive or
-a negative continuation). The figures of docs/stages.md ("Why the set is built this way") come from this script.
+whole and cut to its first words, and PPO's case (held-out `builtin:polarity-continuations` prompts alone, and with
+a positive or a negative continuation). The figures of docs/stages.md ("Why the set is built this way") come
+from this script.
 
     python benchmarks/tools/reward_model_probe.py runs/reward-model/model [--threads 1]
 
@@ -40,7 +41,7 @@ def main() -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from lmppo.core.bradley_terry import pair_accuracy_and_margin, pearson_correlation
-    from lmppo.data.preference_pairs import builtin_polarity_pairs
+    from lmppo.data.preference_pairs import builtin_polarity_continuation_pairs
     from lmppo.models.assets import polarity_sentences
     from lmppo.rewards.model import sequence_scores
     from lmppo.training.reward_model import split_pairs
@@ -78,13 +79,16 @@ def main() -> None:
         print(f"  cut to their first {n:2d} words: mean {float(cut.mean()):+.3f} ({by_label(cut)})")
     print(f"  whole: mean {float(whole.mean()):+.3f}")
 
-    _, held = split_pairs(builtin_polarity_pairs(), 30, 0)  # `lmppo reward-model`'s default held-out pairs
+    _, held = split_pairs(builtin_polarity_continuation_pairs(), 30, 0)  # `lmppo reward-model`'s held-out pairs
     chosen = scores([str(p.prompt) + str(p.chosen) for p in held])
     rejected = scores([str(p.prompt) + str(p.rejected) for p in held])
     accuracy, margin = pair_accuracy_and_margin(chosen, rejected)
     both = [str(p.prompt) + str(p.chosen) for p in held] + [str(p.prompt) + str(p.rejected) for p in held]
     r = pearson_correlation(torch.cat([chosen, rejected]), tokens(both))
-    print(f"builtin:polarity held-out pairs: accuracy {accuracy:.3f}, margin {margin:+.3f}, r(score, tokens) {r:+.3f}")
+    print(
+        f"builtin:polarity-continuations held-out pairs: accuracy {accuracy:.3f}, margin {margin:+.3f}, "
+        f"r(score, tokens) {r:+.3f}"
+    )
     alone = scores([str(p.prompt) for p in held])
     print(
         f"  prompts alone {float(alone.mean()):+.3f}; + positive continuation {float(chosen.mean()):+.3f}, "

@@ -7,17 +7,33 @@ import json
 
 import pytest
 
-from lmppo.data.preference_pairs import PreferencePair, builtin_polarity_pairs, load_preference_pairs, pair_texts
+from lmppo.data.preference_pairs import (
+    PreferencePair,
+    builtin_polarity_continuation_pairs,
+    builtin_polarity_pairs,
+    load_preference_pairs,
+    pair_texts,
+)
 from lmppo.errors import DataError
-from lmppo.models.assets import builtin_prompts, polarity_continuations
+from lmppo.models.assets import builtin_prompts, polarity_continuations, polarity_sentences
 
 
-def test_the_builtin_set_prefers_positive_continuations_under_the_recipes_prompts():
+def test_the_builtin_set_prefers_each_positive_sentence_to_a_negative_one():
+    pairs = load_preference_pairs("builtin:polarity")
+    texts, labels = polarity_sentences()
+    label = dict(zip(texts, labels))
+    assert len(pairs) == 100 == len(builtin_polarity_pairs())
+    assert all(label[p.chosen] == 1 and label[p.rejected] == 0 and p.prompt is None for p in pairs)
+    used = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    assert len(set(used)) == 200  # each sentence in one pair only: a held-out split shares none with training
+
+
+def test_the_continuation_set_prefers_positive_continuations_under_the_recipes_prompts():
     """Pairs as PPO will use the model: a prompt of `builtin:reviews`, a positive and a negative continuation of
     the same length (and completeness), the prompt's own continuation chosen in half the pairs, rejected in the
     other half; hundreds of pairs, not one per sentence."""
-    pairs = load_preference_pairs("builtin:polarity")
-    assert len(pairs) == len(builtin_polarity_pairs()) > 500
+    pairs = load_preference_pairs("builtin:polarity-continuations")
+    assert len(pairs) == len(builtin_polarity_continuation_pairs()) == 314  # not one pair per sentence
     prompts = set(builtin_prompts("reviews"))
     own = {(opening, " " + continuation): label for opening, continuation, label in polarity_continuations()}
     label_of = {}  # a side's text -> {(the label of the sentence it continues, whether it is all of the rest)}

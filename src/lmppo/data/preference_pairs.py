@@ -14,7 +14,7 @@ from typing import Any, Sequence, Union
 
 from lmppo.data.hf_datasets import dataset_format, is_hf_dataset, load_dataset_path
 from lmppo.errors import DataError
-from lmppo.models.assets import polarity_continuations
+from lmppo.models.assets import polarity_continuations, polarity_sentences
 
 Side = Union[str, list]
 """One side of a pair: a text, or a list of chat messages."""
@@ -27,13 +27,24 @@ class PreferencePair:
     prompt: Side | None = None
 
 
-POLARITY_PAIRS_PER_SENTENCE = 6
-"""`builtin:polarity`: how many negative continuations each positive one is paired with (about 600 pairs)."""
-
-
 def builtin_polarity_pairs() -> list[PreferencePair]:
-    """`builtin:polarity`: a reward model of positive sentiment, from the 200 labelled sentences of gensim's
-    `pang_lee_polarity.cor` (the corpus of the default recipe's prompts), shaped as PPO will use it.
+    """`builtin:polarity`: the 200 labelled sentences of gensim's `pang_lee_polarity.cor` (the corpus of the default
+    recipe's prompts) as 100 text pairs, the i-th positive sentence chosen over the i-th negative one (no prompt),
+    each sentence in one pair only: a reward model of positive sentiment. Whole sentences teach sentiment best
+    (docs/stages.md), but such a model never sees a fragment; `builtin:polarity-continuations` continues it."""
+    texts, labels = polarity_sentences()
+    positive = [t for t, label in zip(texts, labels) if label == 1]
+    negative = [t for t, label in zip(texts, labels) if label == 0]
+    return [PreferencePair(chosen=p, rejected=n) for p, n in zip(positive, negative)]
+
+
+POLARITY_PAIRS_PER_SENTENCE = 3
+"""`builtin:polarity-continuations`: how many negative continuations each positive one is paired with."""
+
+
+def builtin_polarity_continuation_pairs() -> list[PreferencePair]:
+    """`builtin:polarity-continuations`: the sentences of `builtin:polarity` shaped as PPO will use a reward model
+    of positive sentiment.
 
     Each labelled sentence is split as ``builtin:reviews`` splits it: its opening (a prompt of the default
     recipe) and its continuation, cut to 8-18 words (a checksum of the text picks the cut; the policy writes 24
@@ -42,7 +53,7 @@ def builtin_polarity_pairs() -> list[PreferencePair]:
     other half): only the continuation, what the policy writes, tells chosen from rejected. The two sides are
     length-matched (word counts at most one apart, both cut or both whole sentences), so length and completeness
     carry no preference. Each positive continuation is paired with up to `POLARITY_PAIRS_PER_SENTENCE` negative
-    ones, the negatives used in turn: about 600 pairs, each continuation in several."""
+    ones, the negatives used in turn: 314 pairs, each continuation in several."""
     units: dict[int, list[tuple[str, str, int, bool]]] = {0: [], 1: []}  # label -> (opening, fragment, words, cut)
     for opening, continuation, label in polarity_continuations():
         words = continuation.split()
@@ -62,7 +73,7 @@ def builtin_polarity_pairs() -> list[PreferencePair]:
     return pairs
 
 
-BUILTIN_PAIRS = {"polarity": builtin_polarity_pairs}
+BUILTIN_PAIRS = {"polarity": builtin_polarity_pairs, "polarity-continuations": builtin_polarity_continuation_pairs}
 
 
 def load_preference_pairs(source: str | Sequence[Any]) -> list[PreferencePair]:
