@@ -252,3 +252,20 @@ def test_a_rank_other_than_0_converts_inside_a_process_group(tmp_path):
     assert [out.strip().splitlines()[-1] for out, _ in outs] == [str(folder)] * 2
     assert {"config.json", "model.safetensors", "tokenizer.json", "lmppo_asset.json"} <= set(os.listdir(folder))
     assert sum("converting" in err for _, err in outs) == 1  # rank 1 converted, rank 0 found the cache
+
+
+@needs_gensim
+def test_polarity_continuations_are_the_review_prompts_and_the_rest_of_their_sentence():
+    rows = assets.polarity_continuations()
+    prompts = set(assets.builtin_prompts("reviews"))
+    texts, labels = assets.polarity_sentences()
+    assert len(rows) > 200 and {label for _, _, label in rows} == {0, 1}  # some lines hold two sentences
+    label_of = dict(zip(texts, labels))
+    for opening, continuation, label in rows:
+        assert opening in prompts and len(continuation.split()) >= 2
+        # its line holds the opening (first letter capitalised, trailing `,;:-` dropped), then the continuation
+        lines = [t for t in texts if opening[1:] in t and continuation in t[t.index(opening[1:]) + len(opening) - 1 :]]
+        assert lines and {label_of[t] for t in lines} == {label}, (opening, continuation)
+    assert assets.split_opening("Hi.") == ("", "")
+    opening, continuation = assets.split_opening("The film is a warm and moving story about two old friends.")
+    assert opening + " " + continuation == "The film is a warm and moving story about two old friends."
