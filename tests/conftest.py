@@ -20,6 +20,15 @@ torch.set_num_threads(1)
 from helpers_tokenizers import make_bpe_tokenizer  # noqa: E402
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """`preexec_fn` of a child a test sends Ctrl-C (SIGINT): handled as in a terminal. A shell starts background jobs
+    with SIGINT ignored (the test suite under `&` or a job runner), and Python then keeps ignoring it, as it should: the
+    child would not stop."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture(autouse=True)
 def _cli_settings_do_not_leak():
     """`lmppo.apps.cli.main` called in-process sets process-wide console settings (LMPPO_DEBUG for `--debug`, the

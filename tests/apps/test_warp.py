@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import PROMPTS, small_config
+from conftest import PROMPTS, ctrl_c_as_in_a_terminal, small_config
 from lmppo.apps.cli import main
 from lmppo.config import RewardSourceConfig, load_config, save_config
 
@@ -198,6 +198,7 @@ def test_ctrl_c_says_how_to_continue(tmp_path, tiny_model_dir):
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        preexec_fn=ctrl_c_as_in_a_terminal,
     )
     deadline = time.time() + 300
     while not mark.exists() and proc.poll() is None and time.time() < deadline:

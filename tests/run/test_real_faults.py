@@ -21,7 +21,7 @@ import yaml
 import lmppo.run.lock as lock
 import lmppo.run.storage as storage
 import lmppo.training.trainer as trainer_module
-from conftest import TESTS  # noqa: E402
+from conftest import TESTS, ctrl_c_as_in_a_terminal  # noqa: E402
 from lmppo.apps.cli import main
 from lmppo.errors import RunLockedError
 from train_worker import read_jsonl
@@ -304,12 +304,6 @@ def cli_process(argv, **env) -> subprocess.Popen:
         env=full_env,
         preexec_fn=ctrl_c_as_in_a_terminal,
     )
-
-
-def ctrl_c_as_in_a_terminal() -> None:
-    """In the child: Ctrl-C (SIGINT) handled as in a terminal. A shell starts background jobs with SIGINT ignored (the
-    test suite under `&` or a job runner), and Python then keeps ignoring it, as it should: the child would not stop."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, list[str]]:

@@ -14,9 +14,9 @@ import sys
 import textwrap
 
 import pytest
-from test_real_faults import base_config, cli_process, ctrl_c_as_in_a_terminal, finish, wait_for_file
+from test_real_faults import base_config, cli_process, finish, wait_for_file
 
-from conftest import REPO, tiny_llama
+from conftest import REPO, ctrl_c_as_in_a_terminal, tiny_llama
 
 SRC = os.path.join(REPO, "src")
 
