@@ -62,7 +62,13 @@ def _stop_for(signum: int) -> KeyboardInterrupt:
 
 IMPORT_WAIT_S = 30.0
 """The longest a stop waits for an import to end (a program that trains inside an import is still stopped)."""
-_waiting: dict[str, object] = {"stop": None, "since": 0.0}
+
+
+class _Held:
+    """The stop held for an import under way (`_wait_for_the_import`), and since when."""
+
+    stop: Optional[BaseException] = None
+    since: float = 0.0
 
 
 def _on_signal(signum: int, frame: Optional[FrameType]) -> None:
@@ -91,28 +97,27 @@ def _wait_for_the_import(stop: BaseException) -> bool:
     frame's return); False where a profiler is already set (the stop is raised at once then)."""
     if sys.getprofile() is not None:
         return False
-    _waiting.update(stop=stop, since=time.monotonic())
+    _Held.stop, _Held.since = stop, time.monotonic()
     sys.setprofile(_after_the_import)
     return True
 
 
 def _after_the_import(frame: FrameType, event: str, arg: object) -> None:
-    if event == "return" and _is_import_machinery(frame) and not importing(frame.f_back):
-        stop = _waiting["stop"]
-    elif event == "call" and time.monotonic() - float(_waiting["since"]) > IMPORT_WAIT_S:  # type: ignore[arg-type]
-        stop = _waiting["stop"]
-    else:
+    outermost_import_returns = event == "return" and _is_import_machinery(frame) and not importing(frame.f_back)
+    waited_too_long = event == "call" and time.monotonic() - _Held.since > IMPORT_WAIT_S
+    if not (outermost_import_returns or waited_too_long):
         return
+    stop = _Held.stop
     _stop_waiting()
-    if isinstance(stop, BaseException):
+    if stop is not None:
         _stop(stop)  # the import statement raises it, with its module complete in sys.modules
 
 
 def _stop_waiting() -> None:
     """Remove the hook of `_wait_for_the_import`, if it is set."""
-    if _waiting["stop"] is not None:
+    if _Held.stop is not None:
         sys.setprofile(None)
-        _waiting.update(stop=None)
+        _Held.stop = None
 
 
 def _stop(exc: BaseException) -> None:
