@@ -6,13 +6,23 @@ from __future__ import annotations
 import os
 import re
 import urllib.parse
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
 from lmppo.errors import ConfigError
 from lmppo.redact import ENV_REFERENCE
 
-if TYPE_CHECKING:
-    from lmppo.config.schema import RewardSourceConfig
+
+class HTTPSource(Protocol):
+    """What `http_headers` reads of a reward source (`lmppo.config.schema.RewardSourceConfig`): a Protocol, so this
+    module stays below the schema that uses it."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
 
 _PATH_REFERENCE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
 
@@ -54,7 +64,7 @@ def expand_env(template: str, name: str) -> tuple[str, list[str]]:
     return ENV_REFERENCE.sub(value, template), values
 
 
-def http_headers(source: RewardSourceConfig, where: str) -> tuple[dict[str, str], list[str]]:
+def http_headers(source: HTTPSource, where: str) -> tuple[dict[str, str], list[str]]:
     """The headers of an HTTP source with `${VAR}` expanded, and the values taken from the environment; one
     ConfigError for a bad name, a reserved header, a value that is not text, or a missing variable."""
     out: dict[str, str] = {}
