@@ -247,16 +247,17 @@ ADVANTAGE_ESTIMATORS: Registry[Any] = Registry(
     {
         "gae": "lmppo.core.advantages:gae",
         "rloo": builtin("lmppo.core.advantages:rloo", needs_groups=True, uses_values=False),
-        "grpo": builtin("lmppo.core.advantages:grpo", needs_groups=True, uses_values=False),
+        "grpo": builtin("lmppo.core.advantages:grpo", needs_groups=True, uses_values=False, group_scale=True),
         "reinforce_pp": builtin("lmppo.core.advantages:reinforce_pp", uses_values=False),
     },
     group="lmppo.advantage_estimators",
-    traits={"needs_groups": False, "uses_values": True},
+    traits={"needs_groups": False, "uses_values": True, "group_scale": False},
 )
 """Trait `needs_groups`: the estimator compares the responses to one prompt (`group_ids`), so it needs
 rollout.num_samples_per_prompt >= 2. Trait `uses_values`: its advantages read the value function; without it no
 value function is trained (`ppo.vf_coef` counts as 0: a shared head's value loss would move the policy's trunk for
-nothing)."""
+nothing). Trait `group_scale`: the estimator divides group-centred scores by a scale it takes as `scale` (a name of
+`lmppo.core.advantages.GROUP_SCALES`, `ppo.grpo_scale`) and `batch_std` (the spread of the whole batch)."""
 TRACKERS: Registry[Any] = Registry(
     "tracker",
     "log.trackers",

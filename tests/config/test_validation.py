@@ -155,3 +155,19 @@ def test_difficulty_filter_needs_groups():
     cfg.validate()
     with pytest.raises(ConfigError, match=r"`data.retire_settled_after` = -1"):
         cfg.data.retire_settled_after = -1
+
+
+def test_grpo_scale_needs_grpo_and_no_whitening():
+    cfg = Config()
+    cfg.ppo.grpo_scale = "none"
+    with pytest.raises(ConfigError, match=r"`ppo.grpo_scale` = 'none': .*advantage_estimator `gae` has no group"):
+        cfg.validate()
+    cfg.ppo.advantage_estimator, cfg.rollout.num_samples_per_prompt = "grpo", 4
+    with pytest.raises(ConfigError, match=r"`ppo.grpo_scale` = 'none': needs ppo.whiten_advantages false"):
+        cfg.validate()
+    cfg.ppo.whiten_advantages = False
+    cfg.validate()
+    cfg.ppo.grpo_scale = "batch"
+    cfg.validate()
+    with pytest.raises(ConfigError, match=r"`ppo.grpo_scale` = 'std'"):
+        cfg.ppo.grpo_scale = "std"

@@ -350,6 +350,13 @@ class PPOConfig(_Section):
     advantage_estimator: Annotated[str, registered(ADVANTAGE_ESTIMATORS)] = "gae"
     """Advantage estimator (`lmppo.registry.ADVANTAGE_ESTIMATORS`): `gae`, or the critic-free `rloo`, `grpo` and
     `reinforce_pp` (`lmppo.core.advantages`)."""
+    grpo_scale: Literal["group", "batch", "none"] = "group"
+    """Advantage estimator `grpo` (registry trait `group_scale`): what each response's group-centred score
+    R_i - mean(group) is divided by: `group` (GRPO: the group's population std + 1e-6), `batch` (the population std
+    of every response's score in the batch + 1e-6, TRL's `scale_rewards="batch"`) or `none` (Dr. GRPO: centred only,
+    so a group whose scores barely differ gets small advantages, not unit-size ones). `batch` and `none` need
+    `ppo.whiten_advantages` false: whitening divides every advantage by the batch's std afterwards, which undoes
+    `none` and makes `batch` the same as `none` (TRL's Dr. GRPO does not whiten)."""
     whiten_advantages: bool = True
     """Normalise advantages to mean 0, std 1 over the valid tokens of the batch (the tokens of rows with a reward
     signal, `ppo.signal_tolerance`), never dividing by less than `ppo.whiten_floor` allows."""

@@ -239,6 +239,20 @@ def check_ppo(c: Config) -> None:
             p.advantage_estimator,
             "compares responses to the same prompt: set rollout.num_samples_per_prompt >= 2",
         )
+    if p.grpo_scale != "group" and not ADVANTAGE_ESTIMATORS.trait(p.advantage_estimator, "group_scale"):
+        raise ConfigError(
+            "ppo.grpo_scale",
+            p.grpo_scale,
+            f"scales a group-centred advantage (`grpo`); ppo.advantage_estimator `{p.advantage_estimator}` has no "
+            "group scale: use `group` (the default) or advantage_estimator `grpo`",
+        )
+    if p.grpo_scale != "group" and p.whiten_advantages:
+        raise ConfigError(
+            "ppo.grpo_scale",
+            p.grpo_scale,
+            "needs ppo.whiten_advantages false: whitening divides every advantage by the batch's std afterwards, "
+            "which undoes `none` and makes `batch` the same as `none`",
+        )
     if c.data.retire_settled_after and r.num_samples_per_prompt < 2:
         raise ConfigError(
             "data.retire_settled_after",

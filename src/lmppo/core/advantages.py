@@ -146,6 +146,22 @@ def rloo(
     return torch.where(mask, adv, zeros), _returns_to_go(rewards, mask, gamma)
 
 
+def population_std(values: torch.Tensor) -> torch.Tensor:
+    """0-dim population std of `values` (B,): the spread of one process's rows (the default `batch_std` of `grpo`)."""
+    return values.std(unbiased=False)
+
+
+GroupScale = Callable[[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]], torch.Tensor]
+"""fn(totals (B,), group_std (B,), batch_std) -> (B,) what each row's group-centred score is divided by."""
+GROUP_SCALES: dict[str, GroupScale] = {
+    "group": lambda totals, group_std, batch_std: group_std + 1e-6,
+    "batch": lambda totals, group_std, batch_std: (batch_std(totals) + 1e-6).expand_as(totals),
+    "none": lambda totals, group_std, batch_std: torch.ones_like(totals),
+}
+"""`ppo.grpo_scale`: `group` (GRPO: the group's population std + 1e-6), `batch` (the population std of every
+response total of the batch + 1e-6, TRL's `scale_rewards="batch"`), `none` (Dr. GRPO: centred only)."""
+
+
 @register_advantage_estimator("grpo")
 def grpo(
     rewards: torch.Tensor,
@@ -155,13 +171,18 @@ def grpo(
     gamma: float,
     lam: float,
     group_ids: Optional[torch.Tensor] = None,
+    scale: str = "group",
+    batch_std: Callable[[torch.Tensor], torch.Tensor] = population_std,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Group-normalised outcome advantage (GRPO, Shao et al. 2024): A_i = (R_i - mean_g) / (std_g + 1e-6) on
-    every token, std the population std of the group's totals. Values are not used."""
+    """Group-normalised outcome advantage (GRPO, Shao et al. 2024): A_i = (R_i - mean_g) / s_i on every token,
+    R_i the response's total reward, mean_g its group's mean and s_i by `scale` (`GROUP_SCALES`, registry trait
+    `group_scale`): `group` s_i = std_g + 1e-6 (std_g the population std of the group's totals), `batch` s_i =
+    batch_std(R) + 1e-6 (`batch_std`: the population std of all totals, over every process when the trainer
+    passes its gather), `none` s_i = 1 (Dr. GRPO, Liu et al. 2025). Values are not used."""
     group_ids = _require_groups(group_ids, "grpo")
     totals = _response_returns(rewards, mask)
     _, mean, std = _group_stats(totals, group_ids)
-    adv = ((totals - mean) / (std + 1e-6))[:, None].expand_as(rewards)
+    adv = ((totals - mean) / GROUP_SCALES[scale](totals, std, batch_std))[:, None].expand_as(rewards)
     return torch.where(mask, adv, torch.zeros_like(rewards)), _returns_to_go(rewards, mask, gamma)
 
 

@@ -76,6 +76,11 @@ class Strategy:
         values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
         return values.mean().item()
 
+    def gather_std(self, per_sample: torch.Tensor) -> torch.Tensor:
+        """0-dim population std over every sample of every process (`ppo.grpo_scale` `batch`)."""
+        values = self.accelerator.gather(per_sample.float().reshape(-1).contiguous())
+        return values.std(unbiased=False).to(per_sample.device, per_sample.dtype)
+
     def whiten(
         self, values: torch.Tensor, mask: torch.Tensor, floor_values: torch.Tensor | None = None, floor: float = 0.0
     ) -> torch.Tensor:

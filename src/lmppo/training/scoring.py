@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 
 from lmppo.config import Config, RewardConfig
-from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, population_std
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, next_state_kl
 from lmppo.core.masking import masked_sum
@@ -229,13 +229,16 @@ def advantages(
     rewards: TokenRewards,
     cfg: Config,
     whiten: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None, float], torch.Tensor],
+    batch_std: Callable[[torch.Tensor], torch.Tensor] = population_std,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(advantages, returns), each (B, T), by `ppo.advantage_estimator`; `whiten(values, mask, floor_values, floor)`:
     the strategy's whitening over all processes (`ppo.whiten_advantages`), over the tokens of rows with a signal,
     its scale at least `ppo.whiten_floor` x the std of the advantages the rewards give without a critic (the same
     estimator with every value 0). Rows without a signal get advantage 0 (their returns stay: a critic may learn
-    from them)."""
+    from them). An estimator with the trait `group_scale` (`grpo`) gets `ppo.grpo_scale` and `batch_std(per-row
+    (B,))`: the population std over every process's rows (`Strategy.gather_std`)."""
     p = cfg.ppo
+    scaled = ADVANTAGE_ESTIMATORS.trait(p.advantage_estimator, "group_scale")
     estimate = partial(
         ADVANTAGE_ESTIMATORS[p.advantage_estimator],
         rewards.rewards,
@@ -243,6 +246,7 @@ def advantages(
         gamma=p.gamma,
         lam=p.lam,
         group_ids=rollout.group_ids,
+        **({"scale": p.grpo_scale, "batch_std": batch_std} if scaled else {}),
     )
     adv, returns = estimate(rollout.values)
     signal = rewards.signal

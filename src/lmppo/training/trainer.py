@@ -267,7 +267,7 @@ class PPOTrainer:
         return scoring.token_rewards(batch, scored, self.config, self.kl_controller.coef, kl_reading, signal)
 
     def advantages(self, batch: Rollout, rewards: TokenRewards) -> tuple[torch.Tensor, torch.Tensor]:
-        return scoring.advantages(batch, rewards, self.config, self.strategy.whiten)
+        return scoring.advantages(batch, rewards, self.config, self.strategy.whiten, self.strategy.gather_std)
 
     # ------------------------------------------------------------------ 5. PPO update
     def ppo_update(
