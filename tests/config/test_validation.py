@@ -171,3 +171,16 @@ def test_grpo_scale_needs_grpo_and_no_whitening():
     cfg.validate()
     with pytest.raises(ConfigError, match=r"`ppo.grpo_scale` = 'std'"):
         cfg.ppo.grpo_scale = "std"
+
+
+def test_fixed_length_aggregation_is_for_single_responses():
+    cfg = Config()
+    cfg.ppo.loss_aggregation = "fixed_length"
+    cfg.validate()
+    cfg.environment.path, cfg.data.prompts = "guess_number", "builtin:guess_number"
+    with pytest.raises(ConfigError, match=r"`ppo.loss_aggregation` = 'fixed_length': .*environment.path is set"):
+        cfg.validate()
+    cfg.ppo.loss_aggregation = "sequence_mean"
+    cfg.validate()
+    with pytest.raises(ConfigError, match=r"`ppo.loss_aggregation` = 'sum'"):
+        cfg.ppo.loss_aggregation = "sum"

@@ -1,4 +1,5 @@
-"""What GRPO users rely on, against values worked out by hand: the group advantage's scale (`ppo.grpo_scale`)."""
+"""What GRPO users rely on, against values worked out by hand: the group advantage's scale (`ppo.grpo_scale`), the
+loss aggregation (`ppo.loss_aggregation`)."""
 
 import math
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, GROUP_SCALES
+from lmppo.core.losses import LOSS_AGGREGATIONS
 
 
 def t(x, dtype=torch.float32):
@@ -75,3 +77,39 @@ def test_grpo_scales_are_the_documented_three():
     assert sorted(GROUP_SCALES) == ["batch", "group", "none"]
     assert ADVANTAGE_ESTIMATORS.trait("grpo", "group_scale") is True
     assert not any(ADVANTAGE_ESTIMATORS.trait(n, "group_scale") for n in ("gae", "rloo", "reinforce_pp"))
+
+
+# ---------------------------------------------------------------- loss aggregation (`ppo.loss_aggregation`)
+# rows: [4] | [1, 3] | [3, 3, 9] | nothing (a dropped row); token sum 4 + 4 + 15 = 23 over 6 tokens;
+# row means 4, 2, 5 over 3 sequences; with a longest response of 4 the budget is 3 x 4 = 12 tokens
+PER_TOKEN = t([[4.0, 99.0, 99.0, 99.0], [1.0, 3.0, 99.0, 99.0], [3.0, 3.0, 9.0, 99.0], [7.0, 7.0, 7.0, 7.0]])
+LOSS_MASK = torch.arange(4)[None] < torch.tensor([1, 2, 3, 0])[:, None]
+
+
+@pytest.mark.parametrize(
+    "name, denominator, loss",
+    [("token_mean", 6.0, 23 / 6), ("sequence_mean", 3.0, (4 + 2 + 5) / 3), ("fixed_length", 12.0, 23 / 12)],
+)
+def test_loss_aggregation_hand_worked(name, denominator, loss):
+    aggregation = LOSS_AGGREGATIONS[name]
+    assert aggregation.denominator(LOSS_MASK, 4).item() == denominator
+    assert aggregation.share(PER_TOKEN, LOSS_MASK, denominator).item() == pytest.approx(loss, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(LOSS_AGGREGATIONS))
+def test_loss_aggregation_is_invariant_to_micro_batch_split(name):
+    g = torch.Generator().manual_seed(1)
+    B, T = 8, 9
+    per_token = torch.randn(B, T, generator=g)
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    lengths[0] = 0  # a row without a training token (dropped) adds nothing and counts in no denominator
+    mask = torch.arange(T)[None] < lengths[:, None]
+    aggregation = LOSS_AGGREGATIONS[name]
+    full = aggregation.share(per_token, mask, aggregation.denominator(mask, T))
+    for split in (1, 2, 4, 8):
+        # each process / micro-batch: its share with the minibatch's denominator (the sum of the parts' counts)
+        denominator = sum(aggregation.denominator(mask[i : i + split], T) for i in range(0, B, split))
+        total = sum(
+            aggregation.share(per_token[i : i + split], mask[i : i + split], denominator) for i in range(0, B, split)
+        )
+        assert torch.allclose(total, full, atol=1e-6)

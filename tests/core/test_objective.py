@@ -51,7 +51,7 @@ def inputs(**changes):
         advantages=torch.tensor(ADV),
         returns=torch.tensor(RETURNS),
         mask=torch.tensor(MASK),
-        num_tokens=5.0,
+        denominator=5.0,
         clip_range=0.2,
         value_clip_range=0.2,
         vf_coef=0.5,
@@ -110,7 +110,7 @@ def test_coefficients_and_token_count_scale_their_terms():
         -0.2, abs=1e-6
     )
     # a micro-batch of a minibatch of 10 real tokens: half the share
-    assert ppo_objective(**inputs(num_tokens=10.0))[0].item() == pytest.approx(-0.7371574 / 10, abs=1e-6)
+    assert ppo_objective(**inputs(denominator=10.0))[0].item() == pytest.approx(-0.7371574 / 10, abs=1e-6)
     # clip ranges: eps 0.6 clips nothing in the policy loss: -1.5 + 0.5 - 1 + 1.1 - 0.7 = -1.6
     wide, stats = ppo_objective(**inputs(clip_range=0.6, value_clip_range=10.0, kl_estimator=None, entropy_coef=0.0))
     assert stats["loss/policy_avg"].item() == pytest.approx(-1.6 / 5, abs=1e-6)
@@ -141,3 +141,18 @@ def test_padding_never_changes_a_result():
     other, other_stats = ppo_objective(**noisy)
     assert other.item() == pytest.approx(loss.item(), abs=1e-7)
     assert {k: round(v.item(), 7) for k, v in other_stats.items()} == {k: round(v.item(), 7) for k, v in stats.items()}
+
+
+def test_the_aggregation_weighs_the_tokens():
+    """`ppo.loss_aggregation` on the policy loss alone: row 0's tokens -1.2, 0.8, -1 (mean -1.4 / 3), row 1's
+    1.1, -0.7 (mean 0.2); the whole per-token loss is aggregated (value, entropy and KL terms alike)."""
+    policy_only = dict(kl_estimator=None, entropy_coef=0.0, vf_coef=0.0)
+    sequence = ppo_objective(**inputs(**policy_only, aggregation="sequence_mean", denominator=2.0))[0].item()
+    assert sequence == pytest.approx((-1.4 / 3 + 0.2) / 2, abs=1e-6)
+    fixed = ppo_objective(**inputs(**policy_only, aggregation="fixed_length", denominator=2.0 * 3))[0].item()
+    assert fixed == pytest.approx(-1.0 / 6, abs=1e-6)
+    # all terms: row 0's sum -1.2 + 0.8 - 1 + 0.5 (0.32 + 0.005 + 0.125) - 0.03 ln 2 + 0.1 * 0.1931472, over 3 tokens
+    row0 = (-1.4 + 0.225 - 0.03 * LN2 + 0.01931472) / 3
+    row1 = (0.4 + 0.5 * 0.045 - 0.02 * LN2 + 0.1 * 0.3068528) / 2
+    whole = ppo_objective(**inputs(aggregation="sequence_mean", denominator=2.0))[0].item()
+    assert whole == pytest.approx((row0 + row1) / 2, abs=1e-6)

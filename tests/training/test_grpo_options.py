@@ -3,6 +3,8 @@ test here fails when the option is not passed on)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -58,3 +60,31 @@ def test_grpo_scale_changes_the_update(tmp_path, tokenizer):
         trainer.train()
         weights[scale] = torch.cat([p.detach().flatten() for p in trainer.policy.parameters()])
     assert not torch.allclose(weights["group"], weights["none"])
+
+
+def test_loss_aggregation_sets_the_minibatch_loss(tmp_path, tokenizer):
+    """The trainer's loss of one batch under each `ppo.loss_aggregation`, against its own per-token losses weighted
+    by hand: token_mean = sum / tokens, sequence_mean = mean of row means, fixed_length = sum / (rows x 6 tokens)."""
+    from lmppo.training.metrics import MetricsAccumulator
+    from lmppo.training.update import minibatch_denominator
+
+    losses, per_row = {}, None
+    for aggregation in ("token_mean", "sequence_mean", "fixed_length"):
+        trainer = make(tmp_path / aggregation, tokenizer, **GRPO, ppo__loss_aggregation=aggregation)
+        rollout, rewards = first_batch(trainer)
+        adv, ret = trainer.advantages(rollout, rewards)
+        lengths = torch.tensor([1, 6, 2, 5, 3, 4, 6, 2])  # the tiny model rarely stops: cut the rows to differ
+        mask = rewards.train_mask & (torch.arange(rewards.train_mask.shape[1])[None] < lengths[:, None])
+        rollout.logprobs = rollout.logprobs + 0.3  # ratios e^-0.3 on every token: each token's loss is -A e^-0.3
+        denominator = minibatch_denominator(mask, trainer.config)
+        loss = trainer.micro_batch_loss(rollout, adv, ret, mask, denominator, MetricsAccumulator())
+        losses[aggregation] = loss.item()
+        ratio = math.exp(-0.3)  # below 1 - clip 0.2: the clipped branch reads 0.8
+        per_token = torch.where(mask, torch.maximum(-adv * ratio, -adv * 0.8), 0.0)
+        per_row = (per_token.sum(1), mask.sum(1))
+    sums, counts = per_row
+    assert (counts > 0).all() and len(set(counts.tolist())) > 1  # lengths differ: the aggregations disagree
+    assert losses["token_mean"] == pytest.approx(sums.sum().item() / counts.sum().item(), abs=1e-5)
+    assert losses["sequence_mean"] == pytest.approx((sums / counts).mean().item(), abs=1e-5)
+    assert losses["fixed_length"] == pytest.approx(sums.sum().item() / (8 * 6), abs=1e-5)
+    assert len({round(v, 6) for v in losses.values()}) == 3

@@ -158,8 +158,10 @@ def test_score_lands_on_the_last_real_token(tmp_path, tokenizer):
             assert rollout.response_ids[i, lengths[i] - 1].item() == tokenizer.eos_token_id
 
 
-def test_gradient_is_the_same_whatever_the_micro_batch_split(tmp_path, tokenizer):
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean", "fixed_length"])
+def test_gradient_is_the_same_whatever_the_micro_batch_split(tmp_path, tokenizer, aggregation):
     from lmppo.training.metrics import MetricsAccumulator
+    from lmppo.training.update import minibatch_denominator
 
     grads = []
     for micro in (8, 4, 2, 1):
@@ -169,6 +171,7 @@ def test_gradient_is_the_same_whatever_the_micro_batch_split(tmp_path, tokenizer
             tokenizer,
             ppo__micro_batch_size=micro,
             ppo__num_minibatches=1,
+            ppo__loss_aggregation=aggregation,
             policy=tiny_llama(tokenizer, seed=3),
         )
         torch.manual_seed(123)
@@ -179,11 +182,11 @@ def test_gradient_is_the_same_whatever_the_micro_batch_split(tmp_path, tokenizer
         rollout.logprobs = rollout.logprobs + 0.3 * torch.randn(
             rollout.logprobs.shape, generator=torch.Generator().manual_seed(5)
         )
-        n_tokens = rewards.train_mask.sum()
+        denominator = minibatch_denominator(rewards.train_mask, trainer.config)
         for s in range(0, 8, micro):
             idx = torch.arange(s, s + micro)
             loss = trainer.micro_batch_loss(
-                rollout.select(idx), adv[idx], ret[idx], rewards.train_mask[idx], n_tokens, MetricsAccumulator()
+                rollout.select(idx), adv[idx], ret[idx], rewards.train_mask[idx], denominator, MetricsAccumulator()
             )
             loss.backward()
         grads.append(torch.cat([p.grad.flatten() for p in trainer.trainable_params if p.grad is not None]))

@@ -341,6 +341,15 @@ class PPOConfig(_Section):
     a minibatch's approximate KL between the rollout policy and the updated one (`policy/approxkl_avg`'s
     estimator, 0.5 * (log ratio)^2, per token) passes 1.5 x this. 0 turns it off. It bounds how far one update
     moves, not the KL to the reference (that is `kl.target`'s job)."""
+    loss_aggregation: Literal["token_mean", "sequence_mean", "fixed_length"] = "token_mean"
+    """How the per-token losses of a minibatch become its loss (`lmppo.core.losses.LOSS_AGGREGATIONS`): `token_mean`
+    (their sum over the minibatch's training tokens / the count of those tokens: every token weighs the same; DAPO,
+    TRL's `loss_type: dapo`), `sequence_mean` (each sequence's token mean, then the mean over the sequences: a token
+    of a short response weighs more; GRPO's paper, TRL's `grpo`) or `fixed_length` (the token sum / (sequences x
+    `rollout.max_new_tokens`), a denominator that no length changes; Dr. GRPO, TRL's `dr_grpo`). Sequences are the
+    minibatch's rows with a training token. It applies to the whole per-token loss: the policy loss and, with it,
+    the value loss, the entropy bonus and the KL term of the loss. The same loss whatever `micro_batch_size`.
+    `fixed_length` is for single responses (no `environment.path`)."""
     max_grad_norm: NonNegativeFloat = 1.0
     """Clip the global gradient norm to this (really applied); 0 disables clipping."""
     gamma: Fraction = 1.0

@@ -253,6 +253,13 @@ def check_ppo(c: Config) -> None:
             "needs ppo.whiten_advantages false: whitening divides every advantage by the batch's std afterwards, "
             "which undoes `none` and makes `batch` the same as `none`",
         )
+    if p.loss_aggregation == "fixed_length" and c.environment.path:
+        raise ConfigError(
+            "ppo.loss_aggregation",
+            p.loss_aggregation,
+            "divides by rollout.max_new_tokens per response, and an environment's episodes have several turns "
+            "(environment.path is set): use `token_mean` or `sequence_mean`",
+        )
     if c.data.retire_settled_after and r.num_samples_per_prompt < 2:
         raise ConfigError(
             "data.retire_settled_after",

@@ -1,11 +1,16 @@
 """PPO losses as per-token tensors, and their aggregation.
 
-Losses return a per-token loss (B, T) plus a dict of per-token statistics; `token_mean` aggregates with a
-denominator fixed for the whole minibatch, so the gradient is the same whatever the micro-batch split
-(a per-micro-batch mean would weight short micro-batches' tokens more).
+Losses return a per-token loss (B, T) plus a dict of per-token statistics. An aggregation (`LOSS_AGGREGATIONS`,
+`ppo.loss_aggregation`) turns them into a micro-batch's share of the minibatch loss with a denominator fixed for the
+whole minibatch, so the gradient is the same whatever the micro-batch split (a per-micro-batch mean would weight
+short micro-batches' tokens more): each row's weight depends on the row itself and on the minibatch's denominator
+only, and every row lies whole in one micro-batch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -52,3 +57,49 @@ def token_mean(per_token: torch.Tensor, mask: torch.Tensor, num_tokens: torch.Te
     """Sum of `per_token` over the real tokens of this micro-batch divided by the real-token count of the
     whole minibatch (`num_tokens`): summing this over micro-batches gives the minibatch token mean."""
     return masked_sum(per_token, mask) / num_tokens
+
+
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor, num_sequences: torch.Tensor | float) -> torch.Tensor:
+    """Each row's token mean of `per_token` (B, T) over its real tokens (`mask`), summed over the micro-batch's rows
+    and divided by the sequence count of the whole minibatch (`num_sequences`, rows with a real token): summed over
+    micro-batches, the mean over sequences of each sequence's token mean (GRPO, Shao et al. 2024). A row without a
+    real token adds 0."""
+    per_row = masked_sum(per_token, mask, dim=1) / mask.sum(1).clamp(min=1)  # (B,)
+    return per_row.sum() / num_sequences
+
+
+def token_count(mask: torch.Tensor, max_length: int) -> torch.Tensor:
+    """0-dim float: the real tokens of `mask` (B, T)."""
+    return mask.sum().float()
+
+
+def sequence_count(mask: torch.Tensor, max_length: int) -> torch.Tensor:
+    """0-dim float: the rows of `mask` (B, T) with a real token."""
+    return mask.any(1).sum().float()
+
+
+def token_budget(mask: torch.Tensor, max_length: int) -> torch.Tensor:
+    """0-dim float: the rows of `mask` (B, T) with a real token times `max_length` (the longest response allowed):
+    the tokens they could have had, whatever they had."""
+    return sequence_count(mask, max_length) * max_length
+
+
+@dataclass(frozen=True)
+class LossAggregation:
+    """How per-token losses become the minibatch loss: `denominator(mask (B, T), max_length)` of this process's part
+    of the minibatch (the trainer sums it over processes), then `share(per_token (B, T), mask, denominator)` of each
+    micro-batch; the shares sum to the minibatch loss whatever the micro-batch split."""
+
+    share: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | float], torch.Tensor]
+    denominator: Callable[[torch.Tensor, int], torch.Tensor]
+
+
+LOSS_AGGREGATIONS: dict[str, LossAggregation] = {
+    "token_mean": LossAggregation(token_mean, token_count),
+    "sequence_mean": LossAggregation(sequence_mean, sequence_count),
+    "fixed_length": LossAggregation(token_mean, token_budget),
+}
+"""`ppo.loss_aggregation`: `token_mean` (sum over the minibatch's real tokens / their count; DAPO, TRL's `dapo`),
+`sequence_mean` (each sequence's token mean, then the mean over sequences; GRPO's paper, TRL's `grpo`),
+`fixed_length` (token sum / (sequences x rollout.max_new_tokens), a constant whatever the lengths; Dr. GRPO, TRL's
+`dr_grpo`)."""

@@ -8,6 +8,12 @@ bonus and the KL term of the loss, their token mean, and the statistics the trai
     loss = sum over the micro-batch's real tokens of loss_t / (real tokens of the whole minibatch)
 
 Summed over micro-batches this is the minibatch's token mean, whatever the split (`lmppo.core.losses.token_mean`).
+`aggregation` (`lmppo.core.losses.LOSS_AGGREGATIONS`, `ppo.loss_aggregation`) may weigh the tokens otherwise
+(`sequence_mean`: each sequence's token mean, then their mean; `fixed_length`: the token sum over sequences x the
+longest response allowed); it applies to loss_t whole, all four terms alike: the policy loss, and with it the
+value loss (0 with a critic-free estimator), the entropy bonus and the KL term of the loss, as TRL's GRPOTrainer
+aggregates its KL term with its policy loss. Every aggregation keeps the sum over micro-batches the same whatever
+the split.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import torch
 
 from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
-from lmppo.core.losses import clipped_policy_loss, clipped_value_loss, token_mean
+from lmppo.core.losses import LOSS_AGGREGATIONS, clipped_policy_loss, clipped_value_loss
 from lmppo.core.masking import masked_mean
 
 STAT_NAMES = {
@@ -43,7 +49,7 @@ def ppo_objective(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    num_tokens: torch.Tensor | float,
+    denominator: torch.Tensor | float,
     *,
     clip_range: float,
     value_clip_range: float,
@@ -53,12 +59,14 @@ def ppo_objective(
     kl_estimator: Optional[str] = None,
     ref_logprobs: Optional[torch.Tensor] = None,
     ref_logits: Optional[torch.Tensor] = None,
+    aggregation: str = "token_mean",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The micro-batch's share of the minibatch loss (a scalar with the graph) and its statistics.
 
     logits (B, T, V): the current policy at the response positions; values (B, T): V(s_t) now; response_ids (B, T);
     old_logprobs, old_values (B, T): the rollout's; advantages, returns (B, T); mask (B, T) bool: the tokens that
-    train; num_tokens: real tokens of the whole minibatch. `kl_estimator`: None (no KL term in the loss) or a name of
+    train; denominator: the whole minibatch's denominator of `aggregation` (`LossAggregation.denominator`; for
+    `token_mean`, its real tokens). `kl_estimator`: None (no KL term in the loss) or a name of
     `lmppo.core.kl.KL_ESTIMATORS`: one with the trait `full_logits` (`exact`) needs ref_logits (B, T, V), the others
     ref_logprobs (B, T).
     Statistics: name of `STAT_NAMES` -> the masked mean over the micro-batch's tokens (0-dim, no graph); `loss/kl_avg`
@@ -94,4 +102,4 @@ def ppo_objective(
         ("ratio", pg_stats["ratio"]),
     ):
         stats[STAT_NAMES[key]] = masked_mean(value.detach(), mask)
-    return token_mean(per_token, mask, num_tokens), stats
+    return LOSS_AGGREGATIONS[aggregation].share(per_token, mask, denominator), stats

@@ -33,11 +33,11 @@ def compiles(setting: str, device: torch.device) -> bool:
 
 class CompiledMicroBatch:
     """forward + objective of one trimmed micro-batch, compiled; called as `(batch, advantages, returns, mask,
-    num_tokens, kl_coef) -> (loss, statistics)` like `objective_and_stats` after the forward."""
+    denominator, kl_coef) -> (loss, statistics)` like `objective_and_stats` after the forward."""
 
     def __init__(self, forward: Callable[[Rollout], PolicyOutput], cfg: Config, device: torch.device):
-        def forward_objective(batch, advantages, returns, mask, num_tokens, kl_coef):
-            return objective_and_stats(batch, forward(batch), advantages, returns, mask, num_tokens, cfg, kl_coef)
+        def forward_objective(batch, advantages, returns, mask, denominator, kl_coef):
+            return objective_and_stats(batch, forward(batch), advantages, returns, mask, denominator, cfg, kl_coef)
 
         self.device = device
         self.cuda_graphs = device.type == "cuda"
@@ -59,20 +59,20 @@ class CompiledMicroBatch:
         advantages: torch.Tensor,
         returns: torch.Tensor,
         mask: torch.Tensor,
-        num_tokens: torch.Tensor,
+        denominator: torch.Tensor,
         kl_coef: float,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         coef = torch.full((), kl_coef, device=self.device)  # a tensor: beta moving recompiles nothing
         if self.failure:
-            return self.eager(batch, advantages, returns, mask, num_tokens, coef)
+            return self.eager(batch, advantages, returns, mask, denominator, coef)
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()  # a new micro-batch: the last one's outputs were consumed
         try:
-            loss, stats = self.compiled(batch, advantages, returns, mask, num_tokens, coef)
+            loss, stats = self.compiled(batch, advantages, returns, mask, denominator, coef)
         except Exception as error:  # noqa: BLE001  whatever the compiler raises, the eager path still trains
             self.failure = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
             warnings.warn(f"ppo.compile: compiling the update failed ({self.failure}); it runs eagerly", stacklevel=2)
-            return self.eager(batch, advantages, returns, mask, num_tokens, coef)
+            return self.eager(batch, advantages, returns, mask, denominator, coef)
         self.compiled_calls += 1
         if self.cuda_graphs:  # a CUDA graph's outputs are overwritten by its next replay: keep copies
             loss, stats = loss.clone(), {name: value.clone() for name, value in stats.items()}

@@ -297,7 +297,7 @@ class PPOTrainer:
         advantages: torch.Tensor,
         returns: torch.Tensor,
         mask: torch.Tensor,
-        num_tokens: torch.Tensor,
+        denominator: torch.Tensor,
         stats: MetricsAccumulator,
         forward: Optional[PolicyOutput] = None,
         widths: Optional[update.TrimWidths] = None,
@@ -312,11 +312,11 @@ class PPOTrainer:
             self.kl_controller.coef,
         )
         if forward is None and self.compiled is not None and widths is not None:  # ppo.compile
-            loss, objective_stats = self.compiled(batch, advantages, returns, mask, num_tokens, coef)
+            loss, objective_stats = self.compiled(batch, advantages, returns, mask, denominator, coef)
         else:
             forward = forward or self.micro_batch_forward(batch, None if widths is None else widths.padded)
             loss, objective_stats = update.objective_and_stats(
-                batch, forward, advantages, returns, mask, num_tokens, self.config, coef
+                batch, forward, advantages, returns, mask, denominator, self.config, coef
             )
         for name, value in objective_stats.items():
             stats.add(name, value)

@@ -16,7 +16,7 @@ from lmppo.config import Config
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS
-from lmppo.core.losses import clipped_value_loss, token_mean
+from lmppo.core.losses import LOSS_AGGREGATIONS, clipped_value_loss
 from lmppo.core.masking import masked_mean
 from lmppo.core.objective import STAT_NAMES, ppo_objective
 from lmppo.errors import TrainingError
@@ -167,7 +167,7 @@ def objective_and_stats(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    num_tokens: torch.Tensor,
+    denominator: torch.Tensor,
     cfg: Config,
     kl_coef: float | torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -185,7 +185,7 @@ def objective_and_stats(
         advantages,
         returns,
         mask,
-        num_tokens,
+        denominator,
         clip_range=cfg.ppo.clip_range,
         value_clip_range=cfg.ppo.value_clip_range,
         vf_coef=value_coef(cfg),
@@ -194,7 +194,14 @@ def objective_and_stats(
         kl_estimator=loss_kl_estimator(cfg),
         ref_logprobs=batch.ref_logprobs,
         ref_logits=batch.ref_logits,
+        aggregation=cfg.ppo.loss_aggregation,
     )
+
+
+def minibatch_denominator(train_mask: torch.Tensor, cfg: Config) -> torch.Tensor:
+    """0-dim: this process's share of the minibatch's denominator of `ppo.loss_aggregation` (`train_mask` (B, T) its
+    rows' training tokens): its tokens, its sequences, or its sequences x `rollout.max_new_tokens`."""
+    return LOSS_AGGREGATIONS[cfg.ppo.loss_aggregation].denominator(train_mask, cfg.rollout.max_new_tokens)
 
 
 def value_coef(cfg: Config) -> float:
@@ -212,7 +219,7 @@ def critic_only_loss(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
-    num_tokens: torch.Tensor,
+    denominator: torch.Tensor,
     stats: MetricsAccumulator,
     forward: Optional[PolicyOutput] = None,
     widths: Optional[TrimWidths] = None,
@@ -220,7 +227,7 @@ def critic_only_loss(
     """A separate critic's share of the minibatch loss alone (vf_coef x clipped value loss, token mean), for a batch
     without a reward signal: no policy pass, so the policy's parameters get no gradient and the optimizer leaves them
     and their Adam moments as they are. The arguments of `PPOTrainer.micro_batch_loss` (advantages and `forward`
-    unused) after the critic, the trainer's autocast and the config."""
+    unused) after the critic, the trainer's autocast and the config. Aggregated as `ppo.loss_aggregation` says."""
     assert critic is not None, "value-only steps need a separate critic (value.mode critic)"
     batch, keep = trim(batch, widths)
     returns, mask = returns[:, :keep], mask[:, :keep]
@@ -230,7 +237,7 @@ def critic_only_loss(
     vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
     stats.add(STAT_NAMES["value"], masked_mean(vf_loss.detach(), mask))
     stats.add(STAT_NAMES["value_clipped"], masked_mean(vf_stats["clipped"], mask))
-    return token_mean(value_coef(cfg) * vf_loss, mask, num_tokens)
+    return LOSS_AGGREGATIONS[cfg.ppo.loss_aggregation].share(value_coef(cfg) * vf_loss, mask, denominator)
 
 
 def hold_policy(
@@ -356,7 +363,7 @@ class MicroBatchLoss(Protocol):
         advantages: torch.Tensor,
         returns: torch.Tensor,
         mask: torch.Tensor,
-        num_tokens: torch.Tensor,
+        denominator: torch.Tensor,
         stats: MetricsAccumulator,
         forward: Optional[PolicyOutput] = None,
         widths: Optional[TrimWidths] = None,
@@ -439,9 +446,9 @@ def update_epoch(
     mb, micro = cfg.minibatch_size // W, cfg.ppo.micro_batch_size
     for start in range(0, shuffled.rollout.batch_size, mb):
         minibatch = shuffled.rows(start, start + mb)
-        # DDP averages gradients over processes, so each divides by (global token count / W):
-        # the result is the token mean over the whole global minibatch
-        num_tokens = acc.reduce(minibatch.train_mask.sum().float(), "sum").clamp(min=1) / W
+        # DDP averages gradients over processes, so each divides by (global denominator / W): the result is the
+        # `ppo.loss_aggregation` over the whole global minibatch (token_mean: its token mean)
+        denominator = acc.reduce(minibatch_denominator(minibatch.train_mask, cfg), "sum").clamp(min=1) / W
         losses = []
         for m in range(0, mb, micro):
             part = minibatch.rows(m, m + micro)
@@ -459,7 +466,7 @@ def update_epoch(
                 nullcontext() if trainer.compiled is None else trainer.compiled.timing(columns, micro),
             ):
                 loss = (loss_of or trainer.micro_batch_loss)(
-                    part.rollout, part.advantages, part.returns, part.train_mask, num_tokens, stats, forward, columns
+                    part.rollout, part.advantages, part.returns, part.train_mask, denominator, stats, forward, columns
                 )
                 acc.backward(loss, **trainer.strategy.backward_kwargs)
             losses.append(loss.detach())
