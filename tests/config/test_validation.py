@@ -184,3 +184,19 @@ def test_fixed_length_aggregation_is_for_single_responses():
     cfg.validate()
     with pytest.raises(ConfigError, match=r"`ppo.loss_aggregation` = 'sum'"):
         cfg.ppo.loss_aggregation = "sum"
+
+
+def test_overlong_buffer_fits_in_max_new_tokens():
+    cfg = Config()
+    cfg.rollout.max_new_tokens, cfg.reward.overlong_buffer = 24, 25
+    with pytest.raises(
+        ConfigError, match=r"`reward.overlong_buffer` = 25: must be at most rollout.max_new_tokens \(24\)"
+    ):
+        cfg.validate()
+    cfg.reward.overlong_buffer = 24
+    cfg.validate()
+    with pytest.raises(ConfigError, match=r"`reward.overlong_penalty` = -1"):
+        cfg.reward.overlong_penalty = -1
+    cfg.environment.path, cfg.data.prompts = "guess_number", "builtin:guess_number"
+    with pytest.raises(ConfigError, match=r"`reward.overlong_buffer` = 24: .*environment.path is set"):
+        cfg.validate()

@@ -1,5 +1,5 @@
 """What GRPO users rely on, against values worked out by hand: the group advantage's scale (`ppo.grpo_scale`), the
-loss aggregation (`ppo.loss_aggregation`)."""
+loss aggregation (`ppo.loss_aggregation`), the overlong penalty (`reward.overlong_buffer`)."""
 
 import math
 
@@ -8,6 +8,7 @@ import torch
 
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, GROUP_SCALES
 from lmppo.core.losses import LOSS_AGGREGATIONS
+from lmppo.core.rewards import add_on_last_token, overlong_penalty
 
 
 def t(x, dtype=torch.float32):
@@ -113,3 +114,21 @@ def test_loss_aggregation_is_invariant_to_micro_batch_split(name):
             aggregation.share(per_token[i : i + split], mask[i : i + split], denominator) for i in range(0, B, split)
         )
         assert torch.allclose(total, full, atol=1e-6)
+
+
+# ---------------------------------------------------------------- overlong penalty (`reward.overlong_buffer`)
+def test_overlong_penalty_hand_worked():
+    # L_max 10, buffer 4, penalty 1: free up to 6 tokens, then -1/4 per token, -1 at 10
+    lengths = torch.tensor([1, 6, 7, 8, 9, 10])
+    assert overlong_penalty(lengths, 10, 4, 1.0).tolist() == [0.0, 0.0, -0.25, -0.5, -0.75, -1.0]
+    assert overlong_penalty(lengths, 10, 4, 0.5).tolist() == [0.0, 0.0, -0.125, -0.25, -0.375, -0.5]
+    # buffer = L_max: the penalty grows from the first token, -L / L_max
+    assert overlong_penalty(torch.tensor([0, 5, 10]), 10, 10, 1.0).tolist() == [0.0, -0.5, -1.0]
+    assert overlong_penalty(lengths, 10, 0, 1.0).tolist() == [0.0] * 6  # off
+
+
+def test_the_penalty_lands_on_each_responses_last_token():
+    scores = t([[0.0, 1.0, 0.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    out = add_on_last_token(scores, mask, t([-0.5, -0.25]))
+    assert out.tolist() == [[0.0, 1.0, -0.5], [1.75, 0.0, 0.0]]

@@ -88,3 +88,21 @@ def test_loss_aggregation_sets_the_minibatch_loss(tmp_path, tokenizer):
     assert losses["sequence_mean"] == pytest.approx((sums / counts).mean().item(), abs=1e-5)
     assert losses["fixed_length"] == pytest.approx(sums.sum().item() / (8 * 6), abs=1e-5)
     assert len({round(v, 6) for v in losses.values()}) == 3
+
+
+def test_overlong_penalty_is_added_to_each_score_and_logged(tmp_path, tokenizer):
+    """A constant reward of 1 with `reward.overlong_buffer` 3 of `rollout.max_new_tokens` 6, penalty 0.5: each
+    response's score is 1 - 0.5 * max(L - 3, 0) / 3 (L its tokens), and `reward/overlong_penalty` is their mean."""
+    trainer = make(
+        tmp_path, tokenizer, lambda p, c: [1.0] * len(c), reward__overlong_buffer=3, reward__overlong_penalty=0.5
+    )
+    rollout, _ = first_batch(trainer)
+    scored = trainer.score(rollout)
+    lengths = rollout.response_mask.sum(1).float()
+    expected = 1.0 - 0.5 * (lengths - 3).clamp(min=0) / 3
+    assert (lengths > 3).any()  # some response is in the buffer
+    assert torch.allclose(scored.token_scores.sum(1), expected)
+    assert torch.allclose(scored.raw_scores, torch.ones(8))  # the sources' own scores, before the penalty
+    history = trainer.train()
+    assert history[0]["reward/overlong_penalty"] < 0
+    assert history[0]["objective/scores"] == pytest.approx(1.0 + history[0]["reward/overlong_penalty"], abs=1e-5)

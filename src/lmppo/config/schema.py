@@ -236,6 +236,15 @@ class RewardConfig(_Section):
     """With truncation `penalty`: the score given to (or subtracted from) responses without a stop token."""
     penalty_mode: Literal["replace", "add"] = "replace"
     """With truncation `penalty`: `replace` the score by `penalty`, or `add` `penalty` to it."""
+    overlong_buffer: NonNegativeInt = 0
+    """DAPO's soft overlong penalty: with L_max = `rollout.max_new_tokens` and this buffer B (tokens), a response of
+    L tokens (stop token included) gets -`overlong_penalty` * (L - (L_max - B)) / B added to its score once it is
+    longer than L_max - B, so -`overlong_penalty` at L_max; 0 up to there. Added after normalisation and after the
+    `truncation` policy, to every response, cut ones included (with `penalty`, a cut response scores `penalty` -
+    `overlong_penalty`; with `drop` it trains on nothing anyway). Logged as `reward/overlong_penalty` (its mean).
+    0: off. At most `rollout.max_new_tokens`; single responses only (no `environment.path`)."""
+    overlong_penalty: NonNegativeFloat = 1.0
+    """With `overlong_buffer` > 0: the penalty at `rollout.max_new_tokens` tokens (DAPO: 1, its rewards being -1/+1)."""
     normalize: bool = False
     """Normalise scores with a running mean and standard deviation (state checkpointed)."""
     clip: NonNegativeFloat = 0.0

@@ -145,6 +145,20 @@ def check_rollout(c: Config) -> None:
         )
     if not r.stop_token:
         raise ConfigError("rollout.stop_token", r.stop_token, "use `eos`, a token string, or `none`")
+    if c.reward.overlong_buffer > r.max_new_tokens:
+        raise ConfigError(
+            "reward.overlong_buffer",
+            c.reward.overlong_buffer,
+            f"must be at most rollout.max_new_tokens ({r.max_new_tokens}): the penalty starts that many tokens "
+            "before the longest response allowed",
+        )
+    if c.reward.overlong_buffer and c.environment.path:
+        raise ConfigError(
+            "reward.overlong_buffer",
+            c.reward.overlong_buffer,
+            "reads one response's length against rollout.max_new_tokens, and an environment's episodes have several "
+            "turns (environment.path is set): use 0",
+        )
 
 
 def check_environment(c: Config) -> None:
@@ -317,6 +331,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "reward.sources.weight": (-1e6, 1e6),
     "reward.sources.timeout": (1e-3, 86400.0),
     "reward.penalty": (-1e6, 1e6),
+    "reward.overlong_penalty": (0.0, 1e6),
     "reward.clip": (0.0, 1e6),
     "kl.coef": (0.0, 1e3),
     "kl.kp": (0.0, 1e3),

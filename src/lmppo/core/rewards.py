@@ -54,6 +54,21 @@ def penalize_truncated(
     return _add_at_last(token_scores, mask, truncated, amount)
 
 
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer: int, penalty: float) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025), (B,) from response lengths (B,) in tokens: 0 up to
+    L_max - buffer, then falling linearly to -penalty at L_max: -penalty * (L - (L_max - buffer)) / buffer.
+    `buffer` 0: all 0."""
+    if buffer <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float32)
+    excess = (lengths.float() - (max_length - buffer)).clamp(min=0)
+    return -penalty * excess / buffer
+
+
+def add_on_last_token(token_scores: torch.Tensor, mask: torch.Tensor, amount: torch.Tensor) -> torch.Tensor:
+    """`amount` (B,) added to each row's last token of `mask` (B, T) in `token_scores` (B, T)."""
+    return _add_at_last(token_scores, mask, torch.ones_like(amount, dtype=torch.bool), amount)
+
+
 def unfinished_scores(
     token_scores: torch.Tensor,
     placed: torch.Tensor,

@@ -84,6 +84,8 @@ def iteration_metrics(
     }
     for name, per_response in scored.per_source.items():
         m[f"reward/{name}"] = gather(per_response)
+    if scored.overlong is not None:  # reward.overlong_buffer: the mean penalty added per response
+        m["reward/overlong_penalty"] = gather(scored.overlong)
     m.update(episode_metrics(rollout, gather))  # multi-turn episodes: episode/*
     for name in MEAN_STATS:
         if name in stats:

@@ -9,16 +9,18 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from lmppo.config import Config, RewardConfig
+from lmppo.config import Config, RewardConfig, RolloutConfig
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, population_std
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, next_state_kl
 from lmppo.core.masking import masked_sum
 from lmppo.core.rewards import (
     RunningMoments,
+    add_on_last_token,
     bootstrap_truncated,
     kl_penalized_rewards,
     normalize_scores,
+    overlong_penalty,
     penalize_truncated,
     score_range,
     signal_rows,
@@ -45,6 +47,7 @@ class ScoredRollout:
     raw_scores: torch.Tensor  # (B,) per-response total before truncation penalty / normalisation
     valid: torch.Tensor  # (B,) bool, False where a reward source gave bad output and on_bad_output = drop
     per_source: dict[str, torch.Tensor]  # name -> (B,) unweighted per-response totals
+    overlong: torch.Tensor | None = None  # (B,) `reward.overlong_buffer`'s penalty in token_scores; None: off
 
 
 @dataclass
@@ -77,9 +80,12 @@ def score(
     rc: RewardConfig,
     score_moments: RunningMoments,
     device: torch.device,
+    sampling: RolloutConfig,
 ) -> ScoredRollout:
     """The sources' scores of the batch, placed on its tokens (the road's scoring, `lmppo.episodes.road`), then
-    normalised (`reward.normalize`, updating `score_moments`) or clipped, and the truncation policy's score changes."""
+    normalised (`reward.normalize`, updating `score_moments`) or clipped, the truncation policy's score changes,
+    then the overlong penalty (`reward.overlong_buffer` before `sampling.max_new_tokens`, on every row, truncated ones
+    included)."""
 
     # multi-turn episodes: the sources score the last turn; each turn's environment reward joins on its last token
     result = score_episodes(rollout_episodes(rollout), sources, tokenizer, rc.on_bad_output, stop_known=True)
@@ -102,12 +108,17 @@ def score(
             result.final_scores.to(device),
             score_moments.std if rc.normalize else 1.0,
         )
+    overlong = None
+    if rc.overlong_buffer:  # after normalisation and the truncation policy: in the units the policy is trained on
+        overlong = overlong_penalty(mask.sum(1), sampling.max_new_tokens, rc.overlong_buffer, rc.overlong_penalty)
+        token_scores = add_on_last_token(token_scores, mask, overlong)
     token_scores = torch.where(valid[:, None], token_scores, torch.zeros_like(token_scores))
     return ScoredRollout(
         token_scores=token_scores,
         raw_scores=raw,
         valid=valid,
         per_source={k: v.to(device) for k, v in result.per_source.items()},
+        overlong=overlong,
     )
 
 

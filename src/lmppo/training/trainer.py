@@ -236,8 +236,8 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 2. - 4. score, rewards, advantages
     def score(self, batch: Rollout) -> ScoredRollout:
-        sources, rc = self.reward_sources, self.config.reward
-        return scoring.score(batch, sources, self.tokenizer, rc, self.score_moments, self.device)
+        sources, cfg = self.reward_sources, self.config
+        return scoring.score(batch, sources, self.tokenizer, cfg.reward, self.score_moments, self.device, cfg.rollout)
 
     @property
     def kl_reacts_now(self) -> bool:
