@@ -20,7 +20,7 @@ from lmppo.evaluation.evaluate import eval_prompt_set
 from lmppo.evaluation.summary import heldout_summary
 from lmppo.models.assets import arithmetic_problems, builtin_records
 from lmppo.rewards import FunctionSource, SourceContext, build_reward_sources, score_rollout
-from lmppo.rewards.builtin import exact_match, final_answer
+from lmppo.rewards.builtin import exact_match, final_answer, number_only
 from lmppo.training.report import run_record
 from lmppo.training.trainer import PPOTrainer
 
@@ -229,6 +229,36 @@ def test_final_answer_and_exact_match():
         ["The answer is 12.", "#### 1,200", r"\boxed{7}", "12.0", "13", "", "Paris."],
         ["12", "1200", "7", "12", "12", "0", "paris"],
     ) == [1, 1, 1, 1, 0, 0, 1]
+
+
+def test_number_only_pays_for_a_bare_number():
+    assert number_only(
+        ["42", " -7\n", "3.5", "1,200", ".5", "The answer is 42", "42.", "#### 42", r"\boxed{4}", "", "four", "4 2"]
+    ) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_a_format_reward_beside_exact_match_with_weights(tokenizer, tmp_path):
+    """`number_only` (weight 0.25) beside `exact_match` (weight 1), from the config: each logged on its own, the
+    trained score their weighted sum."""
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"say {i}", "solution": str(i)}) + "\n" for i in range(8)))
+    cfg = Config()
+    cfg.precision, cfg.output_dir, cfg.log.trackers = "fp32", str(tmp_path / "run"), []
+    cfg.data.prompts = str(path)
+    cfg.reward.sources = [
+        RewardSourceConfig(kind="function", path="lmppo.rewards.builtin:exact_match"),
+        RewardSourceConfig(kind="function", path="lmppo.rewards.builtin:number_only", weight=0.25),
+    ]
+    cfg.rollout.batch_size, cfg.rollout.max_new_tokens, cfg.ppo.micro_batch_size, cfg.total_episodes = 4, 3, 4, 4
+    trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer)
+    rollout = trainer.collect_rollout()
+    solutions = [c["solution"] for c in rollout.prompt_columns]
+    # the texts the sources read, set by hand: right and bare, a bare wrong number, neither, right in a sentence
+    rollout.responses_text = [solutions[0], "1,000", "no", f"the answer is {solutions[3]}"]
+    scored = trainer.score(rollout)
+    assert scored.token_scores.sum(1).tolist() == pytest.approx([1.25, 0.25, 0.0, 1.0])
+    assert scored.per_source["number_only"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert scored.per_source["exact_match"].tolist() == [1.0, 0.0, 0.0, 1.0]
 
 
 def test_builtin_arithmetic_is_deterministic_and_right():

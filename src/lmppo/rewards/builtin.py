@@ -129,6 +129,14 @@ def exact_match(completions: list[str], solution: list[object], **kwargs: object
     return out
 
 
+def number_only(completions: list[str], **kwargs: object) -> list[float]:
+    """A format reward: 1.0 where the completion, stripped of surrounding whitespace, is one number as
+    ``final_answer`` reads numbers (``42``, ``-7``, ``3.5``, ``1,200``) and nothing else, else 0.0. Beside
+    ``exact_match`` as a second source with a small weight, it pays for the answer format even while the answer
+    is wrong (docs/choosing.md, "GRPO-style knobs")."""
+    return [1.0 if _NUMBER.fullmatch(c.strip()) else 0.0 for c in completions]
+
+
 # ----------------------------------------------------------------------------- VADER
 
 
