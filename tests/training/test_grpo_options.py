@@ -106,3 +106,35 @@ def test_overlong_penalty_is_added_to_each_score_and_logged(tmp_path, tokenizer)
     history = trainer.train()
     assert history[0]["reward/overlong_penalty"] < 0
     assert history[0]["objective/scores"] == pytest.approx(1.0 + history[0]["reward/overlong_penalty"], abs=1e-5)
+
+
+def test_zero_variance_groups_count_in_the_loss_denominator(tmp_path, tokenizer):
+    """Pins what lmppo does with a group whose responses all scored alike (DAPO's zero-variance group): advantage 0,
+    but its tokens stay in the token mean's denominator, so they dilute the step (as TRL's GRPOTrainer; DAPO's
+    dynamic sampling instead fills the batch with groups that have a signal). First prompt: lengths as the score;
+    every other prompt: a constant. Policy loss with every ratio e^-0.3 (below 1 - clip): max(-A e^-0.3, -A 0.8) per
+    token, summed over the signal group's tokens, divided by ALL the batch's tokens."""
+    from lmppo.training.metrics import MetricsAccumulator
+    from lmppo.training.update import minibatch_denominator
+
+    first = {}
+
+    def reward(prompts, completions):
+        first.setdefault("prompt", prompts[0])
+        return [len(c) / 20.0 if p == first["prompt"] else 1.0 for p, c in zip(prompts, completions)]
+
+    trainer = make(tmp_path, tokenizer, reward, **GRPO, ppo__vf_coef=0.0)
+    rollout, rewards = first_batch(trainer)
+    adv, ret = trainer.advantages(rollout, rewards)
+    signal = rewards.signal.rows
+    assert signal.tolist() == [True] * 4 + [False] * 4  # one group with a signal, one without
+    assert rewards.train_mask[~signal].any()  # the silent group's tokens still train (KL / entropy terms)
+    denominator = minibatch_denominator(rewards.train_mask, trainer.config)
+    all_tokens, signal_tokens = rewards.train_mask.sum().item(), rewards.train_mask[signal].sum().item()
+    assert denominator.item() == all_tokens > signal_tokens
+    rollout.logprobs = rollout.logprobs + 0.3
+    loss = trainer.micro_batch_loss(rollout, adv, ret, rewards.train_mask, denominator, MetricsAccumulator())
+    a = adv[signal][rewards.train_mask[signal]]  # the signal group's token advantages
+    signal_sum = torch.maximum(-a * math.exp(-0.3), -a * 0.8).sum().item()
+    assert signal_sum != 0
+    assert loss.item() == pytest.approx(signal_sum / all_tokens, abs=1e-6)  # diluted: not signal_sum / signal_tokens
