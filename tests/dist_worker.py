@@ -89,6 +89,9 @@ def main(out_path: str) -> None:
     if retire:  # the per-prompt difficulty filter: each process must retire the same prompts
         cfg.ppo.advantage_estimator, cfg.rollout.num_samples_per_prompt = "grpo", 2
         cfg.data.retire_settled_after, cfg.total_episodes = 1, 6 * 8
+    if os.environ.get("GRPO_BATCH_SCALE"):  # ppo.grpo_scale batch (a std over processes), a sequence-mean loss
+        cfg.ppo.advantage_estimator, cfg.rollout.num_samples_per_prompt = "grpo", 2
+        cfg.ppo.grpo_scale, cfg.ppo.whiten_advantages, cfg.ppo.loss_aggregation = "batch", False, "sequence_mean"
     policy = tiny_llama(tok)
     if os.environ.get("POLICY_FROM_FOLDER"):  # loaded by the trainer (under ZeRO-3: partitioned by zero.Init)
         cfg.model.policy = os.path.join(os.path.dirname(out_path), f"policy-rank{os.environ.get('RANK', '0')}")

@@ -114,6 +114,18 @@ def test_two_processes_retire_the_same_settled_prompts_as_one(tmp_path):
     assert not set(drawn_after) & set(one["retired"])
 
 
+def test_two_processes_match_one_with_a_batch_scale_and_a_sequence_mean(tmp_path):
+    """`ppo.grpo_scale: batch` divides by the std of every process's scores (`Strategy.gather_std`), and
+    `ppo.loss_aggregation: sequence_mean` divides by the sequences of every process: 2 processes train as 1."""
+    one = run_workers(tmp_path, 1, GRPO_BATCH_SCALE="1")
+    two = run_workers(tmp_path, 2, GRPO_BATCH_SCALE="1")
+    assert len(one) == len(two) == 3
+    assert one[0]["policy/approxkl_avg"] > 0  # it did take steps
+    for a, b in zip(one, two):
+        assert set(a) == set(b)
+        assert_close(a, b)
+
+
 def test_stop_called_on_the_main_process_alone_ends_every_process(tmp_path):
     """on_log runs on the main process only; a stop() there must end the run on both processes after the same
     iteration (without the agreement, process 1 would start iteration 2 and wait for process 0 until the timeout)."""

@@ -45,3 +45,5 @@ def test_means_sums_and_maxima_over_one_process_are_the_local_values(strategy):
     assert strategy.process_sum(torch.tensor(3)) == 3.0
     assert strategy.process_max(torch.tensor(-2.0)) == -2.0
     assert strategy.gather_mean(torch.tensor([1.0, 2.0, 6.0])) == 3.0
+    # population std: (1, 3, 0, 4) has mean 2 and variance (1 + 1 + 4 + 4) / 4 = 2.5
+    assert strategy.gather_std(torch.tensor([1.0, 3.0, 0.0, 4.0])).item() == pytest.approx(2.5**0.5)
