@@ -2,10 +2,12 @@
 loss aggregation (`ppo.loss_aggregation`), the overlong penalty (`reward.overlong_buffer`)."""
 
 import math
+import typing
 
 import pytest
 import torch
 
+from lmppo.config.schema import PPOConfig
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, GROUP_SCALES
 from lmppo.core.losses import LOSS_AGGREGATIONS
 from lmppo.core.rewards import add_on_last_token, overlong_penalty
@@ -74,8 +76,11 @@ def test_grpo_batch_scale_reads_the_given_batch_std():
     assert torch.allclose(adv[:, 0], t([-1.0, 1.0, -2.0, 2.0]) / (4.0 + 1e-6))
 
 
-def test_grpo_scales_are_the_documented_three():
-    assert sorted(GROUP_SCALES) == ["batch", "group", "none"]
+def test_the_config_offers_exactly_the_core_names():
+    """The schema's choices (the config layer imports no torch, so it lists them) are the core tables' keys."""
+    hints = typing.get_type_hints(PPOConfig)
+    assert set(typing.get_args(hints["grpo_scale"])) == set(GROUP_SCALES) == {"batch", "group", "none"}
+    assert set(typing.get_args(hints["loss_aggregation"])) == set(LOSS_AGGREGATIONS)
     assert ADVANTAGE_ESTIMATORS.trait("grpo", "group_scale") is True
     assert not any(ADVANTAGE_ESTIMATORS.trait(n, "group_scale") for n in ("gae", "rloo", "reinforce_pp"))
 
