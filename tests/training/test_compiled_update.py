@@ -47,11 +47,14 @@ class Batch:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("value_mode", ["shared", "critic"])
-def test_the_compiled_update_equals_the_eager_one(tmp_path, tokenizer, value_mode):
+@pytest.mark.parametrize(
+    "value_mode, aggregation", [("shared", "token_mean"), ("critic", "token_mean"), ("shared", "sequence_mean")]
+)
+def test_the_compiled_update_equals_the_eager_one(tmp_path, tokenizer, value_mode, aggregation):
     torch.manual_seed(0)
-    eager = _trainer(tmp_path, tokenizer, "eager", value__mode=value_mode, ppo__compile="off")
-    compiled = _trainer(tmp_path, tokenizer, "compiled", value__mode=value_mode, ppo__compile="on")
+    fields = {"value__mode": value_mode, "ppo__loss_aggregation": aggregation}
+    eager = _trainer(tmp_path, tokenizer, "eager", **fields, ppo__compile="off")
+    compiled = _trainer(tmp_path, tokenizer, "compiled", **fields, ppo__compile="on")
     before = {name: weight.clone() for name, weight in _weights(eager).items()}
     batch = Batch(eager)  # sampled by the initial weights, which both trainers share
     eager_stats, compiled_stats = batch.update(eager), batch.update(compiled)
