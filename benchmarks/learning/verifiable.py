@@ -25,6 +25,10 @@ an interrupted grid keeps what ran; `--table` prints the markdown table (mean, m
     python benchmarks/learning/verifiable.py --trl-python .venv-trl/bin/python --episodes 384 --seeds 0,1,2 \
         [--sides trl,ppo_critic,ppo_shared,grpo,rloo] [--out benchmarks/results/verifiable.jsonl]
     python benchmarks/learning/verifiable.py --table [--out ...]
+Another task: `--problems my_task.jsonl` (one {"prompt": ..., "solution": ...} per line, scored by `exact_match`),
+`--heldout N` (100), `--max-new-tokens` (16), `--max-prompt-length` (48 tokens with the chat template; lmppo is told to
+stop on a longer prompt rather than cut it, as TRL cuts none). Each row records its task; `--table` prints one table
+per task.
 Worker modes (used by the driver): --worker lmppo|trl --cfg run.json ; --evaluate run.json
 """
 
@@ -44,7 +48,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 HELDOUT = 100
 BATCH, STEPS_PER_ROLLOUT, GROUP = 32, 4, 8
-SETTINGS = dict(lr=7e-4, max_new_tokens=16, temperature=0.7, lora_r=16, lora_alpha=32)
+SETTINGS = dict(lr=7e-4, max_new_tokens=16, temperature=0.7, lora_r=16, lora_alpha=32)  # max_new_tokens: the default
 
 # lmppo sides: overrides on the shared settings (what each knob is: docs/choosing.md)
 LMPPO_SIDES: dict[str, dict] = {
@@ -58,16 +62,47 @@ SIDES = ["trl", *LMPPO_SIDES]
 SHOWN = {"trl": "TRL GRPOTrainer", **{side: f"lmppo `{side}`" for side in LMPPO_SIDES}}  # names in the table
 
 
-def split_problems(work: Path) -> tuple[Path, list[dict]]:
-    """train.jsonl (prompt, solution) in `work`, and the held-out problems (fixed split, seed 1234)."""
-    sys.path.insert(0, str(REPO / "src"))
-    from lmppo.models.assets import arithmetic_problems
+def load_problems(source: str) -> list[dict]:
+    """The task's problems: `builtin:arithmetic`, or a .jsonl file of objects with a non-empty `prompt` (text) and a
+    `solution` (text or number, compared by `exact_match`). Exits with one `error:` line naming the file, the line
+    and what is wrong, before any model is loaded."""
+    if source == "builtin:arithmetic":
+        sys.path.insert(0, str(REPO / "src"))
+        from lmppo.models.assets import arithmetic_problems
 
-    problems = arithmetic_problems()
+        return [{"prompt": p["prompt"], "solution": p["solution"]} for p in arithmetic_problems()]
+    path = Path(source)
+    if not path.is_file():
+        sys.exit(f"error: --problems {source!r} is not a file; give builtin:arithmetic or a .jsonl file")
+    problems = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: --problems {source} line {number}: not JSON ({e.msg})")
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"].strip():
+            sys.exit(f"error: --problems {source} line {number}: needs a non-empty text `prompt`")
+        solution = row.get("solution")
+        if isinstance(solution, bool) or not isinstance(solution, (str, int, float)) or str(solution).strip() == "":
+            sys.exit(f"error: --problems {source} line {number}: needs a `solution` (text or number), got {solution!r}")
+        problems.append({"prompt": row["prompt"], "solution": str(solution)})
+    return problems
+
+
+def split_problems(work: Path, source: str, heldout_count: int) -> tuple[Path, list[dict]]:
+    """train.jsonl (prompt, solution) in `work`, and the held-out problems (fixed split, seed 1234)."""
+    problems = load_problems(source)
+    if not 1 <= heldout_count <= len(problems) - BATCH // GROUP:
+        sys.exit(
+            f"error: --heldout {heldout_count} with {len(problems)} problems in {source}; allowed: 1 to "
+            f"{len(problems) - BATCH // GROUP} (one rollout's {BATCH // GROUP} prompts must stay for training)"
+        )
     order = list(range(len(problems)))
     random.Random(1234).shuffle(order)
-    heldout = [problems[i] for i in order[:HELDOUT]]
-    train = [problems[i] for i in order[HELDOUT:]]
+    heldout = [problems[i] for i in order[:heldout_count]]
+    train = [problems[i] for i in order[heldout_count:]]
     path = work / "train.jsonl"
     path.write_text("".join(json.dumps({"prompt": p["prompt"], "solution": p["solution"]}) + "\n" for p in train))
     return path, heldout
@@ -93,10 +128,11 @@ def lmppo_worker(cfg: dict) -> None:
         "model.lora.target_modules": ["all-linear"],
         "data.prompts": cfg["train_file"],
         "data.chat_template": True,
-        "data.max_prompt_length": 48,
+        "data.max_prompt_length": cfg["max_prompt_length"],
+        "data.long_prompts": "error",  # TRL does not cut prompts: neither side may
         "data.holdout": 0,
         "rollout.batch_size": BATCH,
-        "rollout.max_new_tokens": SETTINGS["max_new_tokens"],
+        "rollout.max_new_tokens": cfg["max_new_tokens"],
         "rollout.temperature": SETTINGS["temperature"],
         "reward.sources": [
             {"kind": "function", "path": "lmppo.rewards.builtin:exact_match", "name": "exact_match", "weight": 1.0}
@@ -170,7 +206,7 @@ def trl_worker(cfg: dict) -> None:
         steps_per_generation=2,
         num_iterations=2,
         num_generations=GROUP,
-        max_completion_length=SETTINGS["max_new_tokens"],
+        max_completion_length=cfg["max_new_tokens"],
         temperature=SETTINGS["temperature"],
         learning_rate=SETTINGS["lr"],
         lr_scheduler_type="constant",
@@ -233,7 +269,7 @@ def evaluate(cfg: dict) -> dict:
     P = enc.input_ids.shape[1]
     with torch.no_grad():
         greedy = policy.generate(
-            **enc, max_new_tokens=SETTINGS["max_new_tokens"], do_sample=False, pad_token_id=tokenizer.pad_token_id
+            **enc, max_new_tokens=cfg["max_new_tokens"], do_sample=False, pad_token_id=tokenizer.pad_token_id
         )
         answers = tokenizer.batch_decode(greedy[:, P:], skip_special_tokens=True)
         score = exact_match(answers, [p["solution"] for p in heldout])
@@ -242,7 +278,7 @@ def evaluate(cfg: dict) -> dict:
         for _ in range(2):
             sampled = policy.generate(
                 **enc,
-                max_new_tokens=SETTINGS["max_new_tokens"],
+                max_new_tokens=cfg["max_new_tokens"],
                 do_sample=True,
                 temperature=SETTINGS["temperature"],
                 top_k=0,
@@ -277,13 +313,14 @@ def model_dir(python: str) -> str:
 def drive(a: argparse.Namespace) -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="verifiable-"))
     work.mkdir(parents=True, exist_ok=True)
-    train_file, heldout = split_problems(work)
+    train_file, heldout = split_problems(work, a.problems, a.heldout)
     model = model_dir(a.lmppo_python)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     env_trl = dict(env, PYTHONPATH=str(REPO / "src"))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    base_cfg = {"model_dir": model, "policy_dir": model, "heldout": heldout}
+    task = {"max_new_tokens": a.max_new_tokens, "max_prompt_length": a.max_prompt_length}
+    base_cfg = {"model_dir": model, "policy_dir": model, "heldout": heldout, **task}
     base_file = work / "base.json"
     base_file.write_text(json.dumps(base_cfg))
     if not a.skip_base:
@@ -296,7 +333,7 @@ def drive(a: argparse.Namespace) -> None:
         base = json.loads((work / "base_eval.json").read_text())
         print(f"base: held-out exact match {base['heldout_exact_match']:.2f}", flush=True)
         with open(out, "a") as f:
-            f.write(json.dumps({"side": "base", "episodes": 0, "seed": None, **base}) + "\n")
+            f.write(json.dumps({"side": "base", "task": a.problems, "episodes": 0, "seed": None, **base}) + "\n")
     for seed in a.seeds:
         for side in a.sides:
             tag = f"{side}-{a.episodes}-s{seed}{a.tag}"
@@ -310,6 +347,7 @@ def drive(a: argparse.Namespace) -> None:
                 "policy_dir": str(work / tag / "merged"),
                 "result": str(work / f"{tag}.result.json"),
                 "heldout": heldout,
+                **task,
                 "extra": json.loads(a.extra) if a.extra and side != "trl" else {},
             }
             cfg_file = work / f"{tag}.json"
@@ -335,6 +373,7 @@ def drive(a: argparse.Namespace) -> None:
                 continue
             row = {
                 "side": side,
+                "task": a.problems,
                 "episodes": a.episodes,
                 "seed": seed,
                 "tag": a.tag,
@@ -350,9 +389,17 @@ def drive(a: argparse.Namespace) -> None:
 
 
 def table(path: Path) -> str:
+    """One markdown table per task of the rows in `path` (rows without a task are `builtin:arithmetic`'s)."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    tasks: dict[str, list[dict]] = {}
+    for r in rows:
+        tasks.setdefault(r.get("task", "builtin:arithmetic"), []).append(r)
+    return "\n\n".join(task_table(task, rs, several=len(tasks) > 1) for task, rs in tasks.items())
+
+
+def task_table(task: str, rows: list[dict], several: bool) -> str:
     base = [r for r in rows if r["side"] == "base"]
-    lines = []
+    lines = [f"Task {task}\n"] if several else []
     if base:
         lines.append(f"Base model (before): held-out exact match {base[-1]['heldout_exact_match']:.2f}\n")
     lines.append(
@@ -386,6 +433,16 @@ def main() -> None:
     p.add_argument("--sides", type=lambda s: s.split(","), default=SIDES)
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=384)
+    p.add_argument(
+        "--problems",
+        default="builtin:arithmetic",
+        help="the task: builtin:arithmetic or a .jsonl of {prompt, solution} (checked with exact_match)",
+    )
+    p.add_argument("--heldout", type=int, default=HELDOUT, help="problems kept out of training and scored")
+    p.add_argument("--max-new-tokens", type=int, default=SETTINGS["max_new_tokens"])
+    p.add_argument(
+        "--max-prompt-length", type=int, default=48, help="tokens, chat template included; a longer prompt is an error"
+    )
     p.add_argument("--extra", default="", help="JSON dict of config overrides for the lmppo sides")
     p.add_argument("--tag", default="", help="suffix of the side's name in the table (a variant)")
     p.add_argument("--work", default="")
@@ -400,6 +457,9 @@ def main() -> None:
     elif a.table:
         print(table(Path(a.out)))
     else:
+        for name in ("episodes", "max_new_tokens", "max_prompt_length"):
+            if getattr(a, name) < 1:
+                sys.exit(f"error: --{name.replace('_', '-')} {getattr(a, name)}; allowed: a positive whole number")
         unknown = set(a.sides) - set(SIDES)
         if unknown:
             sys.exit(f"error: --sides {sorted(unknown)} unknown; allowed: {', '.join(SIDES)}")

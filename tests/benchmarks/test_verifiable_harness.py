@@ -1,0 +1,103 @@
+"""benchmarks/learning/verifiable.py's task input (`--problems`, `--heldout`, `--max-*`) and its per-task table: a bad
+task file is one `error:` line before any model is loaded; a good one splits the same way every time."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO  # noqa: E402
+
+ROOT = Path(REPO)
+SCRIPT = ROOT / "benchmarks" / "learning" / "verifiable.py"
+sys.path.insert(0, str(ROOT / "benchmarks" / "shared"))
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
+import verifiable  # noqa: E402
+
+
+def drive(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--sides", "grpo", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]
+        + list(args),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def problems_file(tmp_path: Path, rows: list, name: str = "task.jsonl") -> Path:
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+GOOD = [{"prompt": f"What is {i} + 1?", "solution": i + 1} for i in range(20)]
+
+
+@pytest.mark.parametrize(
+    "bad_row, says",
+    [
+        ("{not json", "line 3: not JSON (Expecting property name enclosed in double quotes)"),
+        ({"prompt": "  ", "solution": "1"}, "line 3: needs a non-empty text `prompt`"),
+        ({"question": "2+2?", "solution": "4"}, "line 3: needs a non-empty text `prompt`"),
+        ({"prompt": "2+2?"}, "line 3: needs a `solution` (text or number), got None"),
+        ({"prompt": "2+2?", "solution": True}, "line 3: needs a `solution` (text or number), got True"),
+        ({"prompt": "2+2?", "solution": ""}, "line 3: needs a `solution` (text or number), got ''"),
+    ],
+)
+def test_a_bad_problem_line_is_one_error_line_naming_file_and_line(tmp_path, bad_row, says):
+    path = problems_file(tmp_path, [GOOD[0], GOOD[1], bad_row])
+    got = drive(tmp_path, "--problems", str(path))
+    assert got.returncode == 1
+    assert got.stderr.strip().splitlines() == [f"error: --problems {path} {says}"]
+    assert not (tmp_path / "o").exists()  # nothing run, nothing written
+
+
+def test_a_missing_task_file_and_bad_sizes_are_refused(tmp_path):
+    got = drive(tmp_path, "--problems", str(tmp_path / "nope.jsonl"))
+    assert got.stderr.strip().splitlines() == [
+        f"error: --problems '{tmp_path / 'nope.jsonl'}' is not a file; give builtin:arithmetic or a .jsonl file"
+    ]
+    path = problems_file(tmp_path, GOOD)
+    for heldout in ("0", "17"):  # 20 problems: one rollout's 4 prompts must stay for training
+        got = drive(tmp_path, "--problems", str(path), "--heldout", heldout)
+        assert got.stderr.strip().splitlines() == [
+            f"error: --heldout {heldout} with 20 problems in {path}; allowed: 1 to 16 "
+            "(one rollout's 4 prompts must stay for training)"
+        ]
+    got = drive(tmp_path, "--problems", str(path), "--max-new-tokens", "0")
+    assert got.stderr.strip().splitlines() == ["error: --max-new-tokens 0; allowed: a positive whole number"]
+
+
+def test_a_task_file_splits_into_held_out_and_training_problems_the_same_way_every_time(tmp_path):
+    path = problems_file(tmp_path, GOOD + [""])  # a blank line is skipped
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    train_a, heldout_a = verifiable.split_problems(tmp_path / "a", str(path), 5)
+    train_b, heldout_b = verifiable.split_problems(tmp_path / "b", str(path), 5)
+    assert heldout_a == heldout_b and train_a.read_text() == train_b.read_text()
+    trained = [json.loads(line) for line in train_a.read_text().splitlines()]
+    assert len(heldout_a) == 5 and len(trained) == 15
+    as_text = [{"prompt": r["prompt"], "solution": str(r["solution"])} for r in GOOD]
+    assert sorted(map(json.dumps, heldout_a + trained)) == sorted(map(json.dumps, as_text))  # numbers become text
+
+
+def test_the_table_has_one_part_per_task_and_old_rows_belong_to_arithmetic(tmp_path):
+    row = {"episodes": 384, "tag": "", "heldout_kl": 4.0, "cpu_s": 500.0}
+    rows = [
+        {"side": "base", "episodes": 0, "seed": None, "heldout_exact_match": 0.3, "heldout_kl": 0.0},
+        {**row, "side": "grpo", "seed": 0, "heldout_exact_match": 0.5},
+        {**row, "side": "base", "task": "mine.jsonl", "episodes": 0, "seed": None, "heldout_exact_match": 0.1},
+        {**row, "side": "grpo", "task": "mine.jsonl", "seed": 0, "heldout_exact_match": 0.2},
+        {**row, "side": "grpo", "task": "mine.jsonl", "seed": 1, "heldout_exact_match": 0.4},
+    ]
+    out = tmp_path / "rows.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    arithmetic, mine = verifiable.table(out).split("\n\nTask mine.jsonl\n")
+    assert arithmetic.startswith("Task builtin:arithmetic\n")
+    assert "| lmppo `grpo` | 384 | 1 | 0.50 (0.50-0.50) |" in arithmetic
+    assert "held-out exact match 0.10" in mine and "| lmppo `grpo` | 384 | 2 | 0.30 (0.20-0.40) |" in mine
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
+    assert not verifiable.table(out).startswith("Task")  # one task: the table as before
