@@ -214,3 +214,82 @@ def test_critic_free_estimators_train_no_value_head(tmp_path, tokenizer, estimat
     trainer.train()
     moved = any(not torch.equal(a, b) for a, b in zip(before, head.parameters()))
     assert moved == (estimator == "gae")
+
+
+class Snapshot:
+    """A copy of the policy after iteration `at` (1-based)."""
+
+    def __init__(self, at: int):
+        self.at, self.policy = at, None
+
+    def on_iteration_end(self, trainer, metrics):
+        if trainer.iteration == self.at:
+            self.policy = copy.deepcopy(trainer.policy).eval()
+
+
+@pytest.mark.parametrize("mode", ["critic", "shared", "grpo"])
+def test_kl_pull_brings_a_silent_run_back_toward_the_reference(tmp_path, tokenizer, mode):
+    """`kl.pull_without_signal` with the KL in the loss (`exact`, beta 5): signal for 2 iterations, then 4 silent
+    ones. Off, the silent iterations leave the policy where the signal left it (the held-out KL to the start, which
+    is the reference, stays what it was); on, they step on the KL term alone (`update/kl_pull` 1,
+    `policy/approxkl_avg` above 0) and the held-out KL to the start falls."""
+    start = tiny_llama(tokenizer, seed=1).eval()
+    kl_at_2, kl_end, history = {}, {}, {}
+    for pull in (False, True):
+        snap = Snapshot(2)
+        trainer = make(
+            tmp_path / str(pull),
+            tokenizer,
+            SignalThenZero(16),
+            6,
+            kl__controller="fixed",
+            kl__coef=5.0,
+            kl__estimator="exact",
+            kl__placement="loss",
+            kl__pull_without_signal=pull,
+            ppo__learning_rate=1e-2,
+            **MODES[mode],
+        )
+        trainer.callbacks.callbacks.append(snap)
+        history[pull] = trainer.train()
+        kl_at_2[pull] = heldout_kl(snap.policy, start, tokenizer, HELDOUT)
+        kl_end[pull] = heldout_kl(trainer.policy.eval(), start, tokenizer, HELDOUT)
+    assert kl_at_2[True] == pytest.approx(kl_at_2[False], rel=1e-4)  # the same run until the reward goes silent
+    assert kl_at_2[False] > 0.05  # the signal moved the policy away from the start
+    assert kl_end[False] == pytest.approx(kl_at_2[False], rel=1e-4)  # held
+    assert kl_end[True] < 0.75 * kl_at_2[True]  # pulled back (to 0.48-0.62 of it here)
+    for pull, expected in ((False, 0.0), (True, 1.0)):
+        silent = history[pull][2:]
+        assert [m["update/skipped_no_signal"] for m in silent] == [1.0] * 4
+        assert [m["update/kl_pull"] for m in silent] == [expected] * 4
+        assert all((m["policy/approxkl_avg"] > 0) == bool(expected) for m in silent)
+    assert [m["update/kl_pull"] for m in history[True][:2]] == [0.0, 0.0]
+
+
+def test_kl_pull_takes_no_step_without_a_kl_term(tmp_path, tokenizer):
+    """With beta 0 there is nothing to pull with: a silent batch holds the policy, the option on or off."""
+    trainer = make(
+        tmp_path,
+        tokenizer,
+        lambda p, c: [0.0] * len(c),
+        2,
+        kl__controller="fixed",
+        kl__coef=0.0,
+        kl__placement="loss",
+        kl__pull_without_signal=True,
+    )
+    before = policy_weights(trainer)
+    history = trainer.train()
+    assert [m["update/kl_pull"] for m in history] == [0.0, 0.0]
+    assert all(torch.equal(a, b) for a, b in zip(before, policy_weights(trainer)))
+
+
+def test_kl_pull_needs_a_kl_term_in_the_loss():
+    """Refused, naming the field and what it needs, where there is no loss term to pull with."""
+    from lmppo.config import load_config
+    from lmppo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"kl.pull_without_signal.*kl.placement `loss` or `both` \(it is `reward`\)"):
+        load_config(None, {"kl.pull_without_signal": "true"}).validate()
+    for other in ({"kl.placement": "both"}, {"kl.placement": "loss"}, {"kl.estimator": "exact"}):
+        assert load_config(None, {"kl.pull_without_signal": "true", **other}).validate().kl.pull_without_signal

@@ -274,6 +274,12 @@ class KLConfig(_Section):
     """With placement `loss` / `both` (and `estimator` not `exact`): the loss term's per-token estimator, which acts
     through its gradient: `k3` (the gradient of KL(pi_ref || pi), never negative per token, as in GRPO) or `k2` (its
     gradient on the policy's own samples is that of KL(pi || pi_ref)). No `k1`: its gradient is zero on average."""
+    pull_without_signal: bool = False
+    """With a KL term in the loss (`placement` loss / both, or `estimator` exact): a batch whose rewards carry no
+    signal (`ppo.signal_tolerance`) takes its optimizer steps on that term alone, pulling the policy toward the
+    reference (advantages 0, no entropy bonus, a shared value head's loss left out; a separate critic learns as
+    usual). Off: such a batch moves no policy weight, so a policy that has drifted to where every answer fails stays
+    there. Counted in `update/kl_pull`. With `coef` 0 there is no term and no step."""
     controller: Annotated[str, registered(KL_CONTROLLERS)] = "pi"
     """How beta moves so the KL per response holds `target`: `pi` (proportional-integral control of log beta,
     reacts within a few iterations: see `kp`, `ki`, `kd`), `adaptive` (Ziegler et al. 2019: at most
@@ -387,7 +393,8 @@ class PPOConfig(_Section):
     signal_tolerance: NonNegativeFloat = 1e-6
     """Scores that differ by no more than this (highest minus lowest, over the batch, or over each prompt's group
     with `rollout.num_samples_per_prompt` > 1) carry no signal: those responses get advantage 0, and a batch with
-    no signal at all moves no policy weight (no optimizer step; a separate critic still learns its values; beta holds).
+    no signal at all moves no policy weight (no optimizer step; a separate critic still learns its values; beta holds;
+    `kl.pull_without_signal` steps on the loss's KL term alone instead).
     Counted in `update/skipped_no_signal` and `update/no_signal_frac`. Raise it for noisy scores that should
     count as equal (e.g. 0.01 for a judge that returns 0.70 and 0.705 for the same quality)."""
     max_nonfinite_updates: PositiveInt = 3

@@ -222,6 +222,13 @@ def check_kl(c: Config) -> None:
             f"with kl.estimator `{k.estimator}` (over the whole vocabulary), use `reward` (the exact gradient "
             "of the response's KL, through the rewards and a loss term) or `loss` (the loss term only)",
         )
+    if k.pull_without_signal and k.placement == "reward" and not KL_ESTIMATORS.trait(k.estimator, "full_logits"):
+        raise ConfigError(
+            "kl.pull_without_signal",
+            True,
+            f"needs a KL term in the loss to pull with: kl.placement `loss` or `both` (it is `{k.placement}`), "
+            "or kl.estimator `exact`",
+        )
     gains = tuple(KL_CONTROLLERS.trait(k.controller, "gains"))
     unknown = [g for g in gains if g not in KL_GAIN_BOUNDS]
     if unknown:

@@ -99,6 +99,7 @@ def iteration_metrics(
         m["update/skipped_no_signal"] = float(not rewards.signal.any)
         rows_with_signal = procs.process_sum(rewards.signal.rows.sum())
         m["update/no_signal_frac"] = 1.0 - rows_with_signal / max(procs.process_sum(valid.sum()), 1.0)
+        m["update/kl_pull"] = float("update/kl_pull" in stats)  # kl.pull_without_signal: the KL term stepped alone
     if "update/skipped_nonfinite" in stats:
         m["update/skipped_nonfinite"] = stats.mean("update/skipped_nonfinite") * stats.count("update/skipped_nonfinite")
     for phase, sec in phase_seconds.items():

@@ -280,12 +280,22 @@ class PPOTrainer:
         learn_policy: bool = True,
     ) -> None:
         """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each, no host read inside the
-        minibatch loop (`lmppo.training.update.run_epochs`). `learn_policy` False: a batch without a reward signal
+        minibatch loop (`lmppo.training.update.run_epochs`). `learn_policy` False: a batch without a reward signal,
+        which steps on the loss's KL term alone (`kl.pull_without_signal`) or holds the policy
         (`update.hold_policy`)."""
         cfg = self.config
-        loss_of = None if learn_policy else update.hold_policy(stats, self.critic, self._autocast, cfg)
-        self.first_epoch_forward = self.first_epoch_forward if learn_policy else None  # no policy pass: graph goes
-        epochs = cfg.ppo.num_epochs if learn_policy or self.critic is not None else 0  # a shared head: no value step
+        pull = not learn_policy and update.pulls_without_signal(cfg, self.kl_controller.coef)
+        loss_of: Optional[update.MicroBatchLoss]
+        if learn_policy:
+            loss_of = None
+        elif pull:
+            loss_of = partial(self.micro_batch_loss, pull_only=True)
+            stats.add("update/kl_pull", 1.0)
+        else:
+            loss_of = update.hold_policy(stats, self.critic, self._autocast, cfg)
+        self.first_epoch_forward = self.first_epoch_forward if learn_policy else None  # no reuse: graph goes
+        moves = learn_policy or pull or self.critic is not None  # a shared head holding the policy: no value step
+        epochs = cfg.ppo.num_epochs if moves else 0
         whole = update.UpdateBatch(batch, advantages, returns, train_mask)
         self.nonfinite_in_a_row = update.run_epochs(self, whole, stats, epochs, loss_of)  # TrainingError: too many
         self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
@@ -301,9 +311,11 @@ class PPOTrainer:
         stats: MetricsAccumulator,
         forward: Optional[PolicyOutput] = None,
         widths: Optional[update.TrimWidths] = None,
+        pull_only: bool = False,
     ) -> torch.Tensor:
         """The micro-batch's share of the minibatch loss; `forward`: its policy/value pass if already run;
-        `widths`: its columns, taken on the host (None: read from the batch, `update.trim`)."""
+        `widths`: its columns, taken on the host (None: read from the batch, `update.trim`); `pull_only`: the KL term
+        alone moves the policy (`update.objective_and_stats`)."""
         batch, keep = update.trim(batch, widths)
         advantages, returns, mask, coef = (
             advantages[:, :keep],
@@ -311,12 +323,12 @@ class PPOTrainer:
             mask[:, :keep],
             self.kl_controller.coef,
         )
-        if forward is None and self.compiled is not None and widths is not None:  # ppo.compile
+        if forward is None and self.compiled is not None and widths is not None and not pull_only:  # ppo.compile
             loss, objective_stats = self.compiled(batch, advantages, returns, mask, denominator, coef)
         else:
             forward = forward or self.micro_batch_forward(batch, None if widths is None else widths.padded)
             loss, objective_stats = update.objective_and_stats(
-                batch, forward, advantages, returns, mask, denominator, self.config, coef
+                batch, forward, advantages, returns, mask, denominator, self.config, coef, pull_only
             )
         for name, value in objective_stats.items():
             stats.add(name, value)

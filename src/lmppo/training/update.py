@@ -170,9 +170,12 @@ def objective_and_stats(
     denominator: torch.Tensor,
     cfg: Config,
     kl_coef: float | torch.Tensor,
+    pull_only: bool = False,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """`ppo_objective` of a trimmed micro-batch (`trim`): the loss and its statistics. `forward`: the policy's
-    response logits and values, maybe wider than the batch (a reused rollout pass): cut to its width here."""
+    response logits and values, maybe wider than the batch (a reused rollout pass): cut to its width here.
+    `pull_only` (`kl.pull_without_signal`, a batch without reward signal, its advantages 0): only the KL term moves
+    the policy: no entropy bonus, and a shared head's value loss is left out, since it would move the trunk."""
     keep = batch.response_ids.shape[1]
     assert forward.values is not None, "the micro-batch forward returns values"
     logits, values = forward.logits[:, :keep], forward.values[:, :keep]  # V(s_0) .. V(s_{keep-1})
@@ -188,14 +191,20 @@ def objective_and_stats(
         denominator,
         clip_range=cfg.ppo.clip_range,
         value_clip_range=cfg.ppo.value_clip_range,
-        vf_coef=value_coef(cfg),
-        entropy_coef=cfg.ppo.entropy_coef,
+        vf_coef=0.0 if pull_only and cfg.value.mode == "shared" else value_coef(cfg),
+        entropy_coef=0.0 if pull_only else cfg.ppo.entropy_coef,
         kl_coef=kl_coef,  # type: ignore[arg-type]  # a 0-dim tensor when compiled (no recompile when beta moves)
         kl_estimator=loss_kl_estimator(cfg),
         ref_logprobs=batch.ref_logprobs,
         ref_logits=batch.ref_logits,
         aggregation=cfg.ppo.loss_aggregation,
     )
+
+
+def pulls_without_signal(cfg: Config, kl_coef: float) -> bool:
+    """Whether a batch without reward signal still steps, on the loss's KL term alone (`kl.pull_without_signal`,
+    a term in the loss, beta above 0)."""
+    return cfg.kl.pull_without_signal and loss_kl_estimator(cfg) is not None and kl_coef > 0
 
 
 def minibatch_denominator(train_mask: torch.Tensor, cfg: Config) -> torch.Tensor:
