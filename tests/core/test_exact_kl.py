@@ -143,6 +143,8 @@ def test_exact_changes_the_run_and_its_loss_term_acts(tmp_path, tokenizer):
     assert exact[2]["objective/kl"] != loss_only[2]["objective/kl"]  # the rewards' part acted in the second update
     assert k1[-1]["objective/kl"] != exact[-1]["objective/kl"]
     assert loss_only[-1]["objective/kl_coef"] == 0.0 and loss_only[-1]["loss/kl_avg"] > 0.0  # placement loss
+    assert [m["loss/kl_coef"] for m in loss_only] == [0.1] * 3  # the loss term's beta, which objective/kl_coef is not
+    assert "loss/kl_coef" not in k1[0]  # no KL term in the loss
     # a larger beta pulls harder through the loss term alone
     strong = _trainer(tmp_path, tokenizer, "strong", kl__estimator="exact", kl__placement="loss", kl__coef=50.0).train()
     assert strong[-1]["loss/kl_avg"] < loss_only[-1]["loss/kl_avg"]

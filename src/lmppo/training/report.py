@@ -24,7 +24,7 @@ from lmppo.run.storage import write_text
 from lmppo.training.episodes import episode_metrics
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import ScoredRollout, TokenRewards
-from lmppo.training.update import MEAN_STATS
+from lmppo.training.update import MEAN_STATS, loss_kl_estimator
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -70,6 +70,7 @@ def iteration_metrics(
         "objective/kl": rewards.kl_reading.mean,
         "objective/kl_coef": beta,
         **({"objective/kl_target": kl_target} if kl_target is not None else {}),
+        **({"loss/kl_coef": kl_coef} if loss_kl_estimator(config) is not None else {}),  # beta of the loss's term
         "objective/entropy": gather(masked_sum(-rollout.logprobs, mask, dim=1)),
         "objective/non_score_reward": gather(non_score),
         "objective/scores": gather(scores),
