@@ -19,6 +19,7 @@ MODES = {
     "grpo": {"ppo__advantage_estimator": "grpo", "rollout__num_samples_per_prompt": 4},
     "rloo": {"ppo__advantage_estimator": "rloo", "rollout__num_samples_per_prompt": 4},
 }
+PULL = {"kl__estimator": "exact", "kl__placement": "loss", "kl__pull_without_signal": True}  # KL steps alone
 
 
 class SignalThenZero:
@@ -156,21 +157,25 @@ def heldout_kl(policy, start, tokenizer, prompts, new_tokens=6) -> float:
     return total / len(prompts)
 
 
-@pytest.mark.parametrize("mode", ["critic", "shared"])
+@pytest.mark.parametrize("mode", ["critic", "shared", "grpo_pull"])
 def test_always_zero_reward_keeps_the_policy_at_its_start(tmp_path, tokenizer, mode):
     """A reward that is always 0 for 8 iterations: the held-out KL to the start stays below 0.05 nats (it is 0:
-    no step was taken). Before the skip, whitening scaled the critic's noise up to unit advantages."""
+    no step was taken). Before the skip, whitening scaled the critic's noise up to unit advantages. With
+    `kl.pull_without_signal` (`grpo_pull`) the steps are taken, on a KL term whose gradient is 0 at the reference."""
     policy = tiny_llama(tokenizer, seed=2)
     start = copy.deepcopy(policy).eval()
-    cfg = small_config(tmp_path / "run", 8, 8, **MODES[mode])
+    fields = {**MODES["grpo"], **PULL} if mode == "grpo_pull" else MODES[mode]
+    cfg = small_config(tmp_path / "run", 8, 8, **fields)
     trainer = PPOTrainer(
         cfg, policy=policy, tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[lambda p, c: [0.0] * len(c)]
     )
     history = trainer.train()
     assert all(m["update/skipped_no_signal"] == 1.0 for m in history)
+    assert all(m["update/kl_pull"] == float(mode == "grpo_pull") for m in history)
     kl = heldout_kl(trainer.policy.eval(), start, tokenizer, HELDOUT)
     assert kl < 0.05
-    assert kl == pytest.approx(0.0, abs=1e-6)
+    if mode != "grpo_pull":
+        assert kl == pytest.approx(0.0, abs=1e-6)
 
 
 def test_signal_tolerance_is_applied(tmp_path, tokenizer):
@@ -244,9 +249,7 @@ def test_kl_pull_brings_a_silent_run_back_toward_the_reference(tmp_path, tokeniz
             6,
             kl__controller="fixed",
             kl__coef=5.0,
-            kl__estimator="exact",
-            kl__placement="loss",
-            kl__pull_without_signal=pull,
+            **{**PULL, "kl__pull_without_signal": pull},
             ppo__learning_rate=1e-2,
             **MODES[mode],
         )
