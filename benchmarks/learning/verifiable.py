@@ -397,6 +397,15 @@ def table(path: Path) -> str:
     return "\n\n".join(task_table(task, rs, several=len(tasks) > 1) for task, rs in tasks.items())
 
 
+def label(row: dict) -> str:
+    """A row's side as the table names it: the side, then its config overrides (`--extra`) if any, else its tag."""
+    side = SHOWN.get(row["side"], row["side"])
+    extra = row.get("extra") or {}
+    if extra:
+        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in extra.items())
+    return f"{side} {row['tag']}" if row.get("tag") else side
+
+
 def task_table(task: str, rows: list[dict], several: bool) -> str:
     base = [r for r in rows if r["side"] == "base"]
     lines = [f"Task {task}\n"] if several else []
@@ -409,7 +418,7 @@ def task_table(task: str, rows: list[dict], several: bool) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["side"] != "base":
-            groups.setdefault((SHOWN.get(r["side"], r["side"]) + r.get("tag", ""), r["episodes"]), []).append(r)
+            groups.setdefault((label(r), r["episodes"]), []).append(r)
     for (side, episodes), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         em = [r["heldout_exact_match"] for r in rs]
         kl = [r["heldout_kl"] for r in rs]

@@ -101,3 +101,20 @@ def test_the_table_has_one_part_per_task_and_old_rows_belong_to_arithmetic(tmp_p
     assert "held-out exact match 0.10" in mine and "| lmppo `grpo` | 384 | 2 | 0.30 (0.20-0.40) |" in mine
     out.write_text("".join(json.dumps(r) + "\n" for r in rows[:2]))
     assert not verifiable.table(out).startswith("Task")  # one task: the table as before
+
+
+def test_a_variant_is_named_by_its_overrides_and_kept_apart(tmp_path):
+    """Rows run with `--extra` form their own line, named by the overrides; a tag without overrides names it too."""
+    row = {"side": "grpo", "episodes": 1536, "heldout_kl": 4.0, "cpu_s": 500.0}
+    rows = [
+        {**row, "seed": 0, "tag": "", "extra": {}, "heldout_exact_match": 0.1},
+        {**row, "seed": 0, "tag": "exloss", "extra": {"kl.placement": "loss"}, "heldout_exact_match": 0.5},
+        {**row, "seed": 1, "tag": "exloss", "extra": {"kl.placement": "loss"}, "heldout_exact_match": 0.3},
+        {**row, "seed": 0, "tag": "again", "heldout_exact_match": 0.2},
+    ]
+    out = tmp_path / "rows.jsonl"
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = verifiable.table(out)
+    assert "| lmppo `grpo` | 1536 | 1 | 0.10 (0.10-0.10) |" in text
+    assert '| lmppo `grpo` + `kl.placement: "loss"` | 1536 | 2 | 0.40 (0.30-0.50) |' in text
+    assert "| lmppo `grpo` again | 1536 | 1 | 0.20 (0.20-0.20) |" in text
