@@ -1,5 +1,6 @@
-"""Side by side on a verifiable reward: lmppo (PPO with a critic, PPO with a shared value head, `grpo`, `rloo`) and
-TRL 1.12's GRPOTrainer (in its own venv, as `make bench` runs TRL), SmolLM2-135M-Instruct learning small arithmetic.
+"""Side by side on a verifiable reward: lmppo (PPO with a critic, PPO with a shared value head, `grpo`, `grpo_exact`,
+`rloo`) and TRL 1.12's GRPOTrainer (in its own venv, as `make bench` runs TRL), SmolLM2-135M-Instruct learning
+small arithmetic.
 
 Task: `builtin:arithmetic` (480 problems: sums, differences, products, "Answer with the number only."), split once
 by a fixed seed into 380 training problems and 100 held-out ones, prompts through the chat template. Reward: lmppo's
@@ -14,7 +15,8 @@ term), `loss_type dapo` (token sum over the generation batch's token count: a to
 `scale_rewards group` (group std with Bessel's correction, + 1e-4; lmppo's grpo: population std, + 1e-6, then
 `ppo.whiten_advantages` over the tokens of rows with a signal), and the Trainer's AdamW step on every batch, an
 all-zero gradient included (its moments keep moving the weights; lmppo takes no step on a batch without signal);
-lmppo the arithmetic recipe's KL (PI controller, target 5 nats, starting beta 0.05).
+lmppo the arithmetic recipe's KL (PI controller, target 5 nats, starting beta 0.05): in the
+rewards (k1) on every lmppo side but `grpo_exact`, where it is the exact KL as a loss term.
 
 Measured per run, by one evaluator in lmppo's venv on the saved, merged policy: held-out exact match of greedy
 answers (100 problems) before and after, the KL to the base model on the held-out prompts (exact per-token KL summed
@@ -23,7 +25,7 @@ training process, `os.wait4`: loading included). One JSON row per run is appende
 an interrupted grid keeps what ran; `--table` prints the markdown table (mean, min-max over seeds) from that file.
 
     python benchmarks/learning/verifiable.py --trl-python .venv-trl/bin/python --episodes 384 --seeds 0,1,2 \
-        [--sides trl,ppo_critic,ppo_shared,grpo,rloo] [--out benchmarks/results/verifiable.jsonl]
+        [--sides trl,ppo_critic,ppo_shared,grpo,grpo_exact,rloo] [--out benchmarks/results/verifiable.jsonl]
     python benchmarks/learning/verifiable.py --table [--out ...]
 Another task: `--problems my_task.jsonl` (one {"prompt": ..., "solution": ...} per line, scored by `exact_match`),
 `--heldout N` (100), `--max-new-tokens` (16), `--max-prompt-length` (48 tokens with the chat template; lmppo is told to
@@ -51,11 +53,15 @@ BATCH, STEPS_PER_ROLLOUT, GROUP = 32, 4, 8
 SETTINGS = dict(lr=7e-4, max_new_tokens=16, temperature=0.7, lora_r=16, lora_alpha=32)  # max_new_tokens: the default
 
 # lmppo sides: overrides on the shared settings (what each knob is: docs/choosing.md)
+# critic-free: the value head is not trained (vf_coef 0), or its loss would move the shared trunk for nothing
+GRPO = {"ppo.advantage_estimator": "grpo", "rollout.num_samples_per_prompt": GROUP, "ppo.vf_coef": 0.0}
 LMPPO_SIDES: dict[str, dict] = {
     "ppo_critic": {"value.mode": "critic"},
     "ppo_shared": {"value.mode": "shared"},
-    # critic-free: the value head is not trained (vf_coef 0), or its loss would move the shared trunk for nothing
-    "grpo": {"ppo.advantage_estimator": "grpo", "rollout.num_samples_per_prompt": GROUP, "ppo.vf_coef": 0.0},
+    "grpo": GRPO,
+    # what docs/choosing.md recommends for verifiable rewards: the exact KL as a loss term, not in the rewards (its
+    # rows were run as `--sides grpo --extra '{"kl.estimator": "exact", "kl.placement": "loss"}'`, the same config)
+    "grpo_exact": {**GRPO, "kl.estimator": "exact", "kl.placement": "loss"},
     "rloo": {"ppo.advantage_estimator": "rloo", "rollout.num_samples_per_prompt": GROUP, "ppo.vf_coef": 0.0},
 }
 SIDES = ["trl", *LMPPO_SIDES]
