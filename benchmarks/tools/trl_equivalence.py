@@ -140,6 +140,7 @@ def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     from lmppo.data.prompts import PromptStream
+    from lmppo.training.assembly import prompts_per_iteration
     from lmppo.trl import PPOConfig, PPOTrainer
 
     pad = tok.pad_token_id
@@ -158,7 +159,7 @@ def run_dropin(cache: Path, s: dict, out: Path, rollouts: list, tok):
         train_dataset=Dataset.from_dict({"input_ids": prompt_lists}),
     )
     lm = trainer.lmppo  # the prompts are TRL's, in TRL's order
-    lm.stream = PromptStream(len(lm.prompt_set.ids), lm.prompts_per_iteration, lm.config.seed, False)
+    lm.stream = PromptStream(len(lm.prompt_set.ids), prompts_per_iteration(lm.config), lm.config.seed, False)
     lm.sampling_engines[lm.config.rollout.backend] = replay_engine(
         replay, lm.config, lm.stop_ids, lm.tokenizer.pad_token_id, lm.accelerator
     )

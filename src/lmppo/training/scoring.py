@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from lmppo.config import Config, RewardConfig, RolloutConfig
+from lmppo.config import Config, KLConfig, RewardConfig, RolloutConfig
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, population_std
 from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, next_state_kl
+from lmppo.core.kl_control import KL_CONTROLLERS
 from lmppo.core.masking import masked_sum
 from lmppo.core.rewards import (
     RunningMoments,
@@ -120,6 +121,11 @@ def score(
         per_source={k: v.to(device) for k, v in result.per_source.items()},
         overlong=overlong,
     )
+
+
+def kl_reacts_now(kl: KLConfig) -> bool:
+    """`kl.react` (`auto`: the controller's trait `react`): whether beta answers a batch's KL before its rewards."""
+    return (KL_CONTROLLERS.trait(kl.controller, "react") if kl.react == "auto" else kl.react) == "now"
 
 
 def reward_signal(

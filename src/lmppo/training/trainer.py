@@ -17,7 +17,6 @@ from torch import nn
 import lmppo.run.lock as lock
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
-from lmppo.core.kl_control import KL_CONTROLLERS
 from lmppo.core.rewards import RunningMoments
 from lmppo.episodes.road import Road, single_turn_road
 from lmppo.models.loading import PolicyOutput
@@ -27,7 +26,7 @@ from lmppo.run.layout import FINAL
 from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
 from lmppo.training import compiled_update, episodes, report, rollout, scoring, update
-from lmppo.training.assembly import Components, build_components, prompts_per_iteration
+from lmppo.training.assembly import Components, build_components
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
 from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, PhaseTimer, open_logger, warn_negative_kl
@@ -138,7 +137,7 @@ class PPOTrainer:
                 with timer("rewards"):
                     signal = scoring.reward_signal(batch, scored, cfg.ppo.signal_tolerance, self.strategy)
                     kl = self.read_kl(batch)  # reduced once: the rewards, the controller and the metrics read it
-                    if self.kl_reacts_now:
+                    if scoring.kl_reacts_now(cfg.kl):
                         self.adapt_kl_coef(kl, signal)  # beta answers this batch's own KL (kl.react: now)
                     rewards = self.token_rewards(batch, scored, signal, kl)  # 3. scores - beta * KL, truncation
                 with timer("advantages"):
@@ -239,12 +238,6 @@ class PPOTrainer:
         sources, cfg = self.reward_sources, self.config
         return scoring.score(batch, sources, self.tokenizer, cfg.reward, self.score_moments, self.device, cfg.rollout)
 
-    @property
-    def kl_reacts_now(self) -> bool:
-        """`kl.react` (`auto`: the controller's trait `react`): whether beta answers a batch's KL before its rewards."""
-        k = self.config.kl
-        return (KL_CONTROLLERS.trait(k.controller, "react") if k.react == "auto" else k.react) == "now"
-
     def read_kl(self, batch: Rollout) -> KLReading:
         """The batch's KL to the reference per token, per response and its mean over all processes (`objective/kl`)."""
         return scoring.read_kl(batch, self.config.kl.estimator, self.strategy.gather_mean)
@@ -280,22 +273,12 @@ class PPOTrainer:
         learn_policy: bool = True,
     ) -> None:
         """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each, no host read inside the
-        minibatch loop (`lmppo.training.update.run_epochs`). `learn_policy` False: a batch without a reward signal,
-        which steps on the loss's KL term alone (`kl.pull_without_signal`) or holds the policy
-        (`update.hold_policy`)."""
+        minibatch loop (`lmppo.training.update.run_epochs`). `learn_policy` False: a batch without a reward signal
+        (`update.without_signal`)."""
         cfg = self.config
-        pull = not learn_policy and update.pulls_without_signal(cfg, self.kl_controller.coef)
-        loss_of: Optional[update.MicroBatchLoss]
-        if learn_policy:
-            loss_of = None
-        elif pull:
-            loss_of = partial(self.micro_batch_loss, pull_only=True)
-            stats.add("update/kl_pull", 1.0)
-        else:
-            loss_of = update.hold_policy(stats, self.critic, self._autocast, cfg)
+        loss_of = None if learn_policy else update.without_signal(self, stats, self.kl_controller.coef, self._autocast)
         self.first_epoch_forward = self.first_epoch_forward if learn_policy else None  # no reuse: graph goes
-        moves = learn_policy or pull or self.critic is not None  # a shared head holding the policy: no value step
-        epochs = cfg.ppo.num_epochs if moves else 0
+        epochs = cfg.ppo.num_epochs if learn_policy or loss_of is not None else 0
         whole = update.UpdateBatch(batch, advantages, returns, train_mask)
         self.nonfinite_in_a_row = update.run_epochs(self, whole, stats, epochs, loss_of)  # TrainingError: too many
         self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
@@ -382,7 +365,9 @@ class PPOTrainer:
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
         metrics.update(scoring.retire_settled(self.stream, batch, scored, rewards, self.strategy))  # difficulty filter
-        if not self.kl_reacts_now and (rewards.signal is None or rewards.signal.any):  # held without a signal
+        if not scoring.kl_reacts_now(self.config.kl) and (
+            rewards.signal is None or rewards.signal.any
+        ):  # held without a signal
             self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
@@ -497,10 +482,6 @@ class PPOTrainer:
         if self.config.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
-
-    @property
-    def prompts_per_iteration(self) -> int:
-        return prompts_per_iteration(self.config)
 
     @property
     def zero(self):

@@ -201,12 +201,6 @@ def objective_and_stats(
     )
 
 
-def pulls_without_signal(cfg: Config, kl_coef: float) -> bool:
-    """Whether a batch without reward signal still steps, on the loss's KL term alone (`kl.pull_without_signal`,
-    a term in the loss, beta above 0)."""
-    return cfg.kl.pull_without_signal and loss_kl_estimator(cfg) is not None and kl_coef > 0
-
-
 def minibatch_denominator(train_mask: torch.Tensor, cfg: Config) -> torch.Tensor:
     """0-dim: this process's share of the minibatch's denominator of `ppo.loss_aggregation` (`train_mask` (B, T) its
     rows' training tokens): its tokens, its sequences, or its sequences x `rollout.max_new_tokens`."""
@@ -232,11 +226,12 @@ def critic_only_loss(
     stats: MetricsAccumulator,
     forward: Optional[PolicyOutput] = None,
     widths: Optional[TrimWidths] = None,
+    pull_only: bool = False,
 ) -> torch.Tensor:
     """A separate critic's share of the minibatch loss alone (vf_coef x clipped value loss, token mean), for a batch
     without a reward signal: no policy pass, so the policy's parameters get no gradient and the optimizer leaves them
-    and their Adam moments as they are. The arguments of `PPOTrainer.micro_batch_loss` (advantages and `forward`
-    unused) after the critic, the trainer's autocast and the config. Aggregated as `ppo.loss_aggregation` says."""
+    and their Adam moments as they are. The arguments of `PPOTrainer.micro_batch_loss` (advantages, `forward`,
+    `pull_only` unused) after the critic, the trainer's autocast and the config; aggregated by ppo.loss_aggregation."""
     assert critic is not None, "value-only steps need a separate critic (value.mode critic)"
     batch, keep = trim(batch, widths)
     returns, mask = returns[:, :keep], mask[:, :keep]
@@ -247,6 +242,24 @@ def critic_only_loss(
     stats.add(STAT_NAMES["value"], masked_mean(vf_loss.detach(), mask))
     stats.add(STAT_NAMES["value_clipped"], masked_mean(vf_stats["clipped"], mask))
     return LOSS_AGGREGATIONS[cfg.ppo.loss_aggregation].share(value_coef(cfg) * vf_loss, mask, denominator)
+
+
+def without_signal(
+    trainer: Updating,
+    stats: MetricsAccumulator,
+    kl_coef: float,
+    autocast: Callable[[], AbstractContextManager],
+) -> Optional[MicroBatchLoss]:
+    """A batch without a reward signal: the micro-batch loss its epochs take, or None for no epoch at all. With
+    `kl.pull_without_signal`, a KL term in the loss and beta (`kl_coef`) above 0: the trainer's `micro_batch_loss`
+    with `pull_only`, the KL term alone moves the policy. Else the policy holds (`hold_policy`): a separate critic's
+    loss alone, and a shared head takes no step. `autocast`: the trainer's."""
+    cfg = trainer.config
+    if cfg.kl.pull_without_signal and loss_kl_estimator(cfg) is not None and kl_coef > 0:
+        stats.add("update/kl_pull", 1.0)
+        return partial(trainer.micro_batch_loss, pull_only=True)
+    held = hold_policy(stats, trainer.critic, autocast, cfg)
+    return held if trainer.critic is not None else None
 
 
 def hold_policy(
@@ -376,6 +389,7 @@ class MicroBatchLoss(Protocol):
         stats: MetricsAccumulator,
         forward: Optional[PolicyOutput] = None,
         widths: Optional[TrimWidths] = None,
+        pull_only: bool = False,
     ) -> torch.Tensor: ...
 
 
