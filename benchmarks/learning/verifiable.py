@@ -62,7 +62,7 @@ LMPPO_SIDES: dict[str, dict] = {
     # what docs/choosing.md recommends for verifiable rewards: the exact KL as a loss term, not in the rewards (its
     # rows were run as `--sides grpo --extra '{"kl.estimator": "exact", "kl.placement": "loss"}'`, the same config)
     "grpo_exact": {**GRPO, "kl.estimator": "exact", "kl.placement": "loss"},
-    "rloo": {"ppo.advantage_estimator": "rloo", "rollout.num_samples_per_prompt": GROUP, "ppo.vf_coef": 0.0},
+    "rloo": {**GRPO, "ppo.advantage_estimator": "rloo"},
 }
 SIDES = ["trl", *LMPPO_SIDES]
 SHOWN = {"trl": "TRL GRPOTrainer", **{side: f"lmppo `{side}`" for side in LMPPO_SIDES}}  # names in the table

@@ -365,9 +365,8 @@ class PPOTrainer:
         if cfg.log.eval_every and self.iteration % cfg.log.eval_every == 0:
             metrics.update(self.evaluate_heldout())  # eval/*: the policy on the held-out prompts
         metrics.update(scoring.retire_settled(self.stream, batch, scored, rewards, self.strategy))  # difficulty filter
-        if not scoring.kl_reacts_now(self.config.kl) and (
-            rewards.signal is None or rewards.signal.any
-        ):  # held without a signal
+        # kl.react next: beta answers this batch's KL for the next batch; it holds on a batch without a signal
+        if not scoring.kl_reacts_now(self.config.kl) and (rewards.signal is None or rewards.signal.any):
             self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
