@@ -1,9 +1,9 @@
 """What a reward model folder rewards besides sentiment: fragments, short and long sentences, the polarity corpus
-whole and cut to its first words, and PPO's case (held-out `builtin:polarity-continuations` prompts alone, and with
-a positive or a negative continuation). The figures of docs/stages.md ("Why the set is built this way") come
-from this script.
+whole and cut to its first words, and PPO's case: the prompts of the training run's held-out pairs alone, and with
+the chosen or the rejected continuation (for the built-in sets, a positive or a negative one). The probe figures
+of docs/stages.md come from this script.
 
-    python benchmarks/tools/reward_model_probe.py runs/reward-model/model [--threads 1]
+    python benchmarks/tools/reward_model_probe.py runs/reward-model/model [--data PAIRS] [--threads 1]
 
 One process, CPU, fp32; prints one line per probe (mean score, then each text's score for the short lists)."""
 
@@ -35,13 +35,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a reward-model folder (what `lmppo reward-model` writes as OUTPUT_DIR/model)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--data",
+        default="builtin:polarity-mixed",
+        help="the model's training pairs: PPO's case is scored on their held-out pairs that have a prompt",
+    )
+    parser.add_argument("--held-out", type=int, default=30, help="as `lmppo reward-model --held-out`")
+    parser.add_argument("--seed", type=int, default=0, help="as `lmppo reward-model --seed`")
     args = parser.parse_args()
 
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from lmppo.core.bradley_terry import pair_accuracy_and_margin, pearson_correlation
-    from lmppo.data.preference_pairs import builtin_polarity_continuation_pairs
+    from lmppo.data.preference_pairs import load_preference_pairs
     from lmppo.models.assets import polarity_sentences
     from lmppo.rewards.model import sequence_scores
     from lmppo.training.reward_model import split_pairs
@@ -79,14 +86,15 @@ def main() -> None:
         print(f"  cut to their first {n:2d} words: mean {float(cut.mean()):+.3f} ({by_label(cut)})")
     print(f"  whole: mean {float(whole.mean()):+.3f}")
 
-    _, held = split_pairs(builtin_polarity_continuation_pairs(), 30, 0)  # `lmppo reward-model`'s held-out pairs
+    _, held = split_pairs(load_preference_pairs(args.data), args.held_out, args.seed)  # the run's held-out pairs
+    held = [p for p in held if p.prompt is not None]
     chosen = scores([str(p.prompt) + str(p.chosen) for p in held])
     rejected = scores([str(p.prompt) + str(p.rejected) for p in held])
     accuracy, margin = pair_accuracy_and_margin(chosen, rejected)
     both = [str(p.prompt) + str(p.chosen) for p in held] + [str(p.prompt) + str(p.rejected) for p in held]
     r = pearson_correlation(torch.cat([chosen, rejected]), tokens(both))
     print(
-        f"builtin:polarity-continuations held-out pairs: accuracy {accuracy:.3f}, margin {margin:+.3f}, "
+        f"{args.data} held-out pairs with a prompt ({len(held)}): accuracy {accuracy:.3f}, margin {margin:+.3f}, "
         f"r(score, tokens) {r:+.3f}"
     )
     alone = scores([str(p.prompt) for p in held])

@@ -12,6 +12,7 @@ import glob
 import importlib.util
 import json
 import os
+import shutil
 
 import pytest
 
@@ -53,6 +54,7 @@ def test_there_are_recipes():
     names = {_rel(p) for p in RECIPES}
     assert {
         "src/lmppo/recipes/sentiment.yaml",
+        "src/lmppo/recipes/learned_reward.yaml",
         "examples/sentiment.yaml",
         "examples/sentiment_full.yaml",
         "examples/summarize_news.yaml",
@@ -77,8 +79,15 @@ def test_the_examples_readme_lists_every_recipe():
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=_rel)
-def test_recipe_validates_and_runs_one_iteration(path, tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_recipe_validates_and_runs_one_iteration(
+    path, tiny_model_dir, tiny_reward_model_dir, tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(REPO)  # recipes name files relative to the repository root, as their comments say
+    learned = [s.path for s in load_config(path).reward.sources if s.kind == "model" and not os.path.exists(s.path)]
+    if learned:  # a reward model an earlier command writes (`lmppo reward-model`): a tiny one, where the run looks
+        for folder in learned:
+            shutil.copytree(tiny_reward_model_dir, tmp_path / "cwd" / folder)
+        monkeypatch.chdir(tmp_path / "cwd")
     cfg = load_config(path).validate()
     assert cfg.data.holdout > 0, "a recipe keeps prompts out for the end-of-run summary"
     assert cfg.num_iterations >= 8, "a recipe trains for more than a handful of iterations"

@@ -10,6 +10,7 @@ import pytest
 from lmppo.data.preference_pairs import (
     PreferencePair,
     builtin_polarity_continuation_pairs,
+    builtin_polarity_mixed_pairs,
     builtin_polarity_pairs,
     load_preference_pairs,
     pair_texts,
@@ -35,7 +36,7 @@ def test_the_continuation_set_prefers_positive_continuations_under_the_recipes_p
     pairs = load_preference_pairs("builtin:polarity-continuations")
     assert len(pairs) == len(builtin_polarity_continuation_pairs()) == 314  # not one pair per sentence
     prompts = set(builtin_prompts("reviews"))
-    own = {(opening, " " + continuation): label for opening, continuation, label in polarity_continuations()}
+    own = {(opening, " " + continuation): label for opening, continuation, label, _ in polarity_continuations()}
     label_of = {}  # a side's text -> {(the label of the sentence it continues, whether it is all of the rest)}
     for (opening, continuation), label in own.items():
         words = continuation.split()
@@ -52,6 +53,25 @@ def test_the_continuation_set_prefers_positive_continuations_under_the_recipes_p
         chosen_own += any(o == p.prompt and c.startswith(p.chosen) for o, c in own)
         rejected_own += any(o == p.prompt and c.startswith(p.rejected) for o, c in own)
     assert chosen_own + rejected_own >= len(pairs) and abs(chosen_own - rejected_own) <= 0.1 * len(pairs)
+
+
+def test_continuation_pairs_name_the_corpus_lines_they_were_cut_from():
+    """`origin` is what lets the held-out split keep a sentence out of training whole and cut alike."""
+    lines = {line for opening, continuation, label, line in polarity_continuations()}
+    texts, labels = polarity_sentences()
+    label = dict(zip(texts, labels))
+    for p in builtin_polarity_continuation_pairs():
+        chosen_line, rejected_line = p.origin
+        assert p.chosen.strip() in chosen_line and p.rejected.strip() in rejected_line
+        assert {chosen_line, rejected_line} <= lines and (label[chosen_line], label[rejected_line]) == (1, 0)
+        assert p.prompt.rstrip(",;:-")[1:] in chosen_line + rejected_line  # the opening of one of the two lines
+    assert all(p.origin == () for p in builtin_polarity_pairs())  # their responses are the lines themselves
+
+
+def test_the_default_set_is_the_whole_sentences_and_the_continuations():
+    mixed = load_preference_pairs("builtin:polarity-mixed")
+    assert mixed == builtin_polarity_mixed_pairs() == builtin_polarity_pairs() + builtin_polarity_continuation_pairs()
+    assert len(mixed) == 414 and sum(p.prompt is None for p in mixed) == 100
 
 
 def test_jsonl_text_and_chat_rows(tmp_path, tokenizer):

@@ -259,10 +259,11 @@ def test_polarity_continuations_are_the_review_prompts_and_the_rest_of_their_sen
     rows = assets.polarity_continuations()
     prompts = set(assets.builtin_prompts("reviews"))
     texts, labels = assets.polarity_sentences()
-    assert len(rows) > 200 and {label for _, _, label in rows} == {0, 1}  # some lines hold two sentences
+    assert len(rows) > 200 and {label for _, _, label, _ in rows} == {0, 1}  # some lines hold two sentences
     label_of = dict(zip(texts, labels))
-    for opening, continuation, label in rows:
+    for opening, continuation, label, line in rows:
         assert opening in prompts and len(continuation.split()) >= 2
+        assert label_of[line] == label and continuation in line
         # its line holds the opening (first letter capitalised, trailing `,;:-` dropped), then the continuation
         lines = [t for t in texts if opening[1:] in t and continuation in t[t.index(opening[1:]) + len(opening) - 1 :]]
         assert lines and {label_of[t] for t in lines} == {label}, (opening, continuation)

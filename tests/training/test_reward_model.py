@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_llama
 from lmppo.core.bradley_terry import pearson_correlation
-from lmppo.data.preference_pairs import PreferencePair, pair_texts
+from lmppo.data.preference_pairs import PreferencePair, load_preference_pairs, pair_texts
 from lmppo.errors import ConfigError
 from lmppo.training.reward_model import RewardModelSettings, RewardModelTrainer, split_pairs, train_reward_model
 
@@ -100,7 +100,8 @@ def test_the_length_bias_check_is_the_correlation_of_held_out_scores_with_token_
 
 
 def test_a_held_out_response_never_trains():
-    """`builtin:polarity` uses each response in several pairs: a pair sharing one with a held-out pair is left out."""
+    """`builtin:polarity-continuations` uses each response in several pairs: a pair sharing one with a held-out pair
+    is left out."""
     pairs = [PreferencePair(chosen=f"good {i % 4}", rejected=f"bad {i % 5}") for i in range(20)]
     train, heldout = split_pairs(pairs, 2, seed=0)
     unseen = {side for p in heldout for side in (p.chosen, p.rejected)}
@@ -111,6 +112,27 @@ def test_a_held_out_response_never_trains():
     shared = [PreferencePair(chosen=f"good {i}", rejected="bad") for i in range(5)]
     with pytest.raises(ConfigError, match="leaves no pair to train on"):
         split_pairs(shared, 1, seed=0)
+
+
+def test_a_held_out_origin_never_trains():
+    """A pair made from a text (`origin`) that a held-out pair holds as a response or was made from is left out:
+    `builtin:polarity-mixed` holds each corpus line whole and cut to a continuation."""
+    line = "the film was great and the cast shone."
+    pairs = [
+        PreferencePair(chosen=line, rejected="the film was dull."),
+        PreferencePair(chosen=" was great and", rejected=" was dull and", prompt="The film", origin=(line, "x")),
+        PreferencePair(chosen=" the cast shone.", rejected=" the cast slept.", prompt="And", origin=("y", "z")),
+    ]
+    for held in (pairs[0], pairs[1]):  # pairs 0 and 1 share no response, only a text
+        seed = next(s for s in range(100) if split_pairs(pairs, 1, s)[1] == [held])
+        assert split_pairs(pairs, 1, seed)[0] == [pairs[2]]
+    train, heldout = split_pairs(load_preference_pairs("builtin:polarity-mixed"), 30, 0)
+    held_texts = {t for p in heldout for t in (p.chosen, p.rejected, *p.origin)}
+    assert train and not any(held_texts & {p.chosen, p.rejected, *p.origin} for p in train)
+
+
+def test_the_command_with_no_data_trains_on_the_mixed_set():
+    assert RewardModelSettings().data == "builtin:polarity-mixed"
 
 
 def test_precision_bf16_autocasts_the_scores_and_fp32_does_not(tmp_path, base):

@@ -137,15 +137,15 @@ def reward_model_parser() -> argparse.ArgumentParser:
         prog="lmppo reward-model",
         description="Train a reward model on preference pairs (TRL's format: `chosen`, `rejected`, optional "
         "`prompt`; text or chat) with the Bradley-Terry loss; held-out pair accuracy and margin before, after each "
-        "epoch and at the end. With no option: the built-in pairs of positive over negative movie-review sentences "
-        "on SmolLM2-135M with LoRA; `--data builtin:polarity-continuations` continues such a model on pairs shaped as "
-        "PPO uses it (docs/stages.md). The result, OUTPUT_DIR/model, is what "
+        "epoch and at the end. With no option: the built-in pairs of positive over negative movie-review sentences, "
+        "whole and as continuations of the default recipe's prompts, on SmolLM2-135M with LoRA (docs/stages.md). "
+        "The result, OUTPUT_DIR/model, is what "
         "`reward.sources: [{kind: model, path: OUTPUT_DIR/model}]` takes.",
     )
     p.add_argument(
         "--data",
-        help="a .jsonl file, a datasets folder, a .parquet / .arrow file, builtin:polarity (default) or "
-        "builtin:polarity-continuations",
+        help="a .jsonl file, a datasets folder, a .parquet / .arrow file, builtin:polarity-mixed (default), "
+        "builtin:polarity or builtin:polarity-continuations",
     )
     p.add_argument("--base", help="model to start from: a folder, a Hub id or a built-in name (default smollm2)")
     p.add_argument("--output-dir", help="the run folder (default runs/reward-model)")

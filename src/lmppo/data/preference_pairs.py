@@ -1,7 +1,7 @@
 """Preference pairs for training a reward model, in TRL's preference format: rows with `chosen` and `rejected`, and
 an optional `prompt`; each either text (strings) or chat (lists of {"role", "content"} messages, the prompt then
 the user's turns and `chosen` / `rejected` the assistant's answer). Read from the sources `data.prompts` takes: a
-.jsonl file, a `datasets` folder (save_to_disk), a .parquet or .arrow file, a built-in set (`builtin:polarity`), or
+.jsonl file, a `datasets` folder (save_to_disk), a .parquet or .arrow file, a built-in set (`BUILTIN_PAIRS`), or
 a list of rows through the Python API."""
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ class PreferencePair:
     chosen: Side
     rejected: Side
     prompt: Side | None = None
+    origin: tuple[str, ...] = ()
+    """Texts the pair was made from besides its two responses (a built-in set's sentences): a held-out split
+    never trains a pair that shares a response or an origin with a held-out pair."""
 
 
 def builtin_polarity_pairs() -> list[PreferencePair]:
@@ -53,27 +56,41 @@ def builtin_polarity_continuation_pairs() -> list[PreferencePair]:
     other half): only the continuation, what the policy writes, tells chosen from rejected. The two sides are
     length-matched (word counts at most one apart, both cut or both whole sentences), so length and completeness
     carry no preference. Each positive continuation is paired with up to `POLARITY_PAIRS_PER_SENTENCE` negative
-    ones, the negatives used in turn: 314 pairs, each continuation in several."""
-    units: dict[int, list[tuple[str, str, int, bool]]] = {0: [], 1: []}  # label -> (opening, fragment, words, cut)
-    for opening, continuation, label in polarity_continuations():
+    ones, the negatives used in turn: 314 pairs, each continuation in several. A pair's `origin` is the two
+    corpus lines its continuations come from (what `builtin:polarity` pairs as whole responses)."""
+    # label -> (opening, fragment, words, cut, line)
+    units: dict[int, list[tuple[str, str, int, bool, str]]] = {0: [], 1: []}
+    for opening, continuation, label, line in polarity_continuations():
         words = continuation.split()
         keep = min(len(words), 8 + zlib.crc32(continuation.encode("utf-8")) % 11)
-        units[label].append((opening, " " + " ".join(words[:keep]), keep, keep < len(words)))
+        units[label].append((opening, " " + " ".join(words[:keep]), keep, keep < len(words), line))
     pairs: list[PreferencePair] = []
     next_negative = 0
-    for p_opening, p_text, p_words, p_cut in units[1]:
+    for p_opening, p_text, p_words, p_cut, p_line in units[1]:
         matched = [n for n in range(len(units[0])) if abs(units[0][n][2] - p_words) <= 1 and units[0][n][3] == p_cut]
         # the negatives in turn from where the last positive stopped, so each is used about as often
         matched.sort(key=lambda n: (n - next_negative) % len(units[0]))
         for n in matched[:POLARITY_PAIRS_PER_SENTENCE]:
-            n_opening, n_text, _, _ = units[0][n]
+            n_opening, n_text, _, _, n_line = units[0][n]
             prompt = p_opening if len(pairs) % 2 == 0 else n_opening
-            pairs.append(PreferencePair(chosen=p_text, rejected=n_text, prompt=prompt))
+            pairs.append(PreferencePair(chosen=p_text, rejected=n_text, prompt=prompt, origin=(p_line, n_line)))
             next_negative = n + 1
     return pairs
 
 
-BUILTIN_PAIRS = {"polarity": builtin_polarity_pairs, "polarity-continuations": builtin_polarity_continuation_pairs}
+def builtin_polarity_mixed_pairs() -> list[PreferencePair]:
+    """`builtin:polarity-mixed` (the default of `lmppo reward-model`): the pairs of `builtin:polarity` then those of
+    `builtin:polarity-continuations`, trained together. The whole sentences teach sentiment (the continuations
+    alone did not learn it); the continuations, under the recipe's prompts, teach it on the unfinished texts PPO
+    scores (whole sentences alone left a model that scores any fragment high). docs/stages.md has the figures."""
+    return builtin_polarity_pairs() + builtin_polarity_continuation_pairs()
+
+
+BUILTIN_PAIRS = {
+    "polarity-mixed": builtin_polarity_mixed_pairs,
+    "polarity": builtin_polarity_pairs,
+    "polarity-continuations": builtin_polarity_continuation_pairs,
+}
 
 
 def load_preference_pairs(source: str | Sequence[Any]) -> list[PreferencePair]:

@@ -181,16 +181,17 @@ def polarity_sentences() -> tuple[list[str], list[int]]:
     return texts, labels
 
 
-def polarity_continuations() -> list[tuple[str, str, int]]:
-    """(opening, continuation, label) for each sentence of the 200 labelled lines of `pang_lee_polarity.cor` that
-    has an opening: the opening is the ``builtin:reviews`` prompt made from it (`split_opening`), the continuation
-    the rest of the sentence, the label its line's (1 positive, 0 negative)."""
+def polarity_continuations() -> list[tuple[str, str, int, str]]:
+    """(opening, continuation, label, line) for each sentence of the 200 labelled lines of `pang_lee_polarity.cor`
+    that has an opening: the opening is the ``builtin:reviews`` prompt made from it (`split_opening`), the
+    continuation the rest of the sentence, the label and the line (as `polarity_sentences` gives it) its line's
+    (1 positive, 0 negative)."""
     out = []
     for text, label in zip(*polarity_sentences()):
         for part in _sentences_of_line(text):
             opening, continuation = split_opening(part)
             if opening:
-                out.append((opening, continuation, label))
+                out.append((opening, continuation, label, text))
     return out
 
 

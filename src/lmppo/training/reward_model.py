@@ -52,8 +52,9 @@ OWN = (SETTINGS, METRICS, MODEL, CHECKPOINTS)
 
 @dataclass
 class RewardModelSettings:
-    data: str = "builtin:polarity"
-    """Preference pairs: a .jsonl file, a datasets folder, a .parquet / .arrow file, or `builtin:polarity`."""
+    data: str = "builtin:polarity-mixed"
+    """Preference pairs: a .jsonl file, a datasets folder, a .parquet / .arrow file, or a built-in set
+    (`builtin:polarity-mixed`, `builtin:polarity`, `builtin:polarity-continuations`)."""
     base: str = "smollm2"
     """The model to start from: a local folder, a Hub id or a built-in name (as `model.policy`)."""
     output_dir: str = "runs/reward-model"
@@ -131,19 +132,16 @@ def prepare_folder(settings: RewardModelSettings, resume: bool) -> None:
 
 def split_pairs(pairs: list[PreferencePair], held_out: int, seed: int) -> tuple[list, list]:
     """(training pairs, held-out pairs): the held-out pairs are the last `held_out` of a shuffle seeded with
-    `seed`; a pair sharing a response (its `chosen` or `rejected`) with a held-out pair never trains, so the
-    held-out accuracy is measured on responses the model has not seen (sets such as `builtin:polarity` use each
-    response in several pairs)."""
+    `seed`; a pair sharing a response (its `chosen` or `rejected`) or an origin (`PreferencePair.origin`) with a
+    held-out pair never trains, so the held-out accuracy is measured on responses the model has not seen, nor the
+    sentences they were cut from (`builtin:polarity-continuations` uses each response in several pairs, and
+    `builtin:polarity-mixed` each corpus line whole and cut)."""
     if held_out >= len(pairs):
         raise ConfigError("held_out", held_out, f"must leave pairs to train on: the data holds {len(pairs)}")
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
     heldout = [pairs[i] for i in order[-held_out:]]
-    unseen = {_key(side) for p in heldout for side in (p.chosen, p.rejected)}
-    train = [
-        pairs[i]
-        for i in order[:-held_out]
-        if _key(pairs[i].chosen) not in unseen and _key(pairs[i].rejected) not in unseen
-    ]
+    unseen = {key for p in heldout for key in _keys(p)}
+    train = [pairs[i] for i in order[:-held_out] if unseen.isdisjoint(_keys(pairs[i]))]
     if not train:
         raise ConfigError(
             "held_out", held_out, "leaves no pair to train on: every other pair shares a response with a held-out one"
@@ -151,9 +149,11 @@ def split_pairs(pairs: list[PreferencePair], held_out: int, seed: int) -> tuple[
     return train, heldout
 
 
-def _key(side: object) -> str:
-    """A response as a comparable key (a text, or chat messages as JSON)."""
-    return side if isinstance(side, str) else json.dumps(side, sort_keys=True)
+def _keys(pair: PreferencePair) -> set[str]:
+    """What a held-out pair must not share with a training one: its responses (a text, or chat messages as JSON)
+    and the texts it was made from (`PreferencePair.origin`)."""
+    sides = (pair.chosen, pair.rejected)
+    return {s if isinstance(s, str) else json.dumps(s, sort_keys=True) for s in sides} | set(pair.origin)
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
@@ -296,7 +296,7 @@ class RewardModelTrainer:
             self.say(
                 f"{len(self.train_pairs)} training pairs, {len(self.heldout_pairs)} held out"
                 + (
-                    f" ({self.dropped} more left out: they share a response with a held-out pair)"
+                    f" ({self.dropped} more left out: they share a response or its source text with a held-out pair)"
                     if self.dropped
                     else ""
                 )
