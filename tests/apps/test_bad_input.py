@@ -131,6 +131,7 @@ def test_command_line_mistakes(env, capsys):
         (["train", "--ppo.num_epochs", "abc"], ["`ppo.num_epochs`", "'abc'"]),
         (["train", "--ppo.num_epochs"], ["--ppo.num_epochs", "needs a value"]),
         (["train", str(tmp_path / "nope.yaml")], ["config file", "nope.yaml", "no such file"]),
+        (["train", "builtin:nope"], ["config file", "builtin:nope", "builtin:arithmetic", "builtin:learned_reward"]),
         (["train", "--resume"], ["--resume", "needs"]),
         (["train", "--resume", str(tmp_path / "nothing")], ["nothing", "no such folder"]),
         (["trian"], ["unknown command 'trian'", "did you mean `train`"]),

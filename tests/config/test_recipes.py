@@ -18,7 +18,8 @@ import pytest
 
 from conftest import REPO  # noqa: E402
 from lmppo.apps.cli import main as cli_main
-from lmppo.config import load_config, recipe_path
+from lmppo.config import config_file, load_config, recipe_path
+from lmppo.config.loading import recipe_names
 
 REPO = REPO
 EXAMPLES = os.path.join(REPO, "examples")
@@ -69,6 +70,17 @@ def test_the_example_default_recipe_is_the_packaged_one():
         open(recipe_path("sentiment"), encoding="utf-8") as b,
     ):
         assert a.read() == b.read()
+
+
+def test_a_packaged_recipe_runs_by_name():
+    """`lmppo train builtin:NAME` reads `lmppo/recipes/NAME.yaml`, so an installed lmppo runs them without a
+    checkout; every packaged recipe has such a name."""
+    packaged = sorted(os.path.basename(p)[: -len(".yaml")] for p in RECIPES if os.sep + "recipes" + os.sep in p)
+    assert recipe_names() == packaged and "learned_reward" in packaged
+    for name in packaged:
+        assert config_file(f"builtin:{name}") == recipe_path(name)
+        assert load_config(f"builtin:{name}") == load_config(recipe_path(name))
+    assert config_file("a/run.yaml") == "a/run.yaml"
 
 
 def test_the_examples_readme_lists_every_recipe():

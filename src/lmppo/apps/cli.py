@@ -1,6 +1,6 @@
 """The `lmppo` command: `train`, `eval`, `plot`, `push`, `merge`, `warp`, `reward-model`.
 
-    lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]
+    lmppo train [CONFIG.yaml | builtin:RECIPE] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]
 
 With no config, `train` runs the built-in default recipe. Every option of the config can be given on the
 command line as a dotted override (`--ppo.num_epochs 2` or `--ppo.num_epochs=2`); `lmppo train --help` lists

@@ -7,7 +7,7 @@ import os
 from typing import Any, Optional, Sequence
 
 from lmppo.apps.push import check_hub_login, push_after_training
-from lmppo.config import Config, load_config, parse_overrides, recipe_path
+from lmppo.config import Config, config_file, load_config, parse_overrides, recipe_path
 from lmppo.config.yaml_input import load
 from lmppo.errors import ConfigError
 from lmppo.training.inputs import ACCEPT_FLAG
@@ -89,7 +89,7 @@ def _refuse_ignored_with_resume(resume_dir: str, overrides: dict, config_path: O
 
 
 def _explicit_output_dir(config_path: str) -> Optional[str]:
-    with open(config_path, encoding="utf-8") as fh:
+    with open(config_file(config_path), encoding="utf-8") as fh:
         data = load(fh)
     value = data.get("output_dir") if isinstance(data, dict) else None
     return str(value) if value is not None else None

@@ -10,6 +10,7 @@ import typing
 from typing import Literal
 
 from lmppo.config.fields import field_docs, type_hints
+from lmppo.config.loading import recipe_names
 from lmppo.config.overrides import REGISTRY_OPTIONS, all_fields, registered_choices
 from lmppo.config.schema import Config
 
@@ -78,11 +79,13 @@ def item_help(name: str, cls: type, example: str) -> list[str]:
 
 def train_help() -> str:
     lines = [
-        "usage: lmppo train [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]",
+        "usage: lmppo train [CONFIG.yaml | builtin:RECIPE] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]",
         "",
         "Train a causal LM with PPO. With no CONFIG the built-in default recipe runs (lmppo/recipes/",
-        "sentiment.yaml; the defaults below are those of an empty config). Any option below",
-        "overrides the config file (lists: comma-separated or YAML `[a, b]`; mappings: YAML `{k: v}`).",
+        "sentiment.yaml; the defaults below are those of an empty config). CONFIG is a YAML file or a recipe",
+        "shipped in the package: " + ", ".join(f"builtin:{n}" for n in recipe_names()) + ".",
+        "Any option below overrides the config file (lists: comma-separated or YAML `[a, b]`; mappings: YAML",
+        "`{k: v}`).",
         "",
         "  --resume OUTPUT_DIR   continue the run in OUTPUT_DIR from its latest complete checkpoint",
         "  --accept-changed-inputs  with --resume: go on although the prompt data or a model folder differs from",

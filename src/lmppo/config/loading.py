@@ -20,6 +20,7 @@ def load_config(path: str | None = None, overrides: Mapping[str, object] | None 
 
     data: object = {}
     if path:
+        path = config_file(path)
         if not os.path.isfile(path):
             raise ConfigError("config file", path, "no such file")
         try:
@@ -53,3 +54,22 @@ def save_config(cfg: Config, path: str) -> None:
 def recipe_path(name: str) -> str:
     """A recipe shipped inside the package (`lmppo/recipes/NAME.yaml`)."""
     return str(resources.files("lmppo") / "recipes" / f"{name}.yaml")
+
+
+def recipe_names() -> list[str]:
+    """The recipes shipped inside the package, by name."""
+    folder = resources.files("lmppo") / "recipes"
+    return sorted(f.name[: -len(".yaml")] for f in folder.iterdir() if f.name.endswith(".yaml"))
+
+
+def config_file(path: str) -> str:
+    """The YAML file a CONFIG argument names: a path, or `builtin:NAME` for a recipe shipped in the package (so an
+    installed lmppo runs them without a checkout: `lmppo train builtin:arithmetic`)."""
+    if not path.startswith("builtin:"):
+        return path
+    name = path[len("builtin:") :]
+    if name not in recipe_names():
+        raise ConfigError(
+            "config file", path, "the built-in recipes are " + ", ".join(f"builtin:{n}" for n in recipe_names())
+        )
+    return recipe_path(name)
