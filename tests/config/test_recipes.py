@@ -83,6 +83,15 @@ def test_a_packaged_recipe_runs_by_name():
     assert config_file("a/run.yaml") == "a/run.yaml"
 
 
+def test_the_learned_reward_recipe_is_the_default_one_with_a_reward_model():
+    """learned_reward.yaml is a copy of the default recipe with other reward settings; the rest must not drift."""
+    default, learned = load_config(recipe_path("sentiment")).to_dict(), load_config("builtin:learned_reward").to_dict()
+    assert learned["reward"]["normalize"] and learned["reward"]["sources"][0]["kind"] == "model"
+    for cfg in (default, learned):
+        del cfg["reward"], cfg["output_dir"]
+    assert learned == default
+
+
 def test_the_examples_readme_lists_every_recipe():
     readme = open(os.path.join(EXAMPLES, "README.md"), encoding="utf-8").read()
     for path in RECIPES:

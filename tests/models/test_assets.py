@@ -263,10 +263,9 @@ def test_polarity_continuations_are_the_review_prompts_and_the_rest_of_their_sen
     label_of = dict(zip(texts, labels))
     for opening, continuation, label, line in rows:
         assert opening in prompts and len(continuation.split()) >= 2
-        assert label_of[line] == label and continuation in line
+        assert label_of[line] == label, (opening, continuation)
         # its line holds the opening (first letter capitalised, trailing `,;:-` dropped), then the continuation
-        lines = [t for t in texts if opening[1:] in t and continuation in t[t.index(opening[1:]) + len(opening) - 1 :]]
-        assert lines and {label_of[t] for t in lines} == {label}, (opening, continuation)
+        assert opening[1:] in line and continuation in line[line.index(opening[1:]) + len(opening) - 1 :], line
     assert assets.split_opening("Hi.") == ("", "")
     opening, continuation = assets.split_opening("The film is a warm and moving story about two old friends.")
     assert opening + " " + continuation == "The film is a warm and moving story about two old friends."

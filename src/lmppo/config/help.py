@@ -10,7 +10,7 @@ import typing
 from typing import Literal
 
 from lmppo.config.fields import field_docs, type_hints
-from lmppo.config.loading import recipe_names
+from lmppo.config.loading import recipe_choices
 from lmppo.config.overrides import REGISTRY_OPTIONS, all_fields, registered_choices
 from lmppo.config.schema import Config
 
@@ -83,7 +83,7 @@ def train_help() -> str:
         "",
         "Train a causal LM with PPO. With no CONFIG the built-in default recipe runs (lmppo/recipes/",
         "sentiment.yaml; the defaults below are those of an empty config). CONFIG is a YAML file or a recipe",
-        "shipped in the package: " + ", ".join(f"builtin:{n}" for n in recipe_names()) + ".",
+        "shipped in the package: " + recipe_choices() + ".",
         "Any option below overrides the config file (lists: comma-separated or YAML `[a, b]`; mappings: YAML",
         "`{k: v}`).",
         "",

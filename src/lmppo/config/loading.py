@@ -62,6 +62,11 @@ def recipe_names() -> list[str]:
     return sorted(f.name[: -len(".yaml")] for f in folder.iterdir() if f.name.endswith(".yaml"))
 
 
+def recipe_choices() -> str:
+    """The packaged recipes as a CONFIG argument names them, for help and error lines."""
+    return ", ".join(f"builtin:{n}" for n in recipe_names())
+
+
 def config_file(path: str) -> str:
     """The YAML file a CONFIG argument names: a path, or `builtin:NAME` for a recipe shipped in the package (so an
     installed lmppo runs them without a checkout: `lmppo train builtin:arithmetic`)."""
@@ -69,7 +74,5 @@ def config_file(path: str) -> str:
         return path
     name = path[len("builtin:") :]
     if name not in recipe_names():
-        raise ConfigError(
-            "config file", path, "the built-in recipes are " + ", ".join(f"builtin:{n}" for n in recipe_names())
-        )
+        raise ConfigError("config file", path, "the built-in recipes are " + recipe_choices())
     return recipe_path(name)
