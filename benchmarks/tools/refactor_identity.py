@@ -173,6 +173,7 @@ def run_reward_model(name: str, out_root: str) -> None:
                      "lora_r": "model.lora.r"}  # fmt: skip
         for key, value in fields.items():
             apply_override(cfg, new_names[key], value)
+        cfg.model.lora.alpha = 2 * cfg.model.lora.r  # the stage's LoRA alpha before issue 51 (32 at the default r)
         result = train_reward_model(cfg)
     with open(os.path.join(out, "heldout.json"), "w") as fh:
         json.dump({"before": list(result.before), "after": list(result.after), "steps": result.steps}, fh)

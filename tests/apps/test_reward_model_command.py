@@ -22,8 +22,8 @@ def test_the_command_end_to_end(tmp_path, tokenizer, capsys):
     out = tmp_path / "rm"
     config = tmp_path / "rm.yaml"
     config.write_text(f"model:\n  policy: {base}\n  lora: {{enabled: false}}\ntraining:\n  epochs: 3\n")
-    argv = ["reward-model", str(config), "--data.pairs", str(data), "--output_dir", str(out), "--training.epochs", "1"]
-    assert main([*argv, "--data.holdout", "4", "--training.batch_size", "4", "--precision", "fp32"]) == 0
+    argv = ["reward-model", str(config), "--data.pairs", str(data), "--output_dir", str(out), "--data.holdout", "4"]
+    assert main([*argv, "--training.epochs", "1", "--training.batch_size", "4", "--precision", "fp32"]) == 0
     said = capsys.readouterr().out
     assert f"wrote {out}/final/reward-model: held-out pair accuracy" in said and "4 steps in" in said
     assert "builtin:learned_reward" not in said  # the recipe reads runs/reward-model/final/reward-model, not this

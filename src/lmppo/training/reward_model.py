@@ -168,8 +168,10 @@ class RewardModelTrainer:
         prepare_output_dir(cfg, self.main, resuming, [f"precision: {self.precision.reason}"], RESUME_COMMAND)
         if self.main:
             weakref.finalize(self, lock.release, cfg.output_dir)  # the run lock, also when this object is dropped
-        trackers = make_trackers(cfg.log.trackers, cfg.output_dir, redacted_config_dict(cfg), _run_name(cfg))
-        self.logger = MetricsLogger(cfg.output_dir, trackers, append=resuming) if self.main else None
+        self.logger: Optional[MetricsLogger] = None  # process 0 logs
+        if self.main:
+            trackers = make_trackers(cfg.log.trackers, cfg.output_dir, redacted_config_dict(cfg), _run_name(cfg))
+            self.logger = MetricsLogger(cfg.output_dir, trackers, append=resuming)
         self.model, self.tokenizer, self.decoder_head = load_model(cfg)
         self.model.to(self.accelerator.device)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
