@@ -39,7 +39,7 @@ def assert_same_state(a: PPOTrainer, b: PPOTrainer) -> None:
     if a.reference.model is not None:
         for (name, p), (_, q) in zip(a.reference.model.named_parameters(), b.reference.model.named_parameters()):
             assert torch.equal(p, q), "reference " + name
-    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    sa, sb = a.updater.optimizer.state_dict(), b.updater.optimizer.state_dict()
     assert sa["param_groups"] == sb["param_groups"]
     for i in sa["state"]:
         for key in sa["state"][i]:

@@ -126,8 +126,8 @@ def test_bf16_precision_trains_with_fp32_master_weights(tmp_path, tokenizer, val
     assert torch.equal(logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
     history = bf16.train()
     assert all(math.isfinite(m[k]) for m in history for k in TRL_METRICS)
-    assert all(p.dtype == torch.float32 for p in bf16.trainable_params)
-    state = bf16.optimizer.state_dict()["state"]
+    assert all(p.dtype == torch.float32 for p in bf16.updater.trainable_params)
+    state = bf16.updater.optimizer.state_dict()["state"]
     assert state and all(v["exp_avg"].dtype == torch.float32 for v in state.values())
 
 
