@@ -5,7 +5,9 @@
 
 Each configuration trains a tiny Llama (built in-process, as in tests/conftest.py) for a few iterations: the shared
 value head and a separate critic, with the native and the HF sampler, a KL term in the loss, a syncing reference,
-checkpoints, the held-out evaluation during training. `--compare` prints, per configuration, whether every metric
+checkpoints, the held-out evaluation during training, multi-turn episodes (the built-in `guess_number` game and the
+built-in `tools` environment with a tool, each with a function reward on the last turn beside the environment's).
+`--compare` prints, per configuration, whether every metric
 except the wall-clock ones (`time/*`, and `eps` and `tokens_per_s`, which divide by seconds) and the final weights
 are identical, and exits non-zero if not.
 
@@ -81,6 +83,42 @@ CONFIGS = {
     "shared_hf_eval_fp32": {"rollout.backend": "hf", "data.holdout": 4, "log.eval_every": 2, "precision": "fp32"},
     # a `full_logits` KL estimator: the rollout keeps the reference's logits and each state's KL (`Rollout`)
     "shared_full_logits_kl": {"kl.estimator": "exact", "kl.placement": "reward", "ppo.num_minibatches": 2},
+    # multi-turn episodes (`environment.*`): the prompts are rows with the environment's columns (`ENV_ROWS`), the
+    # held-out evaluation plays episodes too
+    "env_guess_number": {
+        "environment.path": "guess_number",
+        "environment.max_turns": 3,
+        "environment.max_episode_tokens": 160,
+        "rollout.stop_token": "<|im_end|>",
+        "data.holdout": 4,
+        "log.eval_every": 2,
+        "reward.normalize": True,
+    },
+    "env_tools_critic": {
+        "environment.path": "tools",
+        "environment.tools": [str(Path(__file__).with_name("identity_tools.py")) + ":multiply"],
+        "environment.max_turns": 2,
+        "environment.max_episode_tokens": 48,
+        "rollout.stop_token": "<|im_end|>",
+        "rollout.backend": "hf",
+        "value.mode": "critic",
+        "reward.truncation": "penalty",
+    },
+    # an environment that rewards every turn (tests/countdown_env.py: 0.25 a turn), the rollout's forward reused
+    "env_countdown_reuse": {
+        "environment.path": str(bench_path.TESTS / "countdown_env.py") + ":Countdown",
+        "environment.max_turns": 3,
+        "environment.max_episode_tokens": 80,
+        "rollout.stop_token": "<|im_end|>",
+        "ppo.num_minibatches": 1,
+        "ppo.micro_batch_size": 8,
+        "ppo.reuse_rollout_forward": True,
+    },
+}
+ENV_ROWS = {
+    "env_guess_number": [{"prompt": p, "secret": 1 + i % 8, "high": 8} for i, p in enumerate(PROMPTS * 2)],
+    "env_countdown_reuse": [{"prompt": f"count down from {n}", "turns": n} for n in (1, 2, 3, 5) * 4],
+    "env_tools_critic": [{"prompt": f"what is {i} * 3?", "answer": str(3 * i)} for i in range(16)],
 }
 
 
@@ -105,7 +143,7 @@ def run(name: str, overrides: dict, out_root: str) -> None:
     resume_after = overrides.pop("resume_after", None)
     for dotted, value in overrides.items():
         apply_override(cfg, dotted, value)
-    objects = dict(tokenizer=tok, prompts=PROMPTS * 2, reward_functions=[length_reward])
+    objects = dict(tokenizer=tok, prompts=ENV_ROWS.get(name, PROMPTS * 2), reward_functions=[length_reward])
     if resume_after:
         total = cfg.total_episodes
         cfg.total_episodes = resume_after * cfg.rollout.batch_size
