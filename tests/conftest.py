@@ -181,3 +181,28 @@ def frac_target_reward(tokenizer):
         return [sum(i in target for i in x) / max(len(x), 1) for x in ids]
 
     return frac_target
+
+
+def hand_episodes(prompt_ids, prompt_mask, response_ids, response_mask, terminated, truncated, prompts_text, texts):
+    """Hand-made single responses as the road's episodes (one turn each), for a hand-made `Rollout`."""
+    from lmppo.episodes.road import EpisodePrompts, single_responses
+    from lmppo.sampling.engines import PromptBatch
+
+    token_lists = [row[m].tolist() for row, m in zip(prompt_ids, prompt_mask.bool())]
+    batch = PromptBatch(prompt_ids, prompt_mask, token_lists, seeds=[0] * len(token_lists))
+    prompts = EpisodePrompts(batch, list(prompts_text))
+    return single_responses(prompts, response_ids, response_mask, terminated, truncated, list(texts))
+
+
+def hand_rollout(**fields):
+    """A `Rollout` of hand-made single responses: its tensors from `fields`, its episodes (`hand_episodes`) from
+    them and `prompts_text` / `responses_text`; `action_mask` is the response mask."""
+    from lmppo.core.batch import Rollout
+
+    prompts_text, texts = fields.pop("prompts_text"), fields.pop("responses_text")
+    episodes = hand_episodes(
+        fields["prompt_ids"], fields["prompt_mask"], fields["response_ids"], fields["response_mask"],
+        fields["terminated"], fields["truncated"], prompts_text, texts,
+    )  # fmt: skip
+    shown = fields.pop("prompts_shown", list(prompts_text))
+    return Rollout(**fields, action_mask=fields["response_mask"], episodes=episodes, prompts_shown=shown)

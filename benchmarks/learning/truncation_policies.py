@@ -187,12 +187,12 @@ def run_policy(
     with torch.no_grad():
         for _ in range(2):  # 64 fresh responses from the trained policy
             rollout = trainer.collect_rollout()
-            scores += content_score(rollout.prompts_text, rollout.responses_text)
+            scores += content_score(rollout.episodes.prompts.texts, rollout.episodes.side.texts)
             cut += rollout.truncated.float().tolist()
             lengths += rollout.response_mask.sum(1).float().tolist()
             proper += [
                 float(bool(done) and grammar.match(text) is not None)
-                for done, text in zip(rollout.terminated.tolist(), rollout.responses_text)
+                for done, text in zip(rollout.terminated.tolist(), rollout.episodes.side.texts)
             ]
     mean = statistics.mean
     return {

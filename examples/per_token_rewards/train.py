@@ -152,10 +152,10 @@ def show_token_rewards(trainer: PPOTrainer, count: int) -> None:
     rewards = trainer.token_rewards(rollout, scored)  # 3. minus beta * KL
     shown = 0
     for i in range(rollout.batch_size):
-        if len(NUMBER.findall(rollout.responses_text[i])) != 2 and shown < count - 1:
+        if len(NUMBER.findall(rollout.episodes.side.texts[i])) != 2 and shown < count - 1:
             continue  # prefer well-formed dialogues
         n = int(rollout.response_mask[i].sum())
-        print(f"  {rollout.prompts_text[i]}{rollout.responses_text[i]!r}".replace("\\n", "\u21b5"))
+        print(f"  {rollout.episodes.prompts.texts[i]}{rollout.episodes.side.texts[i]!r}".replace("\\n", "\u21b5"))
         print(f"    {'token':>10} {'score':>7} {'reward':>8}")
         for k in range(n):
             token = tokenizer_text(trainer.tokenizer, int(rollout.response_ids[i, k]))

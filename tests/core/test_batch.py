@@ -2,12 +2,13 @@
 
 import torch
 
+from conftest import hand_rollout
 from lmppo.core.batch import Rollout
 
 
 def _rollout() -> Rollout:
     t = torch.tensor
-    return Rollout(
+    return hand_rollout(
         prompt_ids=t([[0, 5], [6, 7], [0, 8]]),
         prompt_mask=t([[False, True], [True, True], [False, True]]),
         response_ids=t([[1, 2, 0], [3, 0, 0], [4, 4, 4]]),
@@ -36,6 +37,15 @@ def test_select_picks_rows_of_every_field():
     s = _rollout().select([2, 0])
     assert s.response_ids.tolist() == [[4, 4, 4], [1, 2, 0]]
     assert s.final_values.tolist() == [0.75, 0.25]
-    assert s.prompts_text == ["b", "a"] and s.responses_text == ["z", "x"]
-    assert s.entropy is None and s.prompt_columns is None  # absent fields stay absent
+    assert (
+        s.episodes.prompts.texts == ["b", "a"] and s.episodes.side.texts == ["z", "x"] and s.prompts_shown == ["b", "a"]
+    )
+    assert s.episodes.side.transcripts == [["z"], ["x"]] and s.episodes.side.stop_reasons == [
+        "max_new_tokens",
+        "stop_token",
+    ]
+    assert torch.equal(s.episodes.response_ids, s.response_ids) and s.episodes.prompts.batch.token_lists == [[8], [5]]
+    assert s.entropy is None and s.episodes.prompts.columns is None  # absent fields stay absent
+    r = _rollout().rows(1, 3)
+    assert r.episodes.side.texts == ["y", "z"] and r.episodes.turns.turn_ends.tolist() == [[0], [2]]
     assert _rollout().select(torch.tensor([1])).terminated.tolist() == [True]

@@ -26,6 +26,7 @@ from lmppo.registry import SAMPLING_ENGINES
 from lmppo.rewards import FunctionSource, decode_completion
 from lmppo.sampling.engines import NativeEngine, OneProcess, PromptBatch, register_sampling_engine
 from lmppo.sampling.native import response_seed
+from lmppo.sampling.settings import Sampling
 from lmppo.training.report import summarize_run
 from lmppo.training.trainer import PPOTrainer
 
@@ -46,8 +47,8 @@ class CountingEngine(NativeEngine):
         super().__init__(config, stop_ids, pad_id, accelerator)
         CountingEngine.instances.append(accelerator)
 
-    def sample(self, policy, prompts):
-        out = super().sample(policy, prompts)
+    def sample(self, policy, prompts, sampling):
+        out = super().sample(policy, prompts, sampling)
         CountingEngine.calls.append(
             {
                 "engine": id(self),
@@ -168,17 +169,18 @@ def test_single_turn_samples_in_the_runs_precision_and_reduces_per_response(toke
     ids, mask = left_pad(token_lists, tokenizer.pad_token_id)
     prompts = EpisodePrompts(PromptBatch(ids, mask, token_lists, seeds=[1, 2, 3]), PROMPTS[:3])
     bf16 = autocast_for("bf16", torch.device("cpu"))
-    episodes = SingleTurn(engine, tokenizer, bf16).produce(policy, prompts)
-    assert episodes.texts == _texts(tokenizer, CountingEngine.calls[-1]) and episodes.prompts is prompts
+    sampling = Sampling.of(cfg.rollout)
+    episodes = SingleTurn(engine, tokenizer, bf16).produce(policy, prompts, sampling)
+    assert episodes.side.texts == _texts(tokenizer, CountingEngine.calls[-1]) and episodes.prompts is prompts
     assert CountingEngine.calls[-1]["autocast"] is True  # sampled under the run's bf16 autocast
-    SingleTurn(engine, tokenizer, autocast_for("fp32", torch.device("cpu"))).produce(policy, prompts)
+    SingleTurn(engine, tokenizer, autocast_for("fp32", torch.device("cpu"))).produce(policy, prompts, sampling)
     assert CountingEngine.calls[-1]["autocast"] is False
 
     # reduction, by hand: total = weighted sum of the sources' placed scores; per_source unweighted
     twice = FunctionSource.from_callable(lambda p, c: [2.0] * len(c), name="two", weight=0.5)
-    road = single_turn_road(engine, tokenizer, [FunctionSource.from_callable(length_reward), twice], bf16, 1.0)
+    road = single_turn_road(engine, tokenizer, [FunctionSource.from_callable(length_reward), twice], bf16, sampling)
     scored = road.run(policy, prompts)
-    lengths = torch.tensor([len(t) / 20.0 for t in scored.episodes.texts])
+    lengths = torch.tensor([len(t) / 20.0 for t in scored.episodes.side.texts])
     assert torch.allclose(scored.numbers.per_source["length_reward"], lengths)
     assert torch.allclose(scored.numbers.per_source["two"], torch.full((3,), 2.0))
     assert torch.allclose(scored.numbers.total, lengths + 0.5 * 2.0)
@@ -212,3 +214,37 @@ def test_lmppo_eval_of_an_environment_run_plays_its_episodes(tmp_path, tiny_mode
     # an episode ends when the environment says so (its reward: 0.25 per turn) or at max_episode_tokens (fewer)
     assert all(r <= 0.25 * t + 1e-6 for r, t in zip(rewards, turns)) and max(rewards) >= 0.25
     assert res["trained"]["reward/environment"] == pytest.approx(sum(rewards) / len(rewards))
+
+
+def test_the_environment_reward_is_a_source_weighted_on_each_turns_last_token(tokenizer):
+    """`environment.reward_weight` 0.5: each turn's reward (0.25 and 1.0 in row 0, 0.5 in row 1) is placed on the
+    turn's last policy token times 0.5, beside a source scoring the last turn (1.0 on its last token);
+    `per_source["environment"]` is the unweighted total, as for any source. Weight 0 leaves only the sources."""
+    from conftest import hand_episodes
+    from lmppo.config import Config, EnvironmentConfig
+    from lmppo.episodes.road import EnvironmentReward, Turns, environment_sources, score_episodes
+    from lmppo.evaluation.evaluate import scored_weights
+
+    real = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool)
+    ids = torch.where(real, torch.tensor(tokenizer.encode("a b c d e")[:5]), tokenizer.pad_token_id)
+    prompt_ids, prompt_mask = torch.tensor([[7], [8]]), torch.ones(2, 1, dtype=torch.bool)
+    done = torch.tensor([True, True])
+    episodes = hand_episodes(prompt_ids, prompt_mask, ids, real, done, ~done, ["p", "q"], ["d e", "a b c"])
+    episodes.turns = Turns(
+        action_mask=torch.tensor([[1, 1, 0, 1, 1], [1, 1, 1, 0, 0]], dtype=torch.bool),  # row 0: turn, obs, turn
+        turn_ends=torch.tensor([[1, 4], [2, -1]]),
+        turn_rewards=torch.tensor([[0.25, 1.0], [0.5, 0.0]]),
+        last_stopped=~done,
+    )
+    one = FunctionSource.from_callable(lambda p, c: [1.0] * len(c), name="one")
+    (environment,) = environment_sources(EnvironmentConfig(path="guess_number", reward_weight=0.5))
+    assert isinstance(environment, EnvironmentReward) and environment.name == "environment"
+    assert environment_sources(EnvironmentConfig()) == []  # no environment, no source
+    result = score_episodes(episodes, [one, environment], tokenizer, "error", stop_known=True)
+    assert result.token_scores.tolist() == [[0.0, 0.125, 0.0, 0.0, 1.5], [0.0, 0.0, 1.25, 0.0, 0.0]]
+    assert result.per_source["environment"].tolist() == [1.25, 0.5] and result.per_source["one"].tolist() == [1, 1]
+    muted = score_episodes(episodes, [one, EnvironmentReward(0.0)], tokenizer, "error", stop_known=True)
+    assert muted.token_scores.tolist() == [[0.0, 0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0, 0.0]]
+    cfg = Config()
+    cfg.environment.path, cfg.environment.reward_weight = "guess_number", 0.5
+    assert scored_weights([one], cfg) == {"one": 1.0, "environment": 0.5}  # what evaluation weighs and judges

@@ -28,6 +28,7 @@ from lmppo.evaluation.tables import default_judge
 from lmppo.models.loading import policy_forward
 from lmppo.rewards import FunctionSource
 from lmppo.sampling.engines import NativeEngine, OneProcess
+from lmppo.sampling.settings import Sampling
 from lmppo.training.report import run_record
 from lmppo.training.trainer import PPOTrainer
 
@@ -70,7 +71,7 @@ def native_road(tokenizer, sources, max_new_tokens: int) -> Road:
     cfg.rollout.temperature, cfg.rollout.max_new_tokens = 1.0, max_new_tokens
     stop_ids = torch.tensor([tokenizer.eos_token_id])
     engine = NativeEngine(cfg, stop_ids, tokenizer.pad_token_id, OneProcess(torch.device("cpu")))
-    return single_turn_road(engine, tokenizer, sources, nullcontext, 1.0)
+    return single_turn_road(engine, tokenizer, sources, nullcontext, Sampling.of(cfg.rollout))
 
 
 def test_sample_and_score_is_seeded_scores_every_source_and_kl_to_itself_is_zero(tokenizer):

@@ -252,9 +252,9 @@ def test_a_format_reward_beside_exact_match_with_weights(tokenizer, tmp_path):
     cfg.rollout.batch_size, cfg.rollout.max_new_tokens, cfg.ppo.micro_batch_size, cfg.total_episodes = 4, 3, 4, 4
     trainer = PPOTrainer(cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer)
     rollout = trainer.collect_rollout()
-    solutions = [c["solution"] for c in rollout.prompt_columns]
+    solutions = [c["solution"] for c in rollout.episodes.prompts.columns]
     # the texts the sources read, set by hand: right and bare, a bare wrong number, neither, right in a sentence
-    rollout.responses_text = [solutions[0], "1,000", "no", f"the answer is {solutions[3]}"]
+    rollout.episodes.side.texts = [solutions[0], "1,000", "no", f"the answer is {solutions[3]}"]
     scored = trainer.score(rollout)
     assert scored.token_scores.sum(1).tolist() == pytest.approx([1.25, 0.25, 0.0, 1.0])
     assert scored.per_source["number_only"].tolist() == [1.0, 1.0, 0.0, 0.0]

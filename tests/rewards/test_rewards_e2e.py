@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS, set_fields, tiny_llama
+from conftest import hand_rollout as made_by_hand
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.batch import Rollout
 from lmppo.errors import RewardError
@@ -111,7 +112,7 @@ def hand_rollout(tokenizer, values=None, final_values=(7.0, 2.0, 7.0)) -> Rollou
     ref = torch.full((B, T), -2.0)
     if values is None:
         values = [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 5.0]]
-    return Rollout(
+    return made_by_hand(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         response_ids=ids,
@@ -462,7 +463,7 @@ def test_reward_model_with_a_different_tokenizer_trains(tmp_path, tokenizer, wor
     scored = trainer.score(rollout)
     expected = []
     with torch.no_grad():  # the reward model reads prompt + completion as text, through its own tokenizer
-        for p, c in zip(rollout.prompts_text, rollout.responses_text):
+        for p, c in zip(rollout.episodes.prompts.texts, rollout.episodes.side.texts):
             expected.append(rm(**rm_tok(p + c, return_tensors="pt")).logits[0, 0].item())
     assert scored.per_source["rm"].tolist() == pytest.approx(expected, abs=1e-5)
     last = rollout.response_mask.sum(1) - 1

@@ -21,6 +21,7 @@ from lmppo.sampling.engines import (
 )
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed, sample_native
+from lmppo.sampling.settings import Sampling
 from lmppo.training.assembly import build_components
 from lmppo.training.trainer import PPOTrainer
 
@@ -61,7 +62,9 @@ def test_the_native_engine_is_lmppos_sampler_with_the_batchs_seeds(tokenizer, tm
     seeds = [response_seed(cfg.seed, 2, p) for p in range(3)]
     stop = torch.tensor([tokenizer.eos_token_id])
     engine = build_sampling_engine("native", cfg, stop, tokenizer.pad_token_id, accelerator=None)
-    got = engine.sample(model, PromptBatch(ids=ids, mask=mask, token_lists=prompts, seeds=seeds))
+    got = engine.sample(
+        model, PromptBatch(ids=ids, mask=mask, token_lists=prompts, seeds=seeds), Sampling.of(cfg.rollout)
+    )
     want = sample_native(
         model, ids, mask, cfg.rollout.temperature, cfg.rollout.max_new_tokens, stop, tokenizer.pad_token_id, seeds
     )
@@ -74,7 +77,7 @@ def test_a_trainer_from_ready_components_samples_with_the_engine_handed_in(token
     calls = []
 
     class Fixed(SamplingEngine):  # every response: token 5, token 6, then the stop token
-        def sample(self, policy, prompts):
+        def sample(self, policy, prompts, sampling):
             calls.append(prompts)
             B = prompts.ids.shape[0]
             ids = torch.tensor([[5, 6, int(self.stop_ids[0])]] * B)

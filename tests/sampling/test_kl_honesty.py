@@ -27,6 +27,7 @@ from lmppo.sampling.hf import (
     verify_pure_sampling,
 )
 from lmppo.sampling.native import sample_native
+from lmppo.sampling.settings import Sampling
 from lmppo.training.trainer import PPOTrainer, ScoredRollout
 
 T = 0.7  # the default rollout.temperature
@@ -303,15 +304,16 @@ def test_k1_test_detects_a_sampler_that_is_not_the_measured_one(
     trainer = drifted_trainer
     trainer.config.rollout.backend = "hf"
     engine = trainer.sampling_engine("hf")
-    saved = engine.gen_config
+    saved = engine.gen_config, engine.gen_sampling
     engine.gen_config = pure_sampling_config(
         trainer.policy, temperature, 2, [tokenizer.eos_token_id], tokenizer.pad_token_id, setting
     )
+    engine.gen_sampling = Sampling.of(trainer.config.rollout)  # the run's settings: this config serves its calls
     try:
         torch.manual_seed(0)
         _, _, diff, se = k1_vs_exact(trainer)
     finally:
-        engine.gen_config = saved
+        engine.gen_config, engine.gen_sampling = saved
     assert abs(diff) > 6 * se and diff / se > z_min, (diff, se)
 
 

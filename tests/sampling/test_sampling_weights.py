@@ -13,6 +13,7 @@ from lmppo.models.loading import hf_model, prepare_policy
 from lmppo.sampling.engines import HFEngine, NativeEngine, PromptBatch
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, response_seed, sample_native
+from lmppo.sampling.settings import Sampling
 from lmppo.training.assembly import build_components
 from lmppo.training.trainer import PPOTrainer
 
@@ -118,8 +119,8 @@ def test_each_rollout_of_a_lora_run_samples_from_the_policy_after_the_last_updat
     seen = []
 
     class CheckedNative(NativeEngine):
-        def sample(self, policy, prompts):
-            out = super().sample(policy, prompts)
+        def sample(self, policy, prompts, sampling):
+            out = super().sample(policy, prompts, sampling)
             copy = self.weights.copy
             seen.append((logits_of(copy, ids, mask), logits_of(policy, ids, mask)))
             return out
@@ -163,7 +164,9 @@ def test_the_hf_engine_generates_the_same_tokens_from_the_copy(tokenizer, tmp_pa
         policy, cfg.rollout.temperature, cfg.rollout.max_new_tokens, [tokenizer.eos_token_id], tokenizer.pad_token_id
     )
     torch.manual_seed(3)
-    got = engine.sample(policy, prompts)  # builds the copy first: that must not draw from the global RNG
+    got = engine.sample(
+        policy, prompts, Sampling.of(cfg.rollout)
+    )  # builds the copy first: that must not draw from the global RNG
     torch.manual_seed(3)
     want = sample_responses(policy, ids, mask, gen, stop, cfg.rollout.max_new_tokens)
     assert engine.weights.copy is not None and engine.weights.refreshes == 1

@@ -98,7 +98,7 @@ def test_zero_variance_groups_get_no_advantage(tmp_path, tokenizer):
     scored = trainer.score(rollout)
     rewards = trainer.token_rewards(rollout, scored)
     adv, _ = trainer.advantages(rollout, rewards)
-    first_group = torch.tensor([p == first_prompt_only["first"] for p in rollout.prompts_text])
+    first_group = torch.tensor([p == first_prompt_only["first"] for p in rollout.episodes.prompts.texts])
     assert rewards.signal.rows.tolist() == first_group.tolist()
     assert (adv[~first_group] == 0).all()
     assert (adv[first_group][rollout.response_mask[first_group]] != 0).any()

@@ -38,10 +38,11 @@ def make_trainer(tmp_path, tokenizer, env_path, **fields):
 def test_an_episode_rollout_is_turns_with_observations_between(tmp_path, tokenizer, env_path):
     trainer = make_trainer(tmp_path, tokenizer, env_path)
     batch = trainer.collect_rollout()
-    assert batch.action_mask is not None and batch.turn_ends is not None
-    turns = (batch.turn_ends >= 0).sum(1).tolist()
+    t, side = batch.episodes.turns, batch.episodes.side
+    assert torch.equal(batch.action_mask, t.action_mask)
+    turns = (t.turn_ends >= 0).sum(1).tolist()
     assert turns == [1, 2, 3, 3]  # the row with 5 turns is cut at max_turns = 3
-    assert batch.stop_reasons == ["environment", "environment", "environment", "max_turns"]
+    assert side.stop_reasons == ["environment", "environment", "environment", "max_turns"]
     assert batch.terminated.tolist() == [True, True, True, False] and batch.truncated.tolist() == [False] * 3 + [True]
     for b in range(4):
         real, policy = batch.response_mask[b], batch.action_mask[b]
@@ -52,10 +53,10 @@ def test_an_episode_rollout_is_turns_with_observations_between(tmp_path, tokeniz
         last = int(real.nonzero().max())
         assert bool(policy[last])  # an episode ends on a policy token
         assert (batch.logprobs[b][~policy] == 0).all() and (batch.values[b][~policy] == 0).all()
-    assert batch.transcripts[1][1] == "turn 1 done, go on"
+    assert side.transcripts[1][1] == "turn 1 done, go on"
     # the opening is the environment's reset() through the chat template
     assert batch.prompts_shown[2] == "count down from 3"
-    assert batch.prompts_text[2].startswith("<|im_start|>user\ncount down from 3<|im_end|>")
+    assert batch.episodes.prompts.texts[2].startswith("<|im_start|>user\ncount down from 3<|im_end|>")
 
 
 def test_turn_rewards_kl_and_training_masks_follow_the_policy_tokens(tmp_path, tokenizer, env_path):
@@ -63,7 +64,7 @@ def test_turn_rewards_kl_and_training_masks_follow_the_policy_tokens(tmp_path, t
     batch = trainer.collect_rollout()
     scored = trainer.score(batch)
     assert scored.raw_scores.tolist() == [0.25, 0.5, 0.75, 0.75]
-    ends = batch.turn_ends
+    ends = batch.episodes.turns.turn_ends
     for b in range(4):
         on = ends[b][ends[b] >= 0]
         assert scored.token_scores[b, on].tolist() == [0.25] * len(on)
@@ -92,7 +93,7 @@ def test_the_native_engine_and_the_hf_engine_play_the_same_episode_layout(tmp_pa
     """`hf` samples each turn from the whole history (RepeatedPrefill): different draws, same episode structure."""
     trainer = make_trainer(tmp_path, tokenizer, env_path, rollout__backend="hf")
     batch = trainer.collect_rollout()
-    assert (batch.turn_ends >= 0).sum(1).tolist() == [1, 2, 3, 3]
+    assert (batch.episodes.turns.turn_ends >= 0).sum(1).tolist() == [1, 2, 3, 3]
 
 
 def test_the_episode_token_budget_truncates(tmp_path, tokenizer, env_path):
@@ -100,9 +101,9 @@ def test_the_episode_token_budget_truncates(tmp_path, tokenizer, env_path):
     trainer = make_trainer(tmp_path, tokenizer, env_path, environment__max_episode_tokens=30)
     batch = trainer.collect_rollout()
     assert batch.response_mask.sum(1).max() <= 30
-    assert batch.stop_reasons[0] == "environment"  # one turn: always fits
-    assert batch.stop_reasons[2:] == ["max_episode_tokens", "max_episode_tokens"]
-    assert batch.truncated.tolist() == [r != "environment" for r in batch.stop_reasons]
+    assert batch.episodes.side.stop_reasons[0] == "environment"  # one turn: always fits
+    assert batch.episodes.side.stop_reasons[2:] == ["max_episode_tokens", "max_episode_tokens"]
+    assert batch.truncated.tolist() == [r != "environment" for r in batch.episodes.side.stop_reasons]
 
 
 def test_heldout_evaluation_plays_episodes(tmp_path, tokenizer, env_path):
@@ -152,11 +153,13 @@ def test_span_rewards_land_inside_the_last_turn(tmp_path, tokenizer, env_path):
     )
     batch = trainer.collect_rollout()
     scored = trainer.score(batch)
-    environment = place_turn_rewards(batch.turn_ends, batch.turn_rewards, batch.response_ids.shape[1])
+    environment = place_turn_rewards(
+        batch.episodes.turns.turn_ends, batch.episodes.turns.turn_rewards, batch.response_ids.shape[1]
+    )
     from_source = scored.token_scores - environment
     checked = 0
     for b in range(4):
-        if not batch.responses_text[b]:
+        if not batch.episodes.side.texts[b]:
             continue
         checked += 1
         nonzero = from_source[b].nonzero().flatten().tolist()
@@ -164,7 +167,7 @@ def test_span_rewards_land_inside_the_last_turn(tmp_path, tokenizer, env_path):
         position = nonzero[0]
         assert bool(batch.action_mask[b, position])
         # it is the first token of the last turn: everything from it to the episode's end is that turn
-        last_end = int(batch.turn_ends[b].max())
+        last_end = int(batch.episodes.turns.turn_ends[b].max())
         assert bool(batch.action_mask[b, position : last_end + 1].all())
         assert position == 0 or not bool(batch.action_mask[b, position - 1])
     assert checked >= 2
@@ -178,7 +181,7 @@ def test_reward_truncation_applies_to_truncated_episodes(tmp_path, tokenizer, en
     scored = trainer.score(batch)
     assert batch.truncated.tolist() == [False, False, False, True]
     assert scored.token_scores.sum(1).tolist() == [0.25, 0.5, 0.75, -1.0]
-    last = int(batch.turn_ends[3].max())
+    last = int(batch.episodes.turns.turn_ends[3].max())
     assert scored.token_scores[3, last] == -1.0 and (scored.token_scores[3, :last] == 0).all()
 
 
@@ -190,7 +193,7 @@ def test_an_environment_failing_mid_run_leaves_the_run_resumable(tmp_path, token
 
     env = os.path.join(TESTS, "countdown_env.py") + ":BreaksLater"
     trainer = make_trainer(tmp_path, tokenizer, env, checkpoint__every=1)
-    breaks = trainer.environment.factory  # the class as loaded from its file
+    breaks = trainer.road().producer.player.factory  # the class as loaded from its file
     breaks.built, breaks.BREAK_AT = 0, 4
     with pytest.raises(EnvironmentError) as info:
         trainer.train()
@@ -203,6 +206,6 @@ def test_an_environment_failing_mid_run_leaves_the_run_resumable(tmp_path, token
     assert checkpoint is not None and verify_checkpoint(checkpoint)
     breaks.BREAK_AT = 10**9
     resumed = PPOTrainer.resume(out, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=ROWS)
-    resumed.environment.factory.BREAK_AT = 10**9
+    resumed.road().producer.player.factory.BREAK_AT = 10**9
     assert resumed.iteration == 1
     assert len(resumed.train()) == 1  # iteration 2, the one that failed

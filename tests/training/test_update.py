@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import hand_rollout
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.objective import STAT_NAMES
@@ -39,7 +40,7 @@ def _rollout() -> Rollout:
     prompt_mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], dtype=torch.bool)
     response_mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     values = torch.arange(15.0).reshape(3, 5)
-    return Rollout(
+    return hand_rollout(
         prompt_ids=torch.arange(12).reshape(3, 4),
         prompt_mask=prompt_mask,
         response_ids=torch.arange(15).reshape(3, 5),
@@ -83,9 +84,9 @@ def test_update_batch_gathers_once_per_epoch_and_slices_micro_batches():
     rollout = _rollout()
     whole = UpdateBatch(rollout, rollout.values + 100, rollout.values + 200, rollout.response_mask)
     shuffled = whole.shuffled([2, 0, 1])
-    assert shuffled.index.tolist() == [2, 0, 1] and shuffled.rollout.prompts_text == ["c", "a", "b"]
+    assert shuffled.index.tolist() == [2, 0, 1] and shuffled.rollout.episodes.prompts.texts == ["c", "a", "b"]
     part = shuffled.rows(1, 3)
-    assert part.index.tolist() == [0, 1] and part.rollout.responses_text == ["x", "y"]
+    assert part.index.tolist() == [0, 1] and part.rollout.episodes.side.texts == ["x", "y"]
     assert torch.equal(part.advantages, rollout.values[[0, 1]] + 100)
     assert torch.equal(part.rollout.response_mask, rollout.response_mask[[0, 1]])
 

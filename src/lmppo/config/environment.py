@@ -27,6 +27,10 @@ class EnvironmentConfig(_Section):
     max_observation_tokens: PositiveInt = 128
     """The longest one observation may be in tokens (chat-template glue included); a longer one stops the run
     with an error naming the environment and the turn (an environment bug, not an episode ending)."""
+    reward_weight: float = 1.0
+    """The weight of the environment's reward, a reward source named `environment` beside `reward.sources` (each
+    turn's reward on the turn's last policy token; `reward/environment` logs an episode's total, unweighted, as for
+    any source). 0: the environment only plays the episodes, the reward sources alone score them."""
     tools: list[str] = field(default_factory=list)
     """Tool functions (`module:function` or `file.py:function`, with type hints and a docstring) offered to the
     model through the chat template's tool format; for `path: tools`, or any environment that reads them."""

@@ -4,49 +4,45 @@ Position convention (used everywhere in lmppo): index t of every (B, T) field is
 ``logprobs[:, t]`` is log pi(response[t] | prompt, response[:t]); ``values[:, t]`` is V of the state in which
 token t was chosen; ``rewards[:, t]`` is the reward received for emitting token t. Positions with
 ``response_mask == False`` (after the stop token) hold padding and never influence any result.
-A multi-turn episode's response is its turns with the environment's observations between them (all real tokens);
-``action_mask`` marks the policy's tokens, the only ones trained on (``policy_mask``).
+Every response is an episode (a single response: of one turn); a multi-turn episode's response is its turns with
+the environment's observations between them (all real tokens); ``action_mask`` marks the policy's tokens, the only
+ones trained on (``policy_mask``). The tensors are the rollout's own fields; what is not a tensor (texts,
+transcripts, stop reasons) and the turns are read from the road's `episodes` it holds.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from lmppo.episodes.road import Episodes
 
 
 @dataclass
 class Rollout:
-    prompt_ids: torch.Tensor  # (B, P) long, left-padded prompts
+    prompt_ids: torch.Tensor  # (B, P) long, left-padded prompts (an episode: its opening)
     prompt_mask: torch.Tensor  # (B, P) bool, True on real prompt tokens
     response_ids: torch.Tensor  # (B, T) long, right-padded responses (padding after the stop token)
     response_mask: torch.Tensor  # (B, T) bool, True on real response tokens (stop token included)
+    action_mask: torch.Tensor  # (B, T) bool, True on the policy's tokens (a single response: its response mask)
     logprobs: torch.Tensor  # (B, T) float, log pi_old(a_t|s_t) at the sampling temperature
     ref_logprobs: torch.Tensor  # (B, T) float, log pi_ref(a_t|s_t) at the sampling temperature
     values: torch.Tensor  # (B, T) float, V_old(s_t)
     final_values: torch.Tensor  # (B,) float, V_old of the state after the last real response token
-    terminated: torch.Tensor  # (B,) bool, the response ended with the stop token
-    truncated: torch.Tensor  # (B,) bool, the response hit max_new_tokens without the stop token
+    terminated: torch.Tensor  # (B,) bool, the response ended with the stop token (an episode: the environment)
+    truncated: torch.Tensor  # (B,) bool, the response hit max_new_tokens without the stop token (or a budget)
     group_ids: torch.Tensor  # (B,) long, position of the response's prompt in the global batch (same prompt, same id)
-    prompts_text: list[str]  # B prompt strings (as the policy saw them, template applied)
-    responses_text: list[str]  # B completions, decoded without padding or the stop token
+    episodes: Episodes  # the road's episodes, held: their prompts, turns (turn ends and rewards) and side
+    #                     information (completions, transcripts, stop reasons, tool counts); `lmppo.episodes.road`
+    prompts_shown: list[str]  # B prompts as a person wrote them (for tables)
     entropy: Optional[torch.Tensor] = field(default=None)  # (B, T) policy entropy per position (log.token_stats)
     ref_logits: Optional[torch.Tensor] = field(default=None)  # (B, T, V) reference logits / temperature (full_logits)
     full_logits_kl: Optional[torch.Tensor] = field(default=None)  # (B, T) KL(pi_old || pi_ref) of each state
     #                                                  (a `kl.estimator` with the trait `full_logits`: `exact`)
-    prompts_shown: Optional[list[str]] = field(default=None)  # B prompts as a person wrote them (for tables)
-    prompt_columns: Optional[list[dict]] = field(default=None)  # B dicts, the prompt records' other fields
-    #                                                              (reward functions take them by name); None: none
-    # ---- multi-turn episodes (lmppo.environments); None for single responses
-    action_mask: Optional[torch.Tensor] = field(default=None)  # (B, T) bool, True on the policy's tokens
-    turn_ends: Optional[torch.Tensor] = field(default=None)  # (B, K) long, each turn's last policy token, -1: none
-    turn_rewards: Optional[torch.Tensor] = field(default=None)  # (B, K) float, the environment's reward per turn
-    tool_calls: Optional[torch.Tensor] = field(default=None)  # (B,) float, tool calls made in the episode
-    tool_errors: Optional[torch.Tensor] = field(default=None)  # (B,) float, of which failed
-    transcripts: Optional[list[list[str]]] = field(default=None)  # B lists: turn, observation, turn, ... as text
-    stop_reasons: Optional[list[str]] = field(default=None)  # B: environment, max_turns or max_episode_tokens
 
     @property
     def batch_size(self) -> int:
@@ -64,8 +60,8 @@ class Rollout:
 
     @property
     def policy_mask(self) -> torch.Tensor:
-        """(B, T) bool, the tokens the policy chose: an episode's action mask, else the response mask."""
-        return self.response_mask if self.action_mask is None else self.action_mask
+        """(B, T) bool, the tokens the policy chose (`action_mask`)."""
+        return self.action_mask
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -85,8 +81,9 @@ class Rollout:
                 if v.device not in on_device:
                     on_device[v.device] = host.to(v.device)
                 setattr(picked, f.name, v[on_device[v.device]])
-            elif v is not None:
+            elif isinstance(v, list):
                 setattr(picked, f.name, [v[i] for i in idx])
+        picked.episodes = self.episodes.select(idx, device_index)
         return picked
 
     def rows(self, start: int, stop: int) -> "Rollout":
@@ -94,6 +91,7 @@ class Rollout:
         picked = copy.copy(self)
         for f in fields(self):
             v = getattr(self, f.name)
-            if v is not None:
+            if isinstance(v, (torch.Tensor, list)):
                 setattr(picked, f.name, v[start:stop])
+        picked.episodes = self.episodes.rows(start, stop)
         return picked

@@ -23,9 +23,10 @@ from lmppo.core.masking import action_mask
 from lmppo.environments.api import EpisodeEnvironments, load_environment, load_tools
 from lmppo.environments.render import Observations, observation_encoder
 from lmppo.environments.tools import tool_schemas
-from lmppo.episodes.road import EpisodePrompts, Episodes, Precision, Turns
+from lmppo.episodes.road import EpisodePrompts, Episodes, EpisodeSide, Precision, Turns, transcript_text
 from lmppo.sampling.engines import PromptBatch, SamplingEngine
 from lmppo.sampling.hf import left_pad
+from lmppo.sampling.settings import Sampling
 from lmppo.sampling.turns import TurnSampler
 
 ENDED_BY_ENVIRONMENT = "environment"
@@ -43,6 +44,7 @@ class Episode:
     turn_rewards: list[float] = field(default_factory=list)
     transcript: list[str] = field(default_factory=list)  # turn text, observation text, turn text, ...
     stop_reason: str = ""
+    last_stopped: bool = False  # the last turn ended on its stop token
     tool_calls: int = 0
     tool_errors: int = 0
 
@@ -87,7 +89,7 @@ def play_episodes(
             episode.turn_starts.append(len(episode.tokens))
             episode.tokens.extend(tokens)
             episode.turn_ends.append(len(episode.tokens) - 1)
-            ended_on_stop[b] = bool(tokens) and tokens[-1] in stops and not cut
+            ended_on_stop[b] = episode.last_stopped = bool(tokens) and tokens[-1] in stops and not cut
             text = tokenizer.decode(tokens[:-1] if ended_on_stop[b] else tokens, skip_special_tokens=True)
             episode.transcript.append(text)
             if cut:
@@ -175,13 +177,14 @@ class MultiTurn:
     precision: Precision
     pad_id: int
 
-    def produce(self, policy: nn.Module, prompts: EpisodePrompts) -> Episodes:
+    def produce(self, policy: nn.Module, prompts: EpisodePrompts, sampling: Sampling) -> Episodes:
         b = prompts.batch
         rows = prompts.rows if prompts.rows is not None else list(range(len(b.token_lists)))
         given = prompts.columns or [{} for _ in prompts.texts]
         columns = [{"prompt": text, **c} for text, c in zip(prompts.texts, given)]
         with self.precision():
-            played = self.player.play(self.engine.turn_sampler(policy), b.token_lists, columns, rows, b.seeds)
+            sampler = self.engine.turn_sampler(policy, sampling)
+            played = self.player.play(sampler, b.token_lists, columns, rows, b.seeds)
         return as_episodes(played, prompts, self.tokenizer, self.pad_id)
 
 
@@ -210,10 +213,15 @@ def as_episodes(played: list[Episode], prompts: EpisodePrompts, tokenizer: Any, 
         action_mask=action_mask(starts, ends, T).to(device),
         turn_ends=ends.to(device),
         turn_rewards=rewards.to(device),
-        tool_calls=torch.tensor([float(e.tool_calls) for e in played], device=device),
-        tool_errors=torch.tensor([float(e.tool_errors) for e in played], device=device),
+        last_stopped=torch.tensor([e.last_stopped for e in played], device=device),
+    )
+    side = EpisodeSide(
+        texts=[e.last_turn for e in played],
+        shown=[transcript_text(e.transcript) for e in played],
         transcripts=[list(e.transcript) for e in played],
         stop_reasons=[e.stop_reason for e in played],
+        tool_calls=[e.tool_calls for e in played],
+        tool_errors=[e.tool_errors for e in played],
     )
     return Episodes(
         opened,
@@ -221,6 +229,6 @@ def as_episodes(played: list[Episode], prompts: EpisodePrompts, tokenizer: Any, 
         response_mask.to(device),
         terminated.to(device),
         (~terminated).to(device),
-        [e.last_turn for e in played],
         turns,
+        side,
     )

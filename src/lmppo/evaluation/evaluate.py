@@ -18,8 +18,8 @@ from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id, load_config, parse_overrides, recipe_path
 from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
-from lmppo.environments.episodes import EpisodePlayer, MultiTurn
-from lmppo.episodes.road import Road, autocast_for, single_turn_road
+from lmppo.environments.road import run_road
+from lmppo.episodes.road import Road, autocast_for, environment_sources
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.evaluation.arguments import eval_parser
 from lmppo.evaluation.heldout import (
@@ -266,9 +266,9 @@ def build_sources(cfg: Config, device: torch.device) -> list[RewardSource]:
 
 
 def scored_weights(sources: Sequence[RewardSource], cfg: Config) -> dict[str, float]:
-    """Name -> weight of what an evaluation scores: the reward sources, and `environment` (weight 1: the sum of its
-    turn rewards) when the run plays one (`environment.path`)."""
-    return {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if cfg.environment.path else {})
+    """Name -> weight of what an evaluation scores: the reward sources, and the environment's reward source when the
+    run plays one (`environment.path`, `lmppo.episodes.road.environment_sources`)."""
+    return {s.name: float(s.weight) for s in [*sources, *environment_sources(cfg.environment)]}
 
 
 def choose_judge(sources: Sequence[RewardSource], judge: Optional[str], cfg: Optional[Config] = None) -> str:
@@ -344,12 +344,7 @@ def eval_plan(
     autocast = autocast_for(precision, device)
     stop_ids = stop_token_ids(r.stop_token, tokenizer)
     engine = check_eval_engine(cfg)(cfg, stop_ids, tokenizer.pad_token_id, OneProcess(device))
-    if cfg.environment.path:  # the run's environment: one multi-turn episode per prompt
-        player = EpisodePlayer(cfg.environment, tokenizer, stop_ids.tolist())
-        producer = MultiTurn(engine, player, tokenizer, autocast, tokenizer.pad_token_id)
-        road = Road(producer, sources, tokenizer, autocast, r.temperature)
-    else:
-        road = single_turn_road(engine, tokenizer, sources, autocast, r.temperature)
+    road = run_road(cfg, engine, tokenizer, stop_ids.tolist(), sources, autocast)  # with an environment: episodes
 
     def start_logits(input_ids: torch.Tensor, attention: torch.Tensor, P: int) -> torch.Tensor:
         if models.start is not None:

@@ -161,8 +161,8 @@ def sample_and_score(
     policies given the same seed and prompts are compared on common random numbers; an engine that draws from the
     global RNG runs under `torch.manual_seed(seed + chunk)` (the global RNG is restored after).
     A road whose producer plays multi-turn episodes (an environment) gives one episode per prompt: the sources score
-    the last turn, `reward/environment` is the sum of the environment's turn rewards (in `total` with weight 1),
-    lengths and KL count the policy's tokens, `responses` are the transcripts."""
+    the last turn, the source `environment` the turns (`reward/environment`: the sum of the environment's turn
+    rewards, in `total` with its weight), lengths and KL count the policy's tokens, `responses` are the transcripts."""
     device = next(policy.parameters()).device
     tokenizer = road.tokenizer
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -187,7 +187,6 @@ def sample_and_score(
         )[:, 0]
     kl = ResponseKL.concat(kls) if reference_logits is not None else None
     weights = {s.name: float(s.weight) for s in road.sources}
-    weights.update({"environment": 1.0} if "environment" in n.per_source else {})  # an environment's rewards
     return PolicyEval(
         prompts=list(prompts.texts),
         responses=[text for c in chunks for text in c.shown],
@@ -206,7 +205,7 @@ def _sample_chunk(road: Road, policy: nn.Module, batch: EpisodePrompts) -> Score
     scored = road.run(policy, batch)
     e = scored.episodes
     p = e.prompts.batch  # (an episode's opening)
-    return ScoredChunk(scored.numbers, e.shown, p.ids, p.mask, e.response_ids, e.response_mask, e.policy_mask)
+    return ScoredChunk(scored.numbers, e.side.shown, p.ids, p.mask, e.response_ids, e.response_mask, e.policy_mask)
 
 
 def _eval_batch(

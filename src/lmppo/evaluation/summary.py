@@ -113,7 +113,6 @@ class RunRecord:
     history: list[dict[str, float]]  # this process's metrics rows (a resumed run's start at the resume)
     is_main_process: bool
     full_weights: Callable[[], AbstractContextManager[object]]  # ZeRO-3: the full weights on every process
-    environment: bool = False  # the road plays multi-turn episodes (`environment.path`): `reward/environment`
 
 
 @contextmanager
@@ -153,7 +152,7 @@ def heldout_summary(
         return out
     r = cfg.rollout
     sources = run.road.sources
-    weights = {s.name: float(s.weight) for s in sources} | ({"environment": 1.0} if run.environment else {})
+    weights = {s.name: float(s.weight) for s in sources}  # (an environment's reward is the source `environment`)
     watch = watched(sources)
     judge = default_judge(weights, watch)
     ids, texts = repeat_prompts(held.ids, held.texts, samples_per_prompt)

@@ -16,6 +16,7 @@ from lmppo.registry import SAMPLING_ENGINES
 from lmppo.sampling.cuda_graphs import DecodeGraphs
 from lmppo.sampling.hf import left_pad, pure_sampling_config, sample_responses
 from lmppo.sampling.native import SamplingWeights, sample_native
+from lmppo.sampling.settings import Sampling
 from lmppo.sampling.turns import CachedTurns, RepeatedPrefill, TurnSampler
 
 if TYPE_CHECKING:
@@ -78,18 +79,19 @@ class SamplingEngine:
     def check(cls, config: Config) -> None:
         """Raise ConfigError when this machine cannot run the engine; called before any model is loaded."""
 
-    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
+    def sample(self, policy: nn.Module, prompts: PromptBatch, sampling: Sampling) -> Responses:
+        """One response per prompt from `policy` with this call's `sampling` settings."""
         raise NotImplementedError
 
-    def turn_sampler(self, policy: nn.Module) -> TurnSampler:
-        """The turns of multi-turn episodes (`lmppo.sampling.turns`). Here: `sample` on each episode's whole
-        history every turn (token ids, re-encoded by the model each turn); an engine that can continue from its
-        cache overrides this."""
+    def turn_sampler(self, policy: nn.Module, sampling: Sampling) -> TurnSampler:
+        """The turns of multi-turn episodes (`lmppo.sampling.turns`), each sampled with `sampling`. Here: `sample`
+        on each episode's whole history every turn (token ids, re-encoded by the model each turn); an engine that
+        can continue from its cache overrides this."""
         device = self.accelerator.device
 
         def sample(histories: list[list[int]], seeds: list[int]) -> Responses:
             ids, mask = left_pad(histories, self.pad_id)
-            return self.sample(policy, PromptBatch(ids.to(device), mask.to(device), histories, seeds))
+            return self.sample(policy, PromptBatch(ids.to(device), mask.to(device), histories, seeds), sampling)
 
         return RepeatedPrefill(sample)
 
@@ -126,19 +128,18 @@ class NativeEngine(SamplingEngine):
         # CUDA graphs of the decoding step, kept across rollouts; not under DeepSpeed (its gathered weights move)
         self.graphs = DecodeGraphs() if self.copies else None
 
-    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
-        r = self.config.rollout
+    def sample(self, policy: nn.Module, prompts: PromptBatch, sampling: Sampling) -> Responses:
+        s = sampling
         model = self.weights.model_for(policy) if self.copies else policy
         return sample_native(
-            model, prompts.ids, prompts.mask, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id,
+            model, prompts.ids, prompts.mask, s.temperature, s.max_new_tokens, self.stop_ids, self.pad_id,
             prompts.seeds, graphs=self.graphs,
         )  # fmt: skip
 
-    def turn_sampler(self, policy: nn.Module) -> TurnSampler:
+    def turn_sampler(self, policy: nn.Module, sampling: Sampling) -> TurnSampler:
         """One KV cache kept across the turns (`lmppo.sampling.turns.CachedTurns`; the dynamic loop, no CUDA graphs)."""
-        r = self.config.rollout
         model = self.weights.model_for(policy) if self.copies else policy
-        return CachedTurns(model, r.temperature, r.max_new_tokens, self.stop_ids, self.pad_id)
+        return CachedTurns(model, sampling.temperature, sampling.max_new_tokens, self.stop_ids, self.pad_id)
 
 
 @register_sampling_engine("hf")
@@ -149,18 +150,20 @@ class HFEngine(SamplingEngine):
 
     def __init__(self, config: Config, stop_ids: torch.Tensor, pad_id: int, accelerator: ProcessLayout):
         super().__init__(config, stop_ids, pad_id, accelerator)
-        self.gen_config: Optional[GenerationConfig] = None  # built at the first rollout (its probe runs the policy)
+        self.gen_config: Optional[GenerationConfig] = None  # built at the first call (its probe runs the policy)
+        self.gen_sampling: Optional[Sampling] = None  # the settings `gen_config` was built for
         self.weights = SamplingWeights()
         self.copies = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None) is None
 
-    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
-        r = self.config.rollout
+    def sample(self, policy: nn.Module, prompts: PromptBatch, sampling: Sampling) -> Responses:
+        s, kwargs = sampling, self.config.rollout.generation_kwargs
         model = self.weights.model_for(policy) if self.copies else policy
-        if self.gen_config is None:
+        if self.gen_config is None or self.gen_sampling != s:  # built again when a call's settings differ
             self.gen_config = pure_sampling_config(
-                model, r.temperature, r.max_new_tokens, self.stop_ids.tolist(), self.pad_id, r.generation_kwargs
+                model, s.temperature, s.max_new_tokens, self.stop_ids.tolist(), self.pad_id, kwargs
             )
-        return sample_responses(model, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, r.max_new_tokens)
+            self.gen_sampling = s
+        return sample_responses(model, prompts.ids, prompts.mask, self.gen_config, self.stop_ids, s.max_new_tokens)
 
 
 @register_sampling_engine("vllm")
@@ -178,12 +181,12 @@ class VLLMEngine(SamplingEngine):
     def check(cls, config: Config) -> None:
         vllm_backend.check_vllm_available(config)  # a GPU and the `vllm` package
 
-    def sample(self, policy: nn.Module, prompts: PromptBatch) -> Responses:
+    def sample(self, policy: nn.Module, prompts: PromptBatch, sampling: Sampling) -> Responses:
         if self.sampler is None:
             acc = self.accelerator
             vllm_backend.set_launcher_env(acc.process_index, acc.local_process_index, acc.num_processes)
             self.sampler = vllm_backend.VLLMSampler.create(self.config, policy, self.stop_ids.tolist(), self.pad_id)
-        return self.sampler.sample(policy, prompts.token_lists, prompts.seeds, self.accelerator.device)
+        return self.sampler.sample(policy, prompts.token_lists, prompts.seeds, self.accelerator.device, sampling)
 
 
 def check_sampling_engine(config: Config) -> None:
@@ -201,6 +204,7 @@ __all__: Sequence[str] = [
     "OneProcess",
     "PromptBatch",
     "SAMPLING_ENGINES",
+    "Sampling",
     "SamplingEngine",
     "build_sampling_engine",
     "check_sampling_engine",

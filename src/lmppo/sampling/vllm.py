@@ -17,6 +17,7 @@ from torch import nn
 from lmppo.errors import ConfigError, LmppoError
 from lmppo.models.loading import hf_model
 from lmppo.models.parts import module_dict, optional_parameter, parameter
+from lmppo.sampling.settings import Sampling
 
 TARGET_VLLM = "0.10 / 0.11"
 OTHER_BACKENDS = "use rollout.backend `native` (the default) or `hf` on this machine"
@@ -341,9 +342,16 @@ class VLLMSampler:
         prompts: Sequence[Sequence[int]],
         seeds: Sequence[int],
         device: Optional[torch.device] = None,
+        sampling: Optional[Sampling] = None,
     ):
         """Sync the policy's weights into the engine, then sample one response per prompt (token-id lists, no
-        padding) with its own seed. Returns the same four tensors as `lmppo.sampling.native.sample_native`."""
+        padding) with its own seed, with `sampling`'s settings (None: those it was built with). Returns the same
+        four tensors as `lmppo.sampling.native.sample_native`."""
+        temperature, max_new_tokens = (
+            (self.temperature, self.max_new_tokens)
+            if sampling is None
+            else (sampling.temperature, sampling.max_new_tokens)
+        )
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         with _autocast_off():
@@ -357,9 +365,7 @@ class VLLMSampler:
                 self.asleep = False
             self.llm.reset_prefix_cache()  # cached KV entries were computed with the old weights
             params = [
-                self.sampling_params_cls(
-                    **pure_sampling_kwargs(self.temperature, self.max_new_tokens, self.stop_ids, s)
-                )
+                self.sampling_params_cls(**pure_sampling_kwargs(temperature, max_new_tokens, self.stop_ids, s))
                 for s in seeds
             ]
             requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]  # a vllm.inputs.TokensPrompt
@@ -369,7 +375,7 @@ class VLLMSampler:
                 self.asleep = True
         if len(outputs) != len(prompts):
             raise LmppoError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
-        return outputs_to_responses(outputs, self.stop_ids, self.max_new_tokens, self.pad_id, device)
+        return outputs_to_responses(outputs, self.stop_ids, max_new_tokens, self.pad_id, device)
 
     def sync_weights(self, policy: nn.Module, chunk_bytes: int = 1 << 30) -> None:
         """Load the policy's weights into the engine's model (everything on the first call, then what training

@@ -15,7 +15,7 @@ from lmppo.config import Config, LogConfig
 from lmppo.core.batch import Rollout
 from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
-from lmppo.episodes.road import Road, transcript_text
+from lmppo.episodes.road import Road
 from lmppo.evaluation.heldout import EvalChoices, EvalPrompts, sample_and_score
 from lmppo.evaluation.summary import RunRecord, RunSummary, card_table, print_run_summary
 from lmppo.run.layout import FINAL
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from lmppo.distributed.strategy import Strategy
-    from lmppo.environments.episodes import EpisodePlayer
     from lmppo.models.reference import ReferencePolicy
     from lmppo.run.model_card import HeldoutRows
 
@@ -87,7 +86,8 @@ def iteration_metrics(
         m[f"reward/{name}"] = gather(per_response)
     if scored.overlong is not None:  # reward.overlong_buffer: the mean penalty added per response
         m["reward/overlong_penalty"] = gather(scored.overlong)
-    m.update(episode_metrics(rollout, gather))  # multi-turn episodes: episode/*
+    if config.environment.path:  # multi-turn episodes: episode/*
+        m.update(episode_metrics(rollout, gather))
     for name in MEAN_STATS:
         if name in stats:
             m[name] = procs.process_mean(stats.mean(name))
@@ -133,8 +133,8 @@ def sample_rows(
     rows = []
     for i in range(n):
         row: dict[str, object] = {
-            "prompt": (rollout.prompts_shown or rollout.prompts_text)[i],
-            "response": transcript_text(rollout.transcripts[i]) if rollout.transcripts else rollout.responses_text[i],
+            "prompt": rollout.prompts_shown[i],
+            "response": rollout.episodes.side.shown[i],
             "score": float(scores[i]),
         }
         if token_stats:
@@ -197,8 +197,6 @@ class FinishedRun(Protocol):
     def strategy(self) -> Strategy: ...
     @property
     def actor(self) -> nn.Module: ...
-    @property
-    def environment(self) -> Optional[EpisodePlayer]: ...
     def road(self) -> Road: ...
     def model_card(self, folder: str, heldout: Optional[HeldoutRows] = None, heldout_title: str = "") -> str: ...
 
@@ -217,7 +215,6 @@ def run_record(trainer: FinishedRun) -> RunRecord:
         history=trainer.history,
         is_main_process=trainer.accelerator.is_main_process,
         full_weights=partial(trainer.strategy.full_weights, trainer.actor),
-        environment=trainer.environment is not None,
     )
 
 

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, TypedDict
+from typing import Callable, Optional, TypedDict
 
 import torch
 
@@ -17,10 +17,6 @@ from lmppo.models.loading import PolicyOutput
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
-from lmppo.training.episodes import with_turns
-
-if TYPE_CHECKING:
-    pass
 
 
 class RolloutPasses(TypedDict):
@@ -135,33 +131,31 @@ def build_rollout(
     index: list[int],
     prompt_set: PromptSet,
 ) -> Rollout:
-    """The `Rollout` of a batch: the `episodes` of prompts `index` of `prompt_set` from the road, `passes` from
-    `rollout_passes`; every per-token tensor 0 past each response's end (multi-turn episodes: off the policy's
-    tokens, `lmppo.training.episodes.with_turns`)."""
-    response_mask = episodes.response_mask
+    """The `Rollout` of a batch: the `episodes` of prompts `index` of `prompt_set` from the road (held, not copied),
+    `passes` from `rollout_passes`; every per-token tensor 0 off the policy's tokens (past each response's end, and
+    on an episode's observations)."""
+    policy = episodes.policy_mask
     zeros = torch.zeros_like(passes["logprobs"])
     all_values = passes["values"]
-    lengths = response_mask.sum(1)
+    lengths = episodes.response_mask.sum(1)
     final_values = all_values.gather(1, lengths[:, None]).squeeze(1)  # V of the state after the last token
-    state_kl = passes["full_logits_kl"]
-    out = Rollout(
+    state_kl, entropy = passes["full_logits_kl"], passes["entropy"]
+    return Rollout(
         prompt_ids=episodes.prompts.batch.ids,
         prompt_mask=episodes.prompts.batch.mask,
         response_ids=episodes.response_ids,
-        response_mask=response_mask,
-        logprobs=torch.where(response_mask, passes["logprobs"], zeros),
-        ref_logprobs=torch.where(response_mask, passes["ref_logprobs"], zeros),
-        values=torch.where(response_mask, all_values[:, :-1], zeros),
+        response_mask=episodes.response_mask,
+        action_mask=policy,
+        logprobs=torch.where(policy, passes["logprobs"], zeros),
+        ref_logprobs=torch.where(policy, passes["ref_logprobs"], zeros),
+        values=torch.where(policy, all_values[:, :-1], zeros),
         final_values=final_values,
         terminated=episodes.terminated,
         truncated=episodes.truncated,
         group_ids=group_ids,
-        prompts_text=episodes.prompts.texts,
+        episodes=episodes,
         prompts_shown=[prompt_set.shown_text(i) for i in index],
-        responses_text=episodes.texts,
-        entropy=passes["entropy"],
+        entropy=torch.where(policy, entropy, zeros) if entropy is not None else None,
         ref_logits=passes["ref_logits"],
-        full_logits_kl=torch.where(response_mask, state_kl, zeros) if state_kl is not None else None,
-        prompt_columns=episodes.prompts.columns,
+        full_logits_kl=torch.where(policy, state_kl, zeros) if state_kl is not None else None,
     )
-    return out if episodes.turns is None else with_turns(out, episodes.turns)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -27,14 +27,9 @@ from lmppo.core.rewards import (
     signal_rows,
     unfinished_scores,
 )
-from lmppo.episodes.road import EpisodePrompts, Episodes, score_episodes
-from lmppo.rewards import RewardSource
-from lmppo.sampling.engines import PromptBatch
-from lmppo.training.episodes import rollout_turns
+from lmppo.rewards import RewardResult
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
-
     from lmppo.data.prompts import PromptStream
     from lmppo.distributed.strategy import Strategy
 
@@ -76,20 +71,16 @@ class TokenRewards:
 
 def score(
     rollout: Rollout,
-    sources: Sequence[RewardSource],
-    tokenizer: PreTrainedTokenizerBase,
+    result: RewardResult,
     rc: RewardConfig,
     score_moments: RunningMoments,
     device: torch.device,
     sampling: RolloutConfig,
 ) -> ScoredRollout:
-    """The sources' scores of the batch, placed on its tokens (the road's scoring, `lmppo.episodes.road`), then
-    normalised (`reward.normalize`, updating `score_moments`) or clipped, the truncation policy's score changes,
-    then the overlong penalty (`reward.overlong_buffer` before `sampling.max_new_tokens`, on every row, truncated ones
-    included)."""
-
-    # multi-turn episodes: the sources score the last turn; each turn's environment reward joins on its last token
-    result = score_episodes(rollout_episodes(rollout), sources, tokenizer, rc.on_bad_output, stop_known=True)
+    """The road's scores of the rollout's episodes (`result`, `lmppo.episodes.road.Road.score`: the sources on the
+    last turn, the environment's on each turn), normalised (`reward.normalize`, updating `score_moments`) or
+    clipped, the truncation policy's score changes, then the overlong penalty (`reward.overlong_buffer` before
+    `sampling.max_new_tokens`, on every row, truncated ones included)."""
     token_scores = placed = result.token_scores.to(device, torch.float32)
     raw = token_scores.sum(1)
     mask, valid = rollout.policy_mask, result.valid.to(device)
@@ -169,24 +160,6 @@ def settled_prompts(
     counts[1].index_add_(0, rollout.group_ids, signal.rows.float())
     counts = processes.process_sum_each(counts)
     return ((counts[0] > 0) & (counts[1] == 0)).tolist()
-
-
-def rollout_episodes(rollout: Rollout) -> Episodes:
-    """The episodes of a rollout, as the road scores them."""
-    ids, mask = rollout.prompt_ids, rollout.prompt_mask
-    token_lists: list[list[int]] = [row[m].tolist() for row, m in zip(ids.cpu(), mask.cpu())]
-    prompts = EpisodePrompts(
-        PromptBatch(ids, mask, token_lists, seeds=[]), rollout.prompts_text, rollout.prompt_columns
-    )
-    return Episodes(
-        prompts,
-        rollout.response_ids,
-        rollout.response_mask,
-        rollout.terminated,
-        rollout.truncated,
-        rollout.responses_text,
-        rollout_turns(rollout),
-    )
 
 
 @dataclass

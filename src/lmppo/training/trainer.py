@@ -18,13 +18,14 @@ import lmppo.run.lock as lock
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.rewards import RunningMoments
-from lmppo.episodes.road import Road, single_turn_road
+from lmppo.environments.road import run_road
+from lmppo.episodes.road import Road
 from lmppo.quiet import quiet_libraries
 from lmppo.run.export import export_final, final_card, warn_unmerged
 from lmppo.run.layout import FINAL
 from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
-from lmppo.training import compiled_update, episodes, report, rollout, scoring
+from lmppo.training import compiled_update, report, rollout, scoring
 from lmppo.training.assembly import Components, build_components
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
@@ -99,7 +100,7 @@ class PPOTrainer:
         self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
         self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
         self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
-        self.environment = episodes.episode_player(cfg, c.tokenizer, c.stop_ids)  # environment.path, or None
+        self.roads: dict[str, Road] = {}  # the run's road for each engine (`road`)
         self.base_model, self.prompt_source = c.base_model, c.prompt_source  # as the model cards name them
         self.score_moments = RunningMoments()
         self.updater = Updater(c, self._autocast)  # phase 5 and its state (optimizer, generator, kept forward)
@@ -196,12 +197,13 @@ class PPOTrainer:
         return rollout.build_rollout(sampled, passes, group_ids, index, self.prompt_set)
 
     def road(self) -> Road:
-        """The run's road (`lmppo.episodes.road`), which training and every evaluation take."""
-        engine, temperature = self.sampling_engine(), self.config.rollout.temperature
-        if self.environment is not None:  # multi-turn episodes: the environment's producer
-            producer = episodes.multi_turn(engine, self.environment, self.tokenizer, self._autocast)
-            return Road(producer, self.reward_sources, self.tokenizer, self._autocast, temperature)
-        return single_turn_road(engine, self.tokenizer, self.reward_sources, self._autocast, temperature)
+        """The run's road (`lmppo.environments.road.run_road`: `rollout.backend`'s engine, the run's environment and
+        reward sources), which training, every evaluation and the TRL drop-in take; built once per engine."""
+        name = self.config.rollout.backend
+        if name not in self.roads:
+            engine, stops = self.sampling_engine(name), self.stop_ids.tolist()
+            self.roads[name] = run_road(self.config, engine, self.tokenizer, stops, self.reward_sources, self._autocast)
+        return self.roads[name]
 
     def sampling_engine(self, name: Optional[str] = None) -> SamplingEngine:
         """The engine of `rollout.backend` (or `name`), built on first use (its registry: lmppo.sampling.engines)."""
@@ -214,8 +216,10 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------ 2. - 4. score, rewards, advantages
     def score(self, batch: Rollout) -> ScoredRollout:
-        sources, cfg = self.reward_sources, self.config
-        return scoring.score(batch, sources, self.tokenizer, cfg.reward, self.score_moments, self.device, cfg.rollout)
+        """The road scores the rollout's episodes; then normalisation and the truncation policy (`scoring.score`)."""
+        cfg = self.config
+        result = self.road().score(batch.episodes, cfg.reward.on_bad_output)
+        return scoring.score(batch, result, cfg.reward, self.score_moments, self.device, cfg.rollout)
 
     def read_kl(self, batch: Rollout) -> KLReading:
         """The batch's KL to the reference per token, per response and its mean over all processes (`objective/kl`)."""
@@ -280,7 +284,7 @@ class PPOTrainer:
             self.kl_controller.update(measured_kl)
         if self.reference.after_iteration(self.iteration, self.policy):
             metrics["reference/updated"] = 1.0
-        warn_negative_kl(measured_kl, cfg.kl.warn_below, rewards.kl, batch.policy_mask, batch.responses_text)
+        warn_negative_kl(measured_kl, cfg.kl.warn_below, rewards.kl, batch.policy_mask, batch.episodes.side.texts)
         self.history.append(metrics)
         if self.logger is not None:  # the main process writes metrics, samples and the console
             self.logger.log(metrics, self.episode)

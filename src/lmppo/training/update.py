@@ -146,7 +146,7 @@ def trim(batch: Rollout, widths: Optional[TrimWidths] = None) -> tuple[Rollout, 
         values=batch.values[:, :keep],
         ref_logits=None if batch.ref_logits is None else batch.ref_logits[:, :keep],
         full_logits_kl=None if batch.full_logits_kl is None else batch.full_logits_kl[:, :keep],
-        action_mask=None if batch.action_mask is None else batch.action_mask[:, :keep],
+        action_mask=batch.action_mask[:, :keep],
     ), keep
 
 

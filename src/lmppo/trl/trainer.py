@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from transformers import TrainerState
 
+from lmppo.episodes.road import EpisodePrompts
 from lmppo.errors import ConfigError
 from lmppo.evaluation.tables import make_console
 from lmppo.models.loading import hf_model
@@ -23,8 +24,10 @@ from lmppo.quiet import quiet_libraries
 from lmppo.rewards import FunctionSource, ModelSource, SourceContext
 from lmppo.run.config_file import write_run_config
 from lmppo.run.layout import CONFIG, METRICS
+from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
-from lmppo.sampling.native import response_seed, sample_native
+from lmppo.sampling.native import response_seed
+from lmppo.sampling.settings import Sampling
 from lmppo.training.trainer import PPOTrainer as LmppoTrainer
 from lmppo.trl.config import PPOConfig
 from lmppo.trl.fields import DOCS, REFUSED_UNLESS_DEFAULT, TRL_LOG_KEYS
@@ -282,31 +285,25 @@ class PPOTrainer:
     @torch.no_grad()
     def generate_completions(self, sampling: bool = False) -> list[CompletionRow] | None:
         """Near-greedy completions (temperature 0.01, as TRL) of the eval prompts in batches of
-        per_device_eval_batch_size (the last partial batch dropped, as TRL), scored by the reward model; prints the
-        first 5 rows and returns every row ({"query", "model response", "score"}). `sampling`: the first batch only."""
+        per_device_eval_batch_size (the last partial batch dropped, as TRL), sampled on the run's road with this
+        call's settings, scored by the reward model; prints the first 5 rows and returns every row ({"query",
+        "model response", "score"}). `sampling`: the first batch only."""
         if self.eval_dataset is None:
             return None
 
         engine, tok = self.lmppo, self.lmppo.tokenizer
         prompts = [list(r) for r in prompt_ids(self.eval_dataset)]
         size = self.args.per_device_eval_batch_size
+        near_greedy = Sampling(0.01 + 1e-7, self.config.rollout.max_new_tokens)  # this call's settings, not the run's
         rows: list[CompletionRow] = []
         for start in range(0, len(prompts) - size + 1, size):
             batch = prompts[start : start + size]
             ids, mask = left_pad(batch, tok.pad_token_id)
-            ids, mask = ids.to(engine.device), mask.to(engine.device)
             seeds = [response_seed(self.config.seed + 1, engine.iteration, start + i) for i in range(len(batch))]
-            with engine._autocast():
-                resp, resp_mask, _, _ = sample_native(
-                    engine.policy,
-                    ids,
-                    mask,
-                    0.01 + 1e-7,
-                    self.config.rollout.max_new_tokens,
-                    engine.stop_ids,
-                    tok.pad_token_id,
-                    seeds,
-                )
+            asked = PromptBatch(ids.to(engine.device), mask.to(engine.device), batch, seeds)
+            texts = [_decode(tok, p) for p in batch]
+            episodes = engine.road().episodes(engine.policy, EpisodePrompts(asked, texts), near_greedy)
+            resp, resp_mask = episodes.response_ids, episodes.response_mask
             responses = [r[m].tolist() for r, m in zip(resp.cpu(), resp_mask.cpu())]
             scores = self.reward_source([], [], token_ids=[p + r for p, r in zip(batch, responses)]) if batch else []
             for p, r, s in zip(batch, responses, scores):
