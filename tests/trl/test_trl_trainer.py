@@ -83,6 +83,20 @@ def test_drop_in_trains_with_the_objects_as_given(tmp_path, tokenizer):
     assert len(rows) == 4  # 5 eval prompts in batches of 2, the last partial batch dropped (as TRL)
     assert set(rows[0]) == {"query", "model response", "score"} and all(math.isfinite(r["score"]) for r in rows)
     assert len(trainer.generate_completions(sampling=True)) == 2
+    # near-greedy, as TRL: the run's road at this call's temperature 0.01, not the run's (the seeds as TRL's)
+    from lmppo.sampling.hf import left_pad
+    from lmppo.sampling.native import response_seed, sample_native
+    from lmppo.trl.inputs import prompt_ids
+
+    engine = trainer.lmppo
+    first = [list(r) for r in prompt_ids(trainer.eval_dataset)][:2]
+    ids, mask = left_pad(first, engine.tokenizer.pad_token_id)
+    seeds = [response_seed(engine.config.seed + 1, engine.iteration, i) for i in range(2)]
+    args = (engine.config.rollout.max_new_tokens, engine.stop_ids, engine.tokenizer.pad_token_id, seeds)
+    for temperature, same in ((0.01 + 1e-7, True), (engine.config.rollout.temperature, False)):
+        resp, resp_mask, _, _ = sample_native(engine.policy, ids, mask, temperature, *args)
+        texts = [engine.tokenizer.decode(r[m].tolist()) for r, m in zip(resp, resp_mask)]
+        assert ([row["model response"] for row in rows[:2]] == texts) is same, temperature
 
 
 def test_peft_config_without_ref_model_uses_the_adapter_off_reference(tmp_path, tokenizer):
