@@ -352,7 +352,7 @@ class PPOTrainer:
             base_model=self.base_model,
             policy=self.policy,
             iterations=self.iteration,
-            rewards=[(source.name, float(source.weight)) for source in self.reward_sources],
+            rewards=[(source.name, float(source.weight)) for source in self.road().sources],  # (an environment's too)
             prompt_source=self.prompt_source,
             heldout=heldout,
             heldout_title=heldout_title,
