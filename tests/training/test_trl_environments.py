@@ -130,3 +130,23 @@ def test_a_resume_without_the_objects_is_one_line_and_with_them_continues(tmp_pa
         run, overrides={"total_episodes": 12}, environment_factory=Scored, tools=[multiply], **objects
     )
     assert resumed.iteration == 2 and len(resumed.train()) == 1
+
+
+def test_the_migration_guides_environment_yaml_is_a_valid_config(tmp_path, monkeypatch):
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from lmppo.config import Config, from_dict
+
+    guide = (Path(__file__).parents[2] / "docs" / "migrating_from_trl.md").read_text(encoding="utf-8")
+    section = guide[guide.index("## GRPO with an environment (TRL 1.16 `environment_factory`)") :]
+    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL).group(1)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "counter.jsonl").write_text(
+        '{"prompt": [{"role": "user", "content": "to 5"}], "start": 1, "target": 5}\n'
+    )
+    cfg = from_dict(Config, yaml.safe_load(block)).validate()
+    assert (cfg.environment.path, cfg.environment.max_turns) == ("trl_counter.py:Counter", 4)
+    assert cfg.rollout.num_samples_per_prompt == 4 and cfg.reward.sources == []
