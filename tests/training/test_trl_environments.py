@@ -155,3 +155,19 @@ def test_the_migration_guides_environment_yaml_is_a_valid_config(tmp_path, monke
     cfg = from_dict(Config, yaml.safe_load(block)).validate()
     assert (cfg.environment.path, cfg.environment.max_turns) == ("trl_counter.py:Counter", 4)
     assert cfg.rollout.num_samples_per_prompt == 4 and cfg.reward.sources == []
+
+
+def test_a_row_naming_no_factory_of_the_dict_stops_before_any_model_loads(tmp_path, tokenizer):
+    from lmppo.environments.api import EnvironmentError
+
+    rows = [{**r, "environment": "scored"} for r in ROWS]
+    rows[2]["environment"] = "wordle"
+    cfg = small_config(tmp_path / "run", iterations=1, batch=4, ppo__micro_batch_size=2)
+    cfg.reward.sources = []
+    with pytest.raises(
+        EnvironmentError, match=r"^prompts passed to the API, item 2: its `environment` column is 'wordle'"
+    ):
+        PPOTrainer(
+            cfg, tokenizer=tokenizer, prompts=rows, environment_factory={"scored": Scored, "native": NativeScored}
+        )
+    assert not (tmp_path / "run").exists()
