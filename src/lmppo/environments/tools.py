@@ -16,9 +16,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 from lmppo.environments.api import Messages
+from lmppo.environments.calls import CallTimeout, call_within
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 MAX_RESULT_CHARS = 2000  # a tool result is cut to this many characters (a runaway output must not fill the episode)
@@ -29,6 +31,24 @@ def tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
     from transformers.utils import get_json_schema
 
     return [get_json_schema(fn) for fn in tools]
+
+
+def checked_tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
+    """`tool_schemas`, or one ValueError line naming the first tool transformers cannot describe and what it lacks
+    (a docstring, a type hint, an argument's description under `Args:`)."""
+    from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
+    schemas = []
+    for fn in tools:
+        try:
+            schemas.extend(tool_schemas([fn]))
+        except (DocstringParsingException, TypeHintParsingException) as err:
+            name = getattr(fn, "__qualname__", None) or repr(fn)
+            raise ValueError(
+                f"tool `{name}` cannot be offered to the model: {err} (a tool needs a type hint on every argument "
+                "and a Google-style docstring: a description, then `Args:` with one line per argument)"
+            ) from None
+    return schemas
 
 
 def template_renders_tools(chat_template: Optional[str]) -> bool:
@@ -87,15 +107,19 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def run_tool_call(call: ToolCall, tools: dict[str, Callable[..., Any]]) -> tuple[str, bool]:
-    """The text of a call's result and whether it failed (malformed, unknown tool, bad arguments, the tool raised)."""
+def run_tool_call(call: ToolCall, tools: dict[str, Callable[..., Any]], timeout: float = 0.0) -> tuple[str, bool]:
+    """The text of a call's result and whether it failed (malformed, unknown tool, bad arguments, the tool raised).
+    A tool that runs past `timeout` seconds (0: no limit) raises CallTimeout: an environment failure, not the
+    model's (`environment.on_error`); so does a tool that calls `sys.exit()`."""
     if call.error:
         return f"error: {call.error}", True
     fn = tools.get(call.name)
     if fn is None:
         return f"error: no tool named {call.name!r} (tools: {', '.join(sorted(tools))})", True
     try:
-        result = fn(**call.arguments)
+        result = call_within(partial(fn, **call.arguments), timeout, f"tool `{call.name}`")
+    except CallTimeout:
+        raise
     except Exception as err:  # noqa: BLE001 - the model's call failed: it sees why, the run goes on
         return f"error: {type(err).__name__}: {err}", True
     text = result if isinstance(result, str) else json.dumps(result, default=str)
@@ -109,7 +133,11 @@ class ToolEnvironment:
     (reward 0); the first turn without a tool call is the answer and ends the episode. Its reward: with an `answer`
     column, 1.0 when the last number of the answer (or, for a non-numeric answer, its stripped text) equals the
     column's value, else 0.0; without one, 0.0 (score the answer with `reward.sources` instead: they get the last
-    turn's text as the completion). `tool_calls` and `tool_errors` count this episode's calls and failed calls."""
+    turn's text as the completion). `tool_calls` and `tool_errors` count this episode's calls and failed calls.
+    `tool_call_timeout`: each tool call's limit in seconds, which lmppo sets to `environment.step_timeout` (its
+    `step` is lmppo's code: the tools are timed, one by one, not the step as a whole)."""
+
+    tool_call_timeout: float = 0.0
 
     def __init__(self, tools: Sequence[Callable[..., Any]], prompt: str = "", answer: Any = None, **columns: Any):
         self.tools = list(tools)
@@ -126,7 +154,7 @@ class ToolEnvironment:
             return None, self.score(action), True
         messages = []
         for call in calls:
-            text, failed = run_tool_call(call, self.by_name)
+            text, failed = run_tool_call(call, self.by_name, self.tool_call_timeout)
             self.tool_calls += 1
             self.tool_errors += int(failed)
             messages.append({"role": "tool", "content": text})
