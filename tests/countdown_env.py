@@ -47,3 +47,12 @@ class FailsOnSome(Countdown):
         if self.seen + 1 == self.fail_at:
             raise RuntimeError(f"failed at turn {self.fail_at}")
         return super().step(action)
+
+
+class DropsThrees(Countdown):
+    """Countdown whose rows of 3 turns fail at their 2nd turn (for `environment.on_error: drop`)."""
+
+    def step(self, action):
+        if self.turns == 3 and self.seen == 1:
+            raise RuntimeError("a row of three")
+        return super().step(action)

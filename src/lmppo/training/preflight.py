@@ -7,6 +7,7 @@ import torch
 
 from lmppo.config import Config
 from lmppo.environments.api import load_environment, load_tools
+from lmppo.environments.tools import checked_tool_schemas
 from lmppo.errors import ConfigError
 from lmppo.models.loading import check_memory_options
 from lmppo.registry import TRACKERS
@@ -40,7 +41,17 @@ def check_machine(cfg: Config) -> None:
     check_tracker_packages(cfg.log.trackers)
     if cfg.environment.path:
         load_environment(cfg.environment.path)
-        load_tools(cfg.environment.tools)
+        check_tools(cfg.environment.tools)
+
+
+def check_tools(specs: list[str]) -> None:
+    """Each function of `environment.tools` imports and can be described to the model (type hints, a docstring):
+    transformers' schema error otherwise comes as a traceback after the models loaded."""
+    for i, (spec, tool) in enumerate(zip(specs, load_tools(specs))):
+        try:
+            checked_tool_schemas([tool])
+        except ValueError as err:
+            raise ConfigError(f"environment.tools[{i}]", spec, str(err)) from None
 
 
 def check_tracker_packages(names: list[str]) -> None:
