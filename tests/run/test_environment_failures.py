@@ -4,8 +4,6 @@ ends (a hung step's thread does not keep it alive), and the last checkpoint stay
 
 from __future__ import annotations
 
-import os
-
 from test_real_faults import base_config, cli_process, finish
 
 from lmppo.run.manifest import latest_checkpoint, verify_checkpoint
