@@ -80,4 +80,6 @@ def test_a_step_that_never_returns_ends_the_run_at_the_timeout_and_keeps_the_che
     _no_traceback(lines)
     assert ", turn 1: step() did not return within environment.step_timeout (2 s)" in errors[0]
     checkpoint = latest_checkpoint(out)
-    assert checkpoint is not None and checkpoint.endswith("iter-1") and verify_checkpoint(checkpoint)
+    assert (
+        checkpoint is not None and checkpoint.endswith("iter-00000001") and verify_checkpoint(checkpoint)
+    )  # iteration 1

@@ -33,7 +33,7 @@ def test_three_batches_in_a_row_without_a_signal_are_said_once():
 
 
 def run(tmp_path, tokenizer, reward) -> list[str]:
-    cfg = small_config(tmp_path / "run", iterations=3, batch=4, ppo__num_epochs=1)
+    cfg = small_config(tmp_path / "run", iterations=3, batch=4, ppo__num_epochs=1, ppo__micro_batch_size=2)
     trainer = PPOTrainer(
         cfg, policy=tiny_llama(tokenizer), tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[reward]
     )
