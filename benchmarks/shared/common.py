@@ -714,6 +714,7 @@ def timed_iteration(trainer, spent: dict) -> None:
     """One iteration of `PPOTrainer.train`'s loop (without its logging and checkpoint); the CPU seconds of the
     rollout, the PPO update and the whole iteration go into `spent`."""
     from lmppo.training.metrics import MetricsAccumulator
+    from lmppo.training.update import UpdateBatch
 
     start = time.process_time()
     rollout = trainer.collect_rollout()
@@ -722,7 +723,7 @@ def timed_iteration(trainer, spent: dict) -> None:
     rewards = trainer.token_rewards(rollout, scored)
     advantages, returns = trainer.advantages(rollout, rewards)
     mark = time.process_time()
-    trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, MetricsAccumulator())
+    trainer.updater.update(UpdateBatch(rollout, advantages, returns, rewards.train_mask), MetricsAccumulator())
     spent["update"] = time.process_time() - mark
     spent["iteration"] = time.process_time() - start
 

@@ -225,7 +225,9 @@ def run_trl(cfg: dict) -> dict:
         train_scores_last=[l.get("objective/scores") for l in rec.logs[-3:]],
         train_kl_last=rec.logs[-1].get("objective/kl") if rec.logs else None,
         optimizer=type(
-            trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+            trainer.updater.optimizer.optimizer
+            if hasattr(trainer.updater.optimizer, "optimizer")
+            else trainer.updater.optimizer
         ).__name__,
         optim=str(args.optim),
         torch_threads=torch.get_num_threads(),

@@ -121,7 +121,7 @@ def compiled_update(device: str = "cuda") -> None:
     from helpers_tokenizers import make_bpe_tokenizer
     from lmppo.training.metrics import MetricsAccumulator
     from lmppo.training.trainer import PPOTrainer
-    from lmppo.training.update import NonfiniteGuard
+    from lmppo.training.update import NonfiniteGuard, UpdateBatch
 
     tok, folder = make_bpe_tokenizer(), Path(tempfile.mkdtemp())
     reward = [lambda prompts, completions: [len(c) / 20.0 for c in completions]]
@@ -137,12 +137,12 @@ def compiled_update(device: str = "cuda") -> None:
     means = {}
     for mode, trainer in trainers.items():
         stats = MetricsAccumulator()
-        trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, stats)
+        trainer.updater.update(UpdateBatch(rollout, advantages, returns, rewards.train_mask), stats)
         means[mode] = stats.means()
     stat_err = max(abs(means["on"][k] - v) for k, v in means["off"].items())
     weights = [dict(t.actor.named_parameters()) for t in trainers.values()]
     weight_err = max(float((weights[1][k] - w).abs().max()) for k, w in weights[0].items())
-    compiled = trainers["on"].compiled
+    compiled = trainers["on"].updater.compiled
     report("compiled_update_cuda_graphs", stat_err < 1e-4 and weight_err < 1e-4 and compiled.compiled_calls == 4,
            stat_max_abs_error=stat_err, weight_max_abs_error=weight_err, failure=compiled.failure,
            compiled_calls=compiled.compiled_calls, compile_seconds=round(compiled.take_seconds(), 1))  # fmt: skip

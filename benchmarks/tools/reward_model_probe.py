@@ -3,7 +3,7 @@ whole and cut to its first words, and PPO's case: the prompts of the training ru
 the chosen or the rejected continuation (for the built-in sets, a positive or a negative one). The probe figures
 of docs/stages.md come from this script.
 
-    python benchmarks/tools/reward_model_probe.py runs/reward-model/model [--data PAIRS] [--threads 1]
+    python benchmarks/tools/reward_model_probe.py runs/reward-model/final/reward-model [--data PAIRS] [--threads 1]
 
 One process, CPU, fp32; prints one line per probe (mean score, then each text's score for the short lists)."""
 
@@ -33,14 +33,16 @@ PROBES = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("model", help="a reward-model folder (what `lmppo reward-model` writes as OUTPUT_DIR/model)")
+    parser.add_argument(
+        "model", help="a reward-model folder (what `lmppo reward-model` writes as OUTPUT_DIR/final/reward-model)"
+    )
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
         "--data",
         default="builtin:polarity-mixed",
         help="the model's training pairs: PPO's case is scored on their held-out pairs that have a prompt",
     )
-    parser.add_argument("--held-out", type=int, default=30, help="as `lmppo reward-model --held-out`")
+    parser.add_argument("--held-out", type=int, default=30, help="as `lmppo reward-model --data.holdout`")
     parser.add_argument("--seed", type=int, default=0, help="as `lmppo reward-model --seed`")
     args = parser.parse_args()
 

@@ -91,7 +91,8 @@ def test_every_commands_help_and_argument_errors_import_no_torch():
         "assert main(['eval', 'run_a', '--samples-per-prompt', 'many']) == 2\n"
         "assert main(['eval', 'run_a', '--rollout.temprature', '1']) == 2  # an unknown override\n"
         "assert main(['warp', '--members', '3']) == 2  # --kl-budget missing\n"
-        "assert main(['reward-model', '--epochs', 'two']) == 2\n"
+        "assert main(['reward-model', '--epochs', 'two']) == 2  # the old spelling\n"
+        "assert main(['reward-model', '--training.epochs', 'two']) == 2\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'accelerate', 'rich'))\n"
         "assert not heavy, heavy[:5]\n"
     )

@@ -129,6 +129,8 @@ def test_recipe_validates_and_runs_one_iteration(
         "log.trackers": "[]",
         "log.sample_every": 1,
     }
+    if cfg.rollout.num_samples_per_prompt > 1:  # groups of answers (grpo) kept, two to a prompt in the 4-row batch
+        overrides["rollout.num_samples_per_prompt"] = 2
     argv = ["train", path] + [f"--{k}={v}" for k, v in overrides.items()]
     assert cli_main(argv) == 0, capsys.readouterr().err[-2000:]
     printed = capsys.readouterr().out

@@ -18,6 +18,16 @@ def test_loss_by_hand():
     assert abs(expected - 0.711113) < 1e-6
 
 
+def test_margin_and_centring_by_hand():
+    """TRL's RewardTrainer: -log sigmoid(r_c - r_r - margin), plus coef x mean((r_c + r_r)^2)."""
+    chosen, rejected, margin = torch.tensor([2.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([1.0, 0.0])
+    # differences less margins 1, 0: log(1 + e^-1) = 0.313262, log 2 = 0.693147; mean 0.503204
+    assert float(bradley_terry_loss(chosen, rejected, margin)) == pytest.approx(0.503204, abs=1e-6)
+    # sums 2, 0: mean of squares 2; x 0.5 = 1
+    assert float(bradley_terry_loss(chosen, rejected, margin, 0.5)) == pytest.approx(1.503204, abs=1e-6)
+    assert float(bradley_terry_loss(chosen, rejected, torch.zeros(2))) == float(bradley_terry_loss(chosen, rejected))
+
+
 def test_the_gradient_raises_chosen_and_lowers_rejected():
     chosen, rejected = torch.tensor([0.0], requires_grad=True), torch.tensor([0.0], requires_grad=True)
     bradley_terry_loss(chosen, rejected).backward()

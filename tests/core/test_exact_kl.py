@@ -107,7 +107,7 @@ def test_exact_rollout_rewards_and_loss(tmp_path, tokenizer):
     mask = rollout.response_mask
     # the rollout's KL is the KL over the vocabulary of the policy and the reference on the same responses
     with torch.no_grad():
-        policy_logits = trainer._old_policy_and_values(
+        policy_logits = trainer.updater.rollout_forward(
             rollout.input_ids, rollout.attention_mask, rollout.prompt_ids.shape[1], keep_graph=False
         ).logits
         ref_logits = trainer.reference.logits(

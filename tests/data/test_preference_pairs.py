@@ -100,6 +100,8 @@ def test_a_datasets_folder(tmp_path):
 
     datasets.Dataset.from_dict({"chosen": ["a", "b"], "rejected": ["c", "d"]}).save_to_disk(str(tmp_path / "ds"))
     assert load_preference_pairs(str(tmp_path / "ds")) == [PreferencePair("a", "c"), PreferencePair("b", "d")]
+    with_margin = datasets.Dataset.from_dict({"chosen": ["a"], "rejected": ["c"], "margin": [1.5]})
+    assert load_preference_pairs(with_margin) == [PreferencePair("a", "c", margin=1.5)]  # TRL's margin column
 
 
 @pytest.mark.parametrize(
@@ -108,6 +110,8 @@ def test_a_datasets_folder(tmp_path):
         ({"chosen": "a", "rejceted": "b"}, r"row 1: has no field `rejected` \(it has `chosen`, `rejceted`\)"),
         ({"chosen": "", "rejected": "b"}, r"row 1: `chosen` must be a non-empty text or a list of chat messages"),
         ({"chosen": [{"role": "assistant", "content": "x"}], "rejected": "b"}, "both be text or both chat"),
+        ({"chosen": "a", "rejected": "b", "margin": "big"}, r"row 1: `margin` must be a finite number .*'big'"),
+        ({"chosen": "a", "rejected": "b", "margin": True}, r"row 1: `margin` must be a finite number"),
     ],
 )
 def test_bad_rows_are_one_error_naming_the_row_and_field(tmp_path, row, message):

@@ -34,6 +34,7 @@ from lmppo.errors import RewardError
 from lmppo.rewards import FunctionSource, token_char_offsets
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.trainer import PPOTrainer
+from lmppo.training.update import UpdateBatch
 
 KL_COEF = 0.1
 HAND = [(" was great!", True), ("Bad movie!", False), (" sad", True)]  # (completion text, ends with EOS)
@@ -557,10 +558,9 @@ def dropped_rows_get_no_gradient(trainer, rollout, rewards, dropped) -> bool:
     embed = trainer.policy.get_input_embeddings()
     handle = embed.register_forward_hook(lambda mod, inp, out: (out.retain_grad(), captured.append(out))[1])
     try:
-        trainer.optimizer.zero_grad(set_to_none=True)
-        loss = trainer.micro_batch_loss(
-            rollout, advantages, returns, rewards.train_mask, n_tokens, MetricsAccumulator()
-        )
+        trainer.updater.optimizer.zero_grad(set_to_none=True)
+        whole = UpdateBatch(rollout, advantages, returns, rewards.train_mask)
+        loss = trainer.updater.micro_batch_loss(whole, n_tokens, MetricsAccumulator())
         loss.backward()
     finally:
         handle.remove()
@@ -568,15 +568,14 @@ def dropped_rows_get_no_gradient(trainer, rollout, rewards, dropped) -> bool:
     kept = [i for i in range(rollout.batch_size) if i not in dropped]
     ok = all(grad_embeds[i].abs().max().item() == 0.0 for i in dropped)
     ok &= all(grad_embeds[i].abs().max().item() > 0.0 for i in kept)
-    full = [p.grad.clone() for p in trainer.trainable_params]
-    trainer.optimizer.zero_grad(set_to_none=True)
+    full = [p.grad.clone() for p in trainer.updater.trainable_params]
+    trainer.updater.optimizer.zero_grad(set_to_none=True)
     idx = torch.tensor(kept)
-    loss = trainer.micro_batch_loss(
-        rollout.select(idx), advantages[idx], returns[idx], rewards.train_mask[idx], n_tokens, MetricsAccumulator()
-    )
+    kept_rows = UpdateBatch(rollout.select(idx), advantages[idx], returns[idx], rewards.train_mask[idx])
+    loss = trainer.updater.micro_batch_loss(kept_rows, n_tokens, MetricsAccumulator())
     loss.backward()
-    only_kept = [p.grad.clone() for p in trainer.trainable_params]
-    trainer.optimizer.zero_grad(set_to_none=True)
+    only_kept = [p.grad.clone() for p in trainer.updater.trainable_params]
+    trainer.updater.optimizer.zero_grad(set_to_none=True)
     return ok and all(torch.allclose(a, b, atol=1e-7) for a, b in zip(full, only_kept))
 
 

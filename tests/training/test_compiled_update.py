@@ -11,6 +11,7 @@ from conftest import PROMPTS, small_config, tiny_llama
 from lmppo.training.compiled_update import compiles
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.trainer import PPOTrainer
+from lmppo.training.update import UpdateBatch
 
 
 def test_auto_compiles_on_cuda_only_and_on_off_are_obeyed():
@@ -26,8 +27,8 @@ def _trainer(tmp_path, tokenizer, name: str, **fields) -> PPOTrainer:
 
 
 def test_the_eager_default_on_a_cpu_builds_nothing(tmp_path, tokenizer):
-    assert _trainer(tmp_path, tokenizer, "auto").compiled is None
-    assert _trainer(tmp_path, tokenizer, "on", ppo__compile="on").compiled is not None
+    assert _trainer(tmp_path, tokenizer, "auto").updater.compiled is None
+    assert _trainer(tmp_path, tokenizer, "on", ppo__compile="on").updater.compiled is not None
 
 
 class Batch:
@@ -42,7 +43,7 @@ class Batch:
     def update(self, trainer: PPOTrainer) -> dict[str, float]:
         """`trainer`'s PPO update on this batch -> its statistics' means."""
         stats = MetricsAccumulator()
-        trainer.ppo_update(self.rollout, self.advantages, self.returns, self.rewards.train_mask, stats)
+        trainer.updater.update(UpdateBatch(self.rollout, self.advantages, self.returns, self.rewards.train_mask), stats)
         return stats.means()
 
 
@@ -58,9 +59,9 @@ def test_the_compiled_update_equals_the_eager_one(tmp_path, tokenizer, value_mod
     before = {name: weight.clone() for name, weight in _weights(eager).items()}
     batch = Batch(eager)  # sampled by the initial weights, which both trainers share
     eager_stats, compiled_stats = batch.update(eager), batch.update(compiled)
-    assert compiled.compiled is not None and not compiled.compiled.failure
-    assert compiled.compiled.compiled_calls == 4  # 2 epochs x 2 minibatches of one micro-batch, all compiled
-    assert compiled.compiled.take_seconds() > 0  # the first call of each shape, timed
+    assert compiled.updater.compiled is not None and not compiled.updater.compiled.failure
+    assert compiled.updater.compiled.compiled_calls == 4  # 2 epochs x 2 minibatches of one micro-batch, all compiled
+    assert compiled.updater.compiled.take_seconds() > 0  # the first call of each shape, timed
     assert compiled_stats.keys() == eager_stats.keys()
     for name, value in eager_stats.items():
         assert compiled_stats[name] == pytest.approx(value, abs=1e-5), name
@@ -87,7 +88,11 @@ def test_a_compiler_failure_warns_once_and_the_update_runs_eagerly(tmp_path, tok
     with pytest.warns(UserWarning, match=r"ppo.compile: compiling the update failed .*; it runs eagerly") as seen:
         compiled_stats = batch.update(compiled)
     assert len([w for w in seen if "ppo.compile" in str(w.message)]) == 1
-    assert compiled.compiled is not None and compiled.compiled.failure and compiled.compiled.compiled_calls == 0
+    assert (
+        compiled.updater.compiled is not None
+        and compiled.updater.compiled.failure
+        and compiled.updater.compiled.compiled_calls == 0
+    )
     eager_stats = batch.update(eager)
     for name, value in eager_stats.items():  # the eager path after the failure (widths still rounded up)
         assert compiled_stats[name] == pytest.approx(value, abs=1e-5), name

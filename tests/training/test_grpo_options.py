@@ -66,7 +66,7 @@ def test_loss_aggregation_sets_the_minibatch_loss(tmp_path, tokenizer):
     """The trainer's loss of one batch under each `ppo.loss_aggregation`, against its own per-token losses weighted
     by hand: token_mean = sum / tokens, sequence_mean = mean of row means, fixed_length = sum / (rows x 6 tokens)."""
     from lmppo.training.metrics import MetricsAccumulator
-    from lmppo.training.update import minibatch_denominator
+    from lmppo.training.update import UpdateBatch, minibatch_denominator
 
     losses, per_row = {}, None
     for aggregation in ("token_mean", "sequence_mean", "fixed_length"):
@@ -77,7 +77,7 @@ def test_loss_aggregation_sets_the_minibatch_loss(tmp_path, tokenizer):
         mask = rewards.train_mask & (torch.arange(rewards.train_mask.shape[1])[None] < lengths[:, None])
         rollout.logprobs = rollout.logprobs + 0.3  # ratios e^-0.3 on every token: each token's loss is -A e^-0.3
         denominator = minibatch_denominator(mask, trainer.config)
-        loss = trainer.micro_batch_loss(rollout, adv, ret, mask, denominator, MetricsAccumulator())
+        loss = trainer.updater.micro_batch_loss(UpdateBatch(rollout, adv, ret, mask), denominator, MetricsAccumulator())
         losses[aggregation] = loss.item()
         ratio = math.exp(-0.3)  # below 1 - clip 0.2: the clipped branch reads 0.8
         per_token = torch.where(mask, torch.maximum(-adv * ratio, -adv * 0.8), 0.0)
@@ -115,7 +115,7 @@ def test_zero_variance_groups_count_in_the_loss_denominator(tmp_path, tokenizer)
     every other prompt: a constant. Policy loss with every ratio e^-0.3 (below 1 - clip): max(-A e^-0.3, -A 0.8) per
     token, summed over the signal group's tokens, divided by ALL the batch's tokens."""
     from lmppo.training.metrics import MetricsAccumulator
-    from lmppo.training.update import minibatch_denominator
+    from lmppo.training.update import UpdateBatch, minibatch_denominator
 
     first = {}
 
@@ -133,7 +133,8 @@ def test_zero_variance_groups_count_in_the_loss_denominator(tmp_path, tokenizer)
     all_tokens, signal_tokens = rewards.train_mask.sum().item(), rewards.train_mask[signal].sum().item()
     assert denominator.item() == all_tokens > signal_tokens
     rollout.logprobs = rollout.logprobs + 0.3
-    loss = trainer.micro_batch_loss(rollout, adv, ret, rewards.train_mask, denominator, MetricsAccumulator())
+    part = UpdateBatch(rollout, adv, ret, rewards.train_mask)
+    loss = trainer.updater.micro_batch_loss(part, denominator, MetricsAccumulator())
     a = adv[signal][rewards.train_mask[signal]]  # the signal group's token advantages
     signal_sum = torch.maximum(-a * math.exp(-0.3), -a * 0.8).sum().item()
     assert signal_sum != 0

@@ -21,6 +21,7 @@ import torch
 from conftest import PROMPTS, small_config, tiny_llama
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.trainer import PPOTrainer
+from lmppo.training.update import UpdateBatch
 
 HERE = str(Path(__file__).resolve())
 LMPPO = str(Path(__import__("lmppo").__file__).resolve().parent)
@@ -121,7 +122,7 @@ class SyncCounter:
 
 def update_syncs(tmp_path, tokenizer, micro_batch_size: int, **fields) -> SyncCounter:
     """Collect, score and compute advantages of one real iteration, then count the syncs of its PPO update:
-    phase `micro-batch` inside each micro-batch's loss and backward, `update` over the whole `ppo_update`."""
+    phase `micro-batch` inside each micro-batch's loss and backward, `update` over the whole `Updater.update`."""
     cfg = small_config(tmp_path / f"run{micro_batch_size}", 1, 8, ppo__micro_batch_size=micro_batch_size, **fields)
     trainer = PPOTrainer(
         cfg,
@@ -134,7 +135,7 @@ def update_syncs(tmp_path, tokenizer, micro_batch_size: int, **fields) -> SyncCo
     rewards = trainer.token_rewards(rollout, trainer.score(rollout))
     advantages, returns = trainer.advantages(rollout, rewards)
     counter = SyncCounter()
-    loss, backward = trainer.micro_batch_loss, trainer.accelerator.backward
+    loss, backward = trainer.updater.micro_batch_loss, trainer.accelerator.backward
 
     def counted_loss(*args, **kwargs):
         with counter.during("micro-batch"):
@@ -144,9 +145,9 @@ def update_syncs(tmp_path, tokenizer, micro_batch_size: int, **fields) -> SyncCo
         with counter.during("micro-batch"):
             return backward(*args, **kwargs)
 
-    trainer.micro_batch_loss, trainer.accelerator.backward = counted_loss, counted_backward
+    trainer.updater.micro_batch_loss, trainer.accelerator.backward = counted_loss, counted_backward
     with counter.installed(), counter.during("update"):
-        trainer.ppo_update(rollout, advantages, returns, rewards.train_mask, MetricsAccumulator())
+        trainer.updater.update(UpdateBatch(rollout, advantages, returns, rewards.train_mask), MetricsAccumulator())
     return counter
 
 

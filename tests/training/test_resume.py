@@ -39,7 +39,7 @@ def assert_same_state(a: PPOTrainer, b: PPOTrainer) -> None:
     if a.reference.model is not None:
         for (name, p), (_, q) in zip(a.reference.model.named_parameters(), b.reference.model.named_parameters()):
             assert torch.equal(p, q), "reference " + name
-    sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
+    sa, sb = a.updater.optimizer.state_dict(), b.updater.optimizer.state_dict()
     assert sa["param_groups"] == sb["param_groups"]
     for i in sa["state"]:
         for key in sa["state"][i]:
@@ -47,7 +47,7 @@ def assert_same_state(a: PPOTrainer, b: PPOTrainer) -> None:
     assert a.kl_controller.coef == b.kl_controller.coef
     assert a.score_moments.state_dict() == b.score_moments.state_dict()
     assert a.stream.state_dict() == b.stream.state_dict()
-    assert a.scheduler.get_last_lr() == b.scheduler.get_last_lr()
+    assert a.updater.scheduler.get_last_lr() == b.updater.scheduler.get_last_lr()
     assert (a.iteration, a.episode) == (b.iteration, b.episode)
 
 
@@ -243,8 +243,8 @@ def test_harmless_changes_are_allowed_and_api_refusals_are_config_errors(cli_run
         PPOTrainer.resume(run, overrides={"total_episodes": 8})  # fewer than already trained
     # a new learning rate applies from the next iteration, on the schedule's current step (linear decay)
     trainer = PPOTrainer.resume(run, overrides={"total_episodes": 32, "ppo.learning_rate": 0.002})
-    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(0.002 * (1 - 2 / 4))
-    assert trainer.scheduler.base_lrs == [0.002]
+    assert trainer.updater.optimizer.param_groups[0]["lr"] == pytest.approx(0.002 * (1 - 2 / 4))
+    assert trainer.updater.scheduler.base_lrs == [0.002]
     capsys.readouterr()
     assert main(["train", "--resume", str(cli_run / "nowhere")]) == 2
     assert "no such folder" in capsys.readouterr().err

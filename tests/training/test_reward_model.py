@@ -14,20 +14,23 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from lmppo.core.bradley_terry import pearson_correlation
+from lmppo.config import RewardModelConfig, load_root
+from lmppo.core.bradley_terry import bradley_terry_loss, pearson_correlation
 from lmppo.data.preference_pairs import PreferencePair, load_preference_pairs, pair_texts
 from lmppo.errors import ConfigError
-from lmppo.training.reward_model import RewardModelSettings, RewardModelTrainer, split_pairs, train_reward_model
+from lmppo.training.reward_model import RewardModelTrainer, split_pairs, train_reward_model
 
 SUBJECTS = ["the movie", "this film", "the story", "my friend", "the actor", "a critic", "the ending", "the music"]
 
 
-def write_pairs(path, count=48):
+def write_pairs(path, count=48, margin=None):
     """A preference any model can learn: `great` over `awful`, in otherwise equal sentences."""
     rows = [
         {"chosen": f"{SUBJECTS[i % 8]} was great {i}", "rejected": f"{SUBJECTS[i % 8]} was awful {i}"}
         for i in range(count)
     ]
+    if margin is not None:
+        rows = [{**r, "margin": margin(i)} for i, r in enumerate(rows)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return str(path)
 
@@ -40,10 +43,21 @@ def base(tmp_path, tokenizer):
     return str(folder)
 
 
-def settings(tmp_path, base, **kw):
-    fields = dict(data=write_pairs(tmp_path / "pairs.jsonl"), base=base, output_dir=str(tmp_path / "rm"))
-    fields.update(dict(epochs=3, batch_size=8, held_out=16, learning_rate=3e-3, checkpoint_every=2, lora_r=4))
-    return RewardModelSettings(**{**fields, **kw})
+def config(tmp_path, base, overrides=None):
+    """A small run's config, as dotted overrides (`lmppo reward-model --section.field VALUE`) set it."""
+    fields = {
+        "data.pairs": write_pairs(tmp_path / "pairs.jsonl"),
+        "model.policy": base,
+        "output_dir": str(tmp_path / "rm"),
+        "training.epochs": 3,
+        "training.batch_size": 8,
+        "data.holdout": 16,
+        "training.learning_rate": 3e-3,
+        "checkpoint.every": 2,
+        "model.lora.r": 4,
+        "log.trackers": "[]",
+    }
+    return load_root(RewardModelConfig, None, {**fields, **(overrides or {})})
 
 
 def test_it_learns_the_preference_and_saves_what_reward_sources_take(tmp_path, base):
@@ -51,7 +65,7 @@ def test_it_learns_the_preference_and_saves_what_reward_sources_take(tmp_path, b
     from lmppo.rewards import ModelSource, SourceContext
 
     lines = []
-    result = train_reward_model(settings(tmp_path, base), say=lines.append)
+    result = train_reward_model(config(tmp_path, base), say=lines.append)
     assert result.after[0] == 1.0 and result.after[1] > result.before[1] + 0.5, (result.before, result.after)
     assert result.steps == 3 * 4  # 32 training pairs in batches of 8, 3 epochs
     assert any(line.startswith("before training: held-out pair accuracy") for line in lines)
@@ -61,7 +75,8 @@ def test_it_learns_the_preference_and_saves_what_reward_sources_take(tmp_path, b
     card = open(os.path.join(result.model_dir, "README.md")).read()
     assert "| after | 1.000 |" in card and f"path: {result.model_dir}" in card
     rows = [json.loads(x) for x in open(os.path.join(tmp_path, "rm", "metrics.jsonl"))]
-    assert [r["step"] for r in rows] == list(range(13)) and "heldout/pair_accuracy" in rows[4]
+    assert [r["iteration"] for r in rows] == list(range(13)) and "heldout/pair_accuracy" in rows[4]
+    assert result.model_dir == os.path.join(tmp_path, "rm", "final", "reward-model")
 
 
 def test_the_saved_model_scores_as_the_trainer_did(tmp_path, base):
@@ -69,7 +84,7 @@ def test_the_saved_model_scores_as_the_trainer_did(tmp_path, base):
     from lmppo.config import RewardSourceConfig
     from lmppo.rewards import ModelSource, SourceContext
 
-    trainer = RewardModelTrainer(settings(tmp_path, base, epochs=1, precision="fp32"))
+    trainer = RewardModelTrainer(config(tmp_path, base, {"training.epochs": 1, "precision": "fp32"}))
     result = trainer.train()
     texts = ["the story was great 7", "a critic was awful and the ending was great 3"]
     with torch.no_grad():
@@ -80,7 +95,7 @@ def test_the_saved_model_scores_as_the_trainer_did(tmp_path, base):
 
 def test_the_length_bias_check_is_the_correlation_of_held_out_scores_with_token_counts(tmp_path, base):
     lines = []
-    trainer = RewardModelTrainer(settings(tmp_path, base, epochs=1, precision="fp32"), say=lines.append)
+    trainer = RewardModelTrainer(config(tmp_path, base, {"training.epochs": 1, "precision": "fp32"}), say=lines.append)
     result = trainer.train()
     texts = [pair_texts(p, trainer.tokenizer) for p in trainer.heldout_pairs]
     texts = [c for c, _ in texts] + [r for _, r in texts]
@@ -132,7 +147,7 @@ def test_a_held_out_origin_never_trains():
 
 
 def test_the_command_with_no_data_trains_on_the_mixed_set():
-    assert RewardModelSettings().data == "builtin:polarity-mixed"
+    assert RewardModelConfig().data.pairs == "builtin:polarity-mixed"
 
 
 def test_precision_bf16_autocasts_the_scores_and_fp32_does_not(tmp_path, base):
@@ -140,7 +155,7 @@ def test_precision_bf16_autocasts_the_scores_and_fp32_does_not(tmp_path, base):
     scores = {}
     for precision in ("fp32", "bf16"):
         trainer = RewardModelTrainer(
-            settings(tmp_path, base, precision=precision, output_dir=str(tmp_path / precision))
+            config(tmp_path, base, {"precision": precision, "output_dir": str(tmp_path / precision)})
         )
         assert trainer.precision.precision == precision
         with torch.no_grad():
@@ -152,13 +167,17 @@ def test_precision_bf16_autocasts_the_scores_and_fp32_does_not(tmp_path, base):
         assert hidden.dtype == torch.float32  # outside the trainer's scores nothing is cast
     assert not torch.equal(scores["fp32"], scores["bf16"])  # bf16 rounding: the option took effect
     assert torch.allclose(scores["fp32"], scores["bf16"], atol=0.1)
-    with pytest.raises(ConfigError, match="`precision` = 'fp16': must be one of auto, fp32, bf16"):
-        RewardModelTrainer(settings(tmp_path, base, precision="fp16"))
+    with pytest.raises(ConfigError, match="`precision` = 'fp16': must be one of `auto`, `fp32`, `bf16`"):
+        config(tmp_path, base, {"precision": "fp16"})
 
 
 def test_lora_or_every_weight(tmp_path, base):
-    lora = RewardModelTrainer(settings(tmp_path, base))
-    full = RewardModelTrainer(settings(tmp_path, base, lora=False, output_dir=str(tmp_path / "full")))
+    lora = RewardModelTrainer(config(tmp_path, base, {"model.lora.alpha": 12}))
+    full = RewardModelTrainer(
+        config(tmp_path, base, {"model.lora.enabled": False, "output_dir": str(tmp_path / "full")})
+    )
+    settings = lora.model.peft_config["default"]
+    assert (settings.r, settings.lora_alpha) == (4, 12)  # model.lora.r and model.lora.alpha reached peft
     lora_names = [n for n, p in lora.model.named_parameters() if p.requires_grad]
     full_names = [n for n, p in full.model.named_parameters() if p.requires_grad]
     assert all("lora_" in n or "score" in n for n in lora_names) and any("lora_" in n for n in lora_names)
@@ -166,26 +185,37 @@ def test_lora_or_every_weight(tmp_path, base):
 
 
 def test_the_run_folder_rules(tmp_path, base):
+    """The rules of `lmppo train`'s run folder (`lmppo.run.folder`): files lmppo did not write are never used nor
+    removed, a finished run is kept unless `overwrite`, and only its own files go then."""
     out = tmp_path / "rm"
     out.mkdir()
+    (out / "metrics.jsonl").write_text("mine")
+    with pytest.raises(ConfigError, match=r"holds files lmppo did not write \(metrics.jsonl\)"):
+        RewardModelTrainer(config(tmp_path, base, {"overwrite": True}))
+    (out / "metrics.jsonl").unlink()
     (out / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match=r"holds files that are not a reward-model run's \(notes.txt\)"):
-        RewardModelTrainer(settings(tmp_path, base, overwrite=True))
-    (out / "notes.txt").unlink()
-    train_reward_model(settings(tmp_path, base, epochs=1), say=lambda _: None)
-    with pytest.raises(ConfigError, match="holds a reward-model run; .*`--resume` it, or `--overwrite`"):
-        RewardModelTrainer(settings(tmp_path, base))
-    with pytest.raises(ConfigError, match="`held_out` = 48: must leave pairs to train on"):
-        RewardModelTrainer(settings(tmp_path, base, held_out=48, overwrite=True))
-    train_reward_model(settings(tmp_path, base, epochs=1, overwrite=True), say=lambda _: None)
+    train_reward_model(config(tmp_path, base, {"training.epochs": 1}), say=lambda _: None)
+    with pytest.raises(ConfigError, match=r"already holds a run .*`lmppo reward-model --resume .*overwrite: true"):
+        RewardModelTrainer(config(tmp_path, base))
+    with pytest.raises(ConfigError, match="`data.holdout` = 48: must leave pairs to train on"):
+        RewardModelTrainer(config(tmp_path, base, {"data.holdout": 48, "overwrite": True}))
+    train_reward_model(config(tmp_path, base, {"training.epochs": 1, "overwrite": True}), say=lambda _: None)
+    assert (out / "notes.txt").read_text() == "mine" and (out / "final" / "reward-model" / "README.md").is_file()
+    assert (out / "config.yaml").read_text().startswith("# lmppo run config (secrets masked); resume with: lmppo ")
+    assert "lmppo reward-model --resume OUTPUT_DIR" in (out / "config.yaml").read_text().splitlines()[0]
 
 
 WORKER = """
 import sys
-from lmppo.training.reward_model import RewardModelSettings, train_reward_model
-s = RewardModelSettings(data=sys.argv[1], base=sys.argv[2], output_dir=sys.argv[3], epochs=3, batch_size=8,
-                        held_out=16, learning_rate=3e-3, checkpoint_every=2, lora_r=4)
-train_reward_model(s, resume=sys.argv[4] == "resume", say=lambda line: None)
+from lmppo import RewardModelConfig, RewardModelTrainer
+if sys.argv[4] == "resume":
+    RewardModelTrainer.resume(sys.argv[3], say=lambda line: None).train()
+else:
+    cfg = RewardModelConfig(output_dir=sys.argv[3], seed=0)
+    cfg.data.pairs, cfg.model.policy, cfg.data.holdout, cfg.log.trackers = sys.argv[1], sys.argv[2], 16, []
+    cfg.training.epochs, cfg.training.batch_size, cfg.training.learning_rate = 3, 8, 3e-3
+    cfg.checkpoint.every, cfg.model.lora.r = 2, 4
+    RewardModelTrainer(cfg, say=lambda line: None).train()
 """
 
 
@@ -207,10 +237,83 @@ def test_a_killed_run_resumes_to_the_weights_of_a_run_never_stopped(tmp_path, ba
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run ended before it was killed"
-    assert not (out / "model").exists()
+    assert not (out / "final").exists()
     subprocess.run(command(out, "resume"), env=env, check=True, capture_output=True, timeout=300)
     subprocess.run(command(straight, "new"), env=env, check=True, capture_output=True, timeout=300)
-    resumed, never = load_file(out / "model" / "model.safetensors"), load_file(straight / "model" / "model.safetensors")
+    model = os.path.join("final", "reward-model", "model.safetensors")
+    resumed, never = load_file(out / model), load_file(straight / model)
     assert set(resumed) == set(never) and all(torch.equal(resumed[k], never[k]) for k in never)
     rows = [json.loads(x) for x in open(out / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == list(range(13))  # the rows after the checkpoint were cut, then written again
+    assert [r["iteration"] for r in rows] == list(range(13))  # the rows after the checkpoint cut, then written again
+    state = json.loads((out / "checkpoints" / "iter-00000012" / "state.json").read_text())
+    assert state["format"] and state["iteration"] == 12 and state["config"]["training"]["epochs"] == 3  # PPO's format
+
+
+def test_the_data_margin_enters_the_loss_as_trl_puts_it(tmp_path, base):
+    """TRL's `margin` column: -log sigmoid(r_chosen - r_rejected - margin); the same pairs without it give another
+    loss."""
+    data = write_pairs(tmp_path / "margins.jsonl", margin=lambda i: 0.5 * (i % 3))
+    trainer = RewardModelTrainer(config(tmp_path, base, {"data.pairs": data, "training.epochs": 1}))
+    batch = trainer.train_pairs[:8]
+    assert {p.margin for p in batch} <= {0.0, 0.5, 1.0} and any(p.margin for p in batch)
+    with torch.no_grad():
+        loss, logged = trainer.batch_loss(batch)
+        chosen, rejected = trainer.pair_scores(batch)
+    diff = chosen - rejected - torch.tensor([p.margin for p in batch])
+    by_hand = float(torch.log1p(torch.exp(-diff)).mean())
+    assert float(loss) == pytest.approx(by_hand, rel=1e-5) and logged == pytest.approx(by_hand, rel=1e-5)
+    assert abs(float(loss) - float(bradley_terry_loss(chosen, rejected))) > 1e-3  # the margin changed it
+
+
+def test_center_rewards_coefficient_adds_the_mean_squared_sum(tmp_path, base):
+    """TRL's `center_rewards_coefficient`: the loss plus coef x mean((r_chosen + r_rejected)^2)."""
+    trainer = RewardModelTrainer(config(tmp_path, base, {"training.center_rewards_coefficient": 0.5}))
+    batch = trainer.train_pairs[:8]
+    with torch.no_grad():
+        loss, _ = trainer.batch_loss(batch)
+        chosen, rejected = trainer.pair_scores(batch)
+    plain = float(torch.log1p(torch.exp(-(chosen - rejected))).mean())
+    centring = 0.5 * float(((chosen + rejected) ** 2).mean())
+    assert centring > 1e-3 and float(loss) == pytest.approx(plain + centring, rel=1e-5)
+
+
+def test_log_trackers_receive_the_metrics(tmp_path, base):
+    """`log.trackers: [tensorboard]` (the default, as `lmppo train`): the held-out figures and the loss in
+    OUTPUT_DIR/tensorboard; `[]`: no tracker, metrics.jsonl alone."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = config(tmp_path, base, {"training.epochs": 1, "log.trackers": "[tensorboard]"})
+    assert RewardModelConfig().log.trackers == ["tensorboard"]
+    train_reward_model(cfg, say=lambda _: None)
+    events = EventAccumulator(str(tmp_path / "rm" / "tensorboard"))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert {"loss", "heldout/pair_accuracy", "heldout/margin"} <= set(tags)
+    assert [e.step for e in events.Scalars("heldout/pair_accuracy")] == [0, 4]
+    train_reward_model(config(tmp_path, base, {"training.epochs": 1, "output_dir": str(tmp_path / "none")}))
+    assert not (tmp_path / "none" / "tensorboard").exists() and (tmp_path / "none" / "metrics.jsonl").is_file()
+
+
+def test_the_device_is_chosen_as_for_ppo_and_the_precision_for_that_device(tmp_path, base):
+    """`device: auto` is accelerate's choice (CUDA where present), `cpu` forces the CPU, and `precision: auto` is
+    resolved for the device the run got (recorded in config.yaml, as `lmppo train` does)."""
+    from lmppo.models.precision import choose_precision
+
+    auto = RewardModelTrainer(config(tmp_path, base))
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert auto.accelerator.device.type == expected and next(auto.model.parameters()).device.type == expected
+    assert auto.precision == choose_precision("auto", expected) and auto.config.precision == auto.precision.precision
+    cpu = RewardModelTrainer(config(tmp_path, base, {"device": "cpu", "output_dir": str(tmp_path / "cpu")}))
+    assert cpu.accelerator.device.type == "cpu" and next(cpu.model.parameters()).device.type == "cpu"
+    assert f"precision: {cpu.config.precision}" in (tmp_path / "cpu" / "config.yaml").read_text()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="`device` = 'cuda': no CUDA GPU is visible"):
+            RewardModelTrainer(config(tmp_path, base, {"device": "cuda", "output_dir": str(tmp_path / "gpu")}))
+        assert not (tmp_path / "gpu").exists()  # refused before the run folder or any model
+
+
+def test_pairs_through_the_api(tmp_path, base):
+    """`RewardModelTrainer(cfg, pairs=rows)`: rows in TRL's format instead of `data.pairs`."""
+    rows = [{"chosen": f"good {i}", "rejected": f"bad {i}", "margin": 1.0} for i in range(24)]
+    trainer = RewardModelTrainer(config(tmp_path, base, {"data.holdout": 4}), pairs=rows)
+    assert len(trainer.train_pairs) == 20 and all(p.margin == 1.0 for p in trainer.train_pairs)

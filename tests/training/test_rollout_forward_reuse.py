@@ -61,11 +61,11 @@ def test_reused_forward_makes_the_plain_update_with_one_pass_fewer(
     for reuse in (False, True):
         actor_calls.clear(), critic_calls.clear()
         trainer = make_trainer(tmp_path, tokenizer, reuse, value__mode=value_mode, precision=precision)
-        start = [p.detach().clone() for p in trainer.trainable_params]
+        start = [p.detach().clone() for p in trainer.updater.trainable_params]
         history = trainer.train()
         runs[reuse] = dict(
             history=history,
-            params=[p.detach().clone() for p in trainer.trainable_params],
+            params=[p.detach().clone() for p in trainer.updater.trainable_params],
             start=start,
             actor=list(actor_calls),
             critic=list(critic_calls),
@@ -103,7 +103,7 @@ def test_reuse_applies_only_to_one_minibatch_of_one_micro_batch(tmp_path, tokeni
     for name, (fields, expected) in cases.items():
         trainer = make_trainer(tmp_path / name.replace(" ", "_"), tokenizer, **fields)
         rollout = trainer.collect_rollout()
-        kept = trainer.first_epoch_forward
+        kept = trainer.updater.first_epoch_forward
         assert (kept is not None) is expected, name
         if kept is not None:  # the kept pass carries the graph and agrees with the rollout's old values
             assert kept.logits.requires_grad and kept.values.requires_grad
@@ -114,7 +114,7 @@ def test_reuse_applies_only_to_one_minibatch_of_one_micro_batch(tmp_path, tokeni
 def test_reused_forward_is_used_once_then_dropped(tmp_path, tokenizer):
     trainer = make_trainer(tmp_path, tokenizer, True)
     trainer.train()
-    assert trainer.first_epoch_forward is None  # no graph held between iterations (nor in a checkpoint)
+    assert trainer.updater.first_epoch_forward is None  # no graph held between iterations (nor in a checkpoint)
 
 
 @pytest.mark.parametrize("reference_mode", ["sync", "frozen"])
@@ -133,11 +133,11 @@ def test_reuse_with_lora_and_a_reference_adapter(tmp_path, tokenizer, reference_
             reference__mode=reference_mode,
             reference__every=1,
         )
-        start = [p.detach().clone() for p in trainer.trainable_params]
+        start = [p.detach().clone() for p in trainer.updater.trainable_params]
         history = trainer.train()
         if reference_mode == "frozen":  # the adapters moved the policy away from its base
             assert history[-1]["objective/kl"] != 0.0
-        finals[reuse] = (start, [p.detach().clone() for p in trainer.trainable_params])
+        finals[reuse] = (start, [p.detach().clone() for p in trainer.updater.trainable_params])
     assert relative_difference(finals[True][1], finals[False][1], finals[False][0]) < 1e-3
 
 
@@ -152,10 +152,10 @@ def test_reuse_with_hf_generate_entropy_bonus_and_kl_in_the_loss(tmp_path, token
     for reuse in (False, True):
         torch.manual_seed(0)  # HF generate draws from the global generator
         trainer = make_trainer(tmp_path / "hf", tokenizer, reuse, **fields)
-        start = [p.detach().clone() for p in trainer.trainable_params]
+        start = [p.detach().clone() for p in trainer.updater.trainable_params]
         history = trainer.train()
         assert "loss/kl_avg" in history[-1]
-        finals[reuse] = (start, [p.detach().clone() for p in trainer.trainable_params], history)
+        finals[reuse] = (start, [p.detach().clone() for p in trainer.updater.trainable_params], history)
     assert relative_difference(finals[True][1], finals[False][1], finals[False][0]) < 1e-3
     for a, b in zip(finals[False][2], finals[True][2]):
         assert a["loss/kl_avg"] == pytest.approx(b["loss/kl_avg"], rel=1e-3, abs=1e-6)

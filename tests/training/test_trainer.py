@@ -13,7 +13,7 @@ from conftest import PROMPTS, small_config, tiny_gpt2, tiny_llama
 from lmppo.config import Config, RewardSourceConfig
 from lmppo.core.logprobs import selective_log_softmax
 from lmppo.training.trainer import PPOTrainer
-from lmppo.training.update import MEAN_STATS, trim
+from lmppo.training.update import MEAN_STATS, UpdateBatch, trim
 
 TRL_METRICS = [
     "eps",
@@ -126,8 +126,8 @@ def test_bf16_precision_trains_with_fp32_master_weights(tmp_path, tokenizer, val
     assert torch.equal(logprobs[batch.response_mask], batch.logprobs[batch.response_mask])
     history = bf16.train()
     assert all(math.isfinite(m[k]) for m in history for k in TRL_METRICS)
-    assert all(p.dtype == torch.float32 for p in bf16.trainable_params)
-    state = bf16.optimizer.state_dict()["state"]
+    assert all(p.dtype == torch.float32 for p in bf16.updater.trainable_params)
+    state = bf16.updater.optimizer.state_dict()["state"]
     assert state and all(v["exp_avg"].dtype == torch.float32 for v in state.values())
 
 
@@ -185,11 +185,10 @@ def test_gradient_is_the_same_whatever_the_micro_batch_split(tmp_path, tokenizer
         denominator = minibatch_denominator(rewards.train_mask, trainer.config)
         for s in range(0, 8, micro):
             idx = torch.arange(s, s + micro)
-            loss = trainer.micro_batch_loss(
-                rollout.select(idx), adv[idx], ret[idx], rewards.train_mask[idx], denominator, MetricsAccumulator()
-            )
+            part = UpdateBatch(rollout.select(idx), adv[idx], ret[idx], rewards.train_mask[idx])
+            loss = trainer.updater.micro_batch_loss(part, denominator, MetricsAccumulator())
             loss.backward()
-        grads.append(torch.cat([p.grad.flatten() for p in trainer.trainable_params if p.grad is not None]))
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.updater.trainable_params if p.grad is not None]))
     for g in grads[1:]:
         assert torch.allclose(g, grads[0], atol=1e-6, rtol=1e-4)
 
@@ -197,14 +196,14 @@ def test_gradient_is_the_same_whatever_the_micro_batch_split(tmp_path, tokenizer
 def test_max_grad_norm_is_applied(tmp_path, tokenizer):
     seen = []
     trainer = make_trainer(tmp_path, tokenizer, ppo__max_grad_norm=1e-3, ppo__num_epochs=1)
-    original = trainer.optimizer.step
+    original = trainer.updater.optimizer.step
 
     def spy(*a, **k):
-        norm = torch.norm(torch.stack([p.grad.norm() for p in trainer.trainable_params if p.grad is not None]))
+        norm = torch.norm(torch.stack([p.grad.norm() for p in trainer.updater.trainable_params if p.grad is not None]))
         seen.append(norm.item())
         return original(*a, **k)
 
-    trainer.optimizer.step = spy
+    trainer.updater.optimizer.step = spy
     history = trainer.train()
     assert seen and max(seen) <= 1e-3 * 1.001
     assert history[0]["policy/grad_norm"] > 1e-3  # the norm before clipping was larger

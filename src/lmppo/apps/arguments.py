@@ -1,9 +1,14 @@
 """The command lines of `lmppo plot`, `merge`, `push`, `warp` and `reward-model` (`eval`'s:
-`lmppo.evaluation.arguments`), apart from the commands: only argparse here, so `--help` and argument errors answer
-without importing torch or transformers (`lmppo.apps.cli.check_arguments` parses them first)."""
+`lmppo.evaluation.arguments`), apart from the commands: only argparse and the config schema here, so `--help` and
+argument errors answer without importing torch or transformers (`lmppo.apps.cli.check_arguments` parses them
+first). `reward-model` reads a YAML file and dotted overrides, as `lmppo train` does."""
 
 import argparse
+from dataclasses import dataclass
+from typing import Optional, Sequence
 
+from lmppo.config import RewardModelConfig, load_root, parse_overrides
+from lmppo.errors import ConfigError
 from lmppo.evaluation.arguments import eval_parser
 from lmppo.run.layout import POLICY, POLICY_MERGED, VALUE
 
@@ -13,7 +18,7 @@ __all__ = [
     "plot_parser",
     "push_parser",
     "warp_parser",
-    "reward_model_parser",
+    "reward_model_arguments",
     "PUSH_FOLDERS",
 ]
 
@@ -130,39 +135,66 @@ def warp_parser() -> argparse.ArgumentParser:
     return p
 
 
-def reward_model_parser() -> argparse.ArgumentParser:
-    """Every option defaults to None: the command fills in RewardModelSettings' own defaults (which live with the
-    trainer, beside torch)."""
-    p = argparse.ArgumentParser(
-        prog="lmppo reward-model",
-        description="Train a reward model on preference pairs (TRL's format: `chosen`, `rejected`, optional "
-        "`prompt`; text or chat) with the Bradley-Terry loss; held-out pair accuracy and margin before, after each "
-        "epoch and at the end. With no option: the built-in pairs of positive over negative movie-review sentences, "
-        "whole and as continuations of the default recipe's prompts, on SmolLM2-135M with LoRA (docs/stages.md). "
-        "The result, OUTPUT_DIR/model, is what "
-        "`reward.sources: [{kind: model, path: OUTPUT_DIR/model}]` takes.",
-    )
-    p.add_argument(
-        "--data",
-        help="a .jsonl file, a datasets folder, a .parquet / .arrow file, builtin:polarity-mixed (default), "
-        "builtin:polarity or builtin:polarity-continuations",
-    )
-    p.add_argument("--base", help="model to start from: a folder, a Hub id or a built-in name (default smollm2)")
-    p.add_argument("--output-dir", help="the run folder (default runs/reward-model)")
-    p.add_argument("--full", dest="lora", action="store_false", default=None, help="train every weight, not LoRA")
-    p.add_argument("--lora-r", type=int, help="LoRA rank (default 16)")
-    p.add_argument("--epochs", type=int, help="passes over the training pairs (default 2)")
-    p.add_argument("--learning-rate", type=float, help="AdamW learning rate (default 2e-4)")
-    p.add_argument("--batch-size", type=int, help="pairs per optimizer step (default 8)")
-    p.add_argument("--held-out", type=int, help="pairs kept out for accuracy and margin (default 30)")
-    p.add_argument("--max-length", type=int, help="tokens per text at most, cut from the start (default 128)")
-    p.add_argument("--seed", type=int, help="seed of the split, the data order and the new head (default 0)")
-    p.add_argument("--checkpoint-every", type=int, help="optimizer steps between checkpoints (default 5)")
-    p.add_argument("--overwrite", action="store_true", default=None, help="replace an earlier reward-model run there")
-    p.add_argument(
-        "--precision",
-        choices=("auto", "fp32", "bf16"),
-        help="auto (default): bf16 autocast where the CPU has native bf16, as lmppo train; or fp32, bf16",
-    )
-    p.add_argument("--resume", metavar="OUTPUT_DIR", help="continue that run from its latest complete checkpoint")
-    return p
+RENAMED = {
+    "--data": "--data.pairs",
+    "--base": "--model.policy",
+    "--output-dir": "--output_dir",
+    "--full": "--model.lora.enabled false",
+    "--lora-r": "--model.lora.r",
+    "--epochs": "--training.epochs",
+    "--learning-rate": "--training.learning_rate",
+    "--batch-size": "--training.batch_size",
+    "--held-out": "--data.holdout",
+    "--max-length": "--data.max_length",
+    "--checkpoint-every": "--checkpoint.every",
+}
+"""`lmppo reward-model`'s options before it took `lmppo train`'s spelling, and what they are now."""
+
+
+class RenamedOption(ConfigError):
+    """An option of `lmppo reward-model`'s old spelling: one line naming the new one."""
+
+    def __init__(self, option: str, now: str):
+        self.field, self.value, self.allowed = option, None, f"is now `{now}`"
+        Exception.__init__(
+            self, f"option `{option}` is now `{now}` (as `lmppo train` spells it); see `lmppo reward-model --help`"
+        )
+
+
+@dataclass
+class RewardModelArguments:
+    """A `lmppo reward-model` command line: a YAML file and dotted overrides, or `--resume OUTPUT_DIR`."""
+
+    config_path: Optional[str]
+    overrides: dict[str, str]
+    resume: Optional[str]
+
+    def config(self) -> RewardModelConfig:
+        """The run's config (pydantic, no torch: a mistake is one line before any model loads)."""
+        return load_root(RewardModelConfig, self.config_path, self.overrides)
+
+
+def reward_model_arguments(argv: Sequence[str]) -> RewardModelArguments:
+    """`lmppo reward-model [CONFIG.yaml] [--section.field VALUE ...] | --resume OUTPUT_DIR`, read as `lmppo train`
+    reads its own; an option of the command's old spelling is one ConfigError naming the new one."""
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if name in RENAMED:
+            raise RenamedOption(name, RENAMED[name])
+        if arg == "--overwrite" and (i + 1 == len(argv) or argv[i + 1].startswith("--")):
+            raise RenamedOption("--overwrite", "--overwrite true")
+    resume = None
+    if "--resume" in argv:
+        at = argv.index("--resume")
+        if at + 1 >= len(argv):
+            raise ConfigError("--resume", None, "needs the output_dir of the run to continue")
+        resume = argv[at + 1]
+        del argv[at : at + 2]
+        if argv:
+            raise ConfigError(
+                "--resume", resume, f"takes no other option ({argv[0]}): a resumed run keeps its own config.yaml"
+            )
+    config_path = argv[0] if argv and not argv[0].startswith("--") else None
+    rest = argv[1:] if config_path else argv
+    return RewardModelArguments(config_path, parse_overrides(rest, RewardModelConfig, "lmppo reward-model"), resume)

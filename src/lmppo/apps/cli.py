@@ -37,9 +37,7 @@ COMMANDS = {
 }
 
 
-PARSERS = {
-    name: f"{name.replace('-', '_')}_parser" for name in ("eval", "plot", "push", "merge", "warp", "reward-model")
-}
+PARSERS = {name: f"{name}_parser" for name in ("eval", "plot", "push", "merge", "warp")}
 """The commands whose arguments are parsed before their imports (`lmppo.apps.arguments`): --help, a mistake."""
 TAKE_OVERRIDES = ("eval", "warp")
 """Commands whose other options are config overrides (`--section.field VALUE`)."""
@@ -50,6 +48,13 @@ def check_arguments(command: str, argv: Sequence[str]) -> Optional[int]:
     mistake one usage line and one `error:` line (2); None when they parse and the command should run."""
     from lmppo.apps import arguments
 
+    if command == "reward-model":  # a YAML file and dotted overrides, as `lmppo train`: the config built here
+        try:
+            arguments.reward_model_arguments(argv).config()
+        except LmppoError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_USER_ERROR
+        return None
     parser = getattr(arguments, PARSERS[command])()
     argv = list(argv)
     try:
@@ -119,7 +124,8 @@ AFTER_STOP = {
     "merge": "the merged model was not written (its temporary is removed); run the same `lmppo merge` command again",
     "push": "the upload did not finish (the Hub keeps only whole commits); run the same `lmppo push` command again",
     "plot": "no plot was written; run the same `lmppo plot` command again",
-    "reward-model": "run the same `lmppo reward-model` command again (`--resume OUTPUT_DIR` once it has a checkpoint)",
+    "reward-model": "continue it with `lmppo reward-model --resume OUTPUT_DIR` once it has a checkpoint (else run the "
+    "same command again with `--overwrite true`)",
 }
 """What to do after a stop signal, per command (`train`: `lmppo.run.signals.next_step`, which looks at the run)."""
 
@@ -198,12 +204,12 @@ def _run(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
-    if command == "train" and ("-h" in rest or "--help" in rest):
-        from lmppo.config.help import train_help  # here, not at the top: `lmppo --version` needs no pydantic
+    if command in ("train", "reward-model") and ("-h" in rest or "--help" in rest):
+        from lmppo.config.help import reward_model_help, train_help  # here: `lmppo --version` needs no pydantic
 
-        print(train_help())
+        print(train_help() if command == "train" else reward_model_help())
         return 0
-    if command in PARSERS:
+    if command in PARSERS or command == "reward-model":
         code = check_arguments(command, rest)
         if code is not None:
             return code

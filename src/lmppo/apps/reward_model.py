@@ -1,29 +1,31 @@
-"""`lmppo reward-model [--data PAIRS] [--base MODEL] [--output-dir DIR] [...]`: train a reward model on preference
-pairs (`lmppo.training.reward_model`); `--resume OUTPUT_DIR` continues a stopped one."""
+"""`lmppo reward-model [CONFIG.yaml] [--section.field VALUE ...]`: train a reward model on preference pairs
+(`lmppo.training.reward_model`), its options spelled as `lmppo train`'s; `--resume OUTPUT_DIR` continues a stopped
+one."""
 
 from __future__ import annotations
 
 import os
 from typing import Any, Sequence
 
-from lmppo.apps.arguments import reward_model_parser
+from lmppo.apps.arguments import reward_model_arguments
 from lmppo.config import load_config
-from lmppo.training.reward_model import RewardModelSettings, train_reward_model
+from lmppo.training.reward_model import RewardModelTrainer
 
 
 def main(argv: Sequence[str], console: Any = None) -> int:
     """`lmppo reward-model`; returns the exit code. Mistakes raise LmppoError (one line from the CLI)."""
-    args = reward_model_parser().parse_args(list(argv))
-    given = {k: v for k, v in vars(args).items() if v is not None and k != "resume"}
-    settings = RewardModelSettings(**given)
-    if args.resume is not None:
-        settings = RewardModelSettings(output_dir=args.resume)
+    args = reward_model_arguments(argv)
     say = console.print if console is not None else print
     # a stop signal ends in the CLI with one line on stderr (`lmppo.apps.cli.AFTER_STOP`): resume it with --resume
-    result = train_reward_model(settings, resume=args.resume is not None, say=say)
-    say(f"{result.steps} steps in {result.seconds:.0f} s")
-    if recipe_reads(RECIPE_ON_IT, result.model_dir):
-        say(f"PPO on it, from this folder: lmppo train builtin:{RECIPE_ON_IT}")
+    if args.resume is not None:
+        trainer = RewardModelTrainer.resume(args.resume, say=say)
+    else:
+        trainer = RewardModelTrainer(args.config(), say=say)
+    result = trainer.train()
+    if trainer.main:
+        say(f"{result.steps} steps in {result.seconds:.0f} s")
+        if recipe_reads(RECIPE_ON_IT, result.model_dir):
+            say(f"PPO on it, from this folder: lmppo train builtin:{RECIPE_ON_IT}")
     return 0
 
 

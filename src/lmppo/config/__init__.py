@@ -4,9 +4,10 @@ Everything a caller needs is importable from here (`from lmppo.config import Con
 
 from lmppo.config.env import RESERVED_HEADERS, expand_env, expand_path, http_headers
 from lmppo.config.fields import config_error, field_docs, from_dict
-from lmppo.config.loading import config_file, load_config, recipe_path, save_config
+from lmppo.config.loading import config_file, load_config, load_root, recipe_path, save_config
 from lmppo.config.model_names import BUILTIN_MODELS, check_model_path, hub_repo_id, is_hub_repo_id
 from lmppo.config.overrides import all_fields, apply_override, parse_overrides
+from lmppo.config.reward_model import RewardModelConfig
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.config.schema import (
     CheckpointConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "PPOConfig",
     "ReferenceConfig",
     "RewardConfig",
+    "RewardModelConfig",
     "RewardSourceConfig",
     "RolloutConfig",
     "ValueConfig",
@@ -59,6 +61,7 @@ __all__ = [
     "hub_repo_id",
     "is_hub_repo_id",
     "load_config",
+    "load_root",
     "parse_overrides",
     "recipe_path",
     "config_file",

@@ -62,6 +62,7 @@ _ALLOWED = {
     "dict_type": "must be a mapping",
     "greater_than": "must be > {gt}",
     "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
     "less_than_equal": "must be <= {le}",
     "registered_name": "{message}",
 }

@@ -12,6 +12,7 @@ from typing import Literal
 from lmppo.config.fields import field_docs, type_hints
 from lmppo.config.loading import recipe_choices
 from lmppo.config.overrides import REGISTRY_OPTIONS, all_fields, registered_choices
+from lmppo.config.reward_model import RewardModelConfig
 from lmppo.config.schema import Config
 
 WIDTH = 100
@@ -91,11 +92,34 @@ def train_help() -> str:
         "  --accept-changed-inputs  with --resume: go on although the prompt data or a model folder differs from",
         "                        what the run began with (refused otherwise, naming it)",
         "  --debug               show tracebacks for errors",
-        "",
-        "options:",
     ]
+    return "\n".join(lines + options_help(Config))
+
+
+def reward_model_help() -> str:
+    """`lmppo reward-model --help`: the options of `lmppo.config.reward_model.RewardModelConfig`."""
+    lines = [
+        "usage: lmppo reward-model [CONFIG.yaml] [--section.field VALUE ...] [--resume OUTPUT_DIR] [--debug]",
+        "",
+        "Train a reward model on preference pairs (TRL's format: `chosen`, `rejected`, optional `prompt` and",
+        "`margin`; text or chat) with the Bradley-Terry loss; held-out pair accuracy and margin before, after each",
+        "epoch and at the end. With no option: the built-in pairs of positive over negative movie-review",
+        "sentences, whole and as continuations of the default recipe's prompts, on SmolLM2-135M with LoRA",
+        "(docs/stages.md). The result, OUTPUT_DIR/final/reward-model, is what `reward.sources: [{kind: model,",
+        "path: OUTPUT_DIR/final/reward-model}]` takes; the default folder is the one `lmppo train",
+        "builtin:learned_reward` reads. Options are spelled as `lmppo train`'s (a YAML file, dotted overrides).",
+        "",
+        "  --resume OUTPUT_DIR   continue the run in OUTPUT_DIR from its latest complete checkpoint",
+        "  --debug               show tracebacks for errors",
+    ]
+    return "\n".join(lines + options_help(RewardModelConfig))
+
+
+def options_help(root: type) -> list[str]:
+    """The `options:` part of a command's help: every field of root config class `root`, section by section."""
+    lines = ["", "options:"]
     section = None
-    for name, tp, default, doc in all_fields(Config):
+    for name, tp, default, doc in all_fields(root):
         head = name.split(".")[0] if "." in name else ""
         if head != section:
             section = head
@@ -105,4 +129,4 @@ def train_help() -> str:
         if isinstance(item, type) and dataclasses.is_dataclass(item):
             example = f"--{name} '[{{kind: http, path: \"http://HOST/score\", weight: 0.5}}]'"
             lines += item_help(name, item, f"YAML list in the config file, or {example}")
-    return "\n".join(lines)
+    return lines

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from importlib import resources
-from typing import Mapping
+from typing import Mapping, TypeVar
 
 from lmppo.config.fields import from_dict
 from lmppo.config.overrides import apply_override
@@ -13,9 +13,16 @@ from lmppo.config.yaml_input import YamlInputError
 from lmppo.config.yaml_input import load as load_yaml
 from lmppo.errors import ConfigError
 
+C = TypeVar("C")
+
 
 def load_config(path: str | None = None, overrides: Mapping[str, object] | None = None) -> Config:
     """Config from an optional YAML file plus dotted overrides; not yet validated."""
+    return load_root(Config, path, overrides)
+
+
+def load_root(root: type[C], path: str | None = None, overrides: Mapping[str, object] | None = None) -> C:
+    """Root config class `root` (`Config`, `RewardModelConfig`) from an optional YAML file plus dotted overrides."""
     import yaml
 
     data: object = {}
@@ -38,7 +45,7 @@ def load_config(path: str | None = None, overrides: Mapping[str, object] | None 
             raise ConfigError("config file", path, f"is not UTF-8 text ({err.reason})") from None
         if not isinstance(data, dict):
             raise ConfigError("config file", path, "must hold a mapping of fields at the top level")
-    cfg = from_dict(Config, data)
+    cfg = from_dict(root, data)
     for dotted, raw in (overrides or {}).items():
         apply_override(cfg, dotted, raw)
     return cfg

@@ -13,16 +13,17 @@ from typing_extensions import dataclass_transform
 
 from lmppo.config.fields import config_error, section_prefixes
 
-_ROOT: list[type] = []  # the root config class, set by `set_root` once it is defined
+_ROOTS: list[type] = []  # the root config classes (`lmppo train`'s, `lmppo reward-model`'s), set by `set_root`
 
 
 def set_root(root: type) -> None:
-    """The class whose fields place every section (error messages name `rollout.batch_size`, not `batch_size`)."""
-    _ROOT[:] = [root]
+    """A class whose fields place its sections (error messages name `rollout.batch_size`, not `batch_size`). A
+    section shared by two roots sits at the same place in both."""
+    _ROOTS.append(root)
 
 
 def _prefix(cls: type) -> str:
-    return section_prefixes(_ROOT[0]).get(cls, "") if _ROOT else ""
+    return next((section_prefixes(r)[cls] for r in _ROOTS if cls in section_prefixes(r)), "")
 
 
 _SETTINGS = pydantic.ConfigDict(

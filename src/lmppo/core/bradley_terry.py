@@ -3,13 +3,28 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
 
-def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-    """mean over pairs of -log sigmoid(r_chosen - r_rejected); `chosen`, `rejected`: (N,) scores -> scalar."""
-    return -F.logsigmoid(chosen - rejected).mean()
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: Optional[torch.Tensor] = None,
+    center_coefficient: float = 0.0,
+) -> torch.Tensor:
+    """mean over pairs of -log sigmoid(r_chosen - r_rejected - margin), plus center_coefficient x the mean of
+    (r_chosen + r_rejected)^2, as TRL's RewardTrainer computes it (its `margin` column and its
+    `center_rewards_coefficient`); `chosen`, `rejected`, `margin`: (N,) -> scalar. No margin: 0 for every pair."""
+    diff = chosen - rejected  # (N,)
+    if margin is not None:
+        diff = diff - margin.to(diff.dtype)
+    loss = -F.logsigmoid(diff).mean()
+    if center_coefficient:
+        loss = loss + center_coefficient * torch.mean((chosen + rejected) ** 2)
+    return loss
 
 
 def pair_accuracy_and_margin(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[float, float]:

@@ -1,12 +1,14 @@
 """Preference pairs for training a reward model, in TRL's preference format: rows with `chosen` and `rejected`, and
 an optional `prompt`; each either text (strings) or chat (lists of {"role", "content"} messages, the prompt then
-the user's turns and `chosen` / `rejected` the assistant's answer). Read from the sources `data.prompts` takes: a
+the user's turns and `chosen` / `rejected` the assistant's answer), and an optional `margin` (a number, TRL's
+margin column). Read from the sources `data.prompts` takes: a
 .jsonl file, a `datasets` folder (save_to_disk), a .parquet or .arrow file, a built-in set (`BUILTIN_PAIRS`), or
 a list of rows through the Python API."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import zlib
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ class PreferencePair:
     origin: tuple[str, ...] = ()
     """Texts the pair was made from besides its two responses (a built-in set's sentences): a held-out split
     never trains a pair that shares a response or an origin with a held-out pair."""
+    margin: float | None = None
+    """TRL's `margin` column: how much higher the chosen side should score (subtracted inside the loss)."""
 
 
 def builtin_polarity_pairs() -> list[PreferencePair]:
@@ -146,7 +150,12 @@ def _checked(rows: list, source: str) -> list[PreferencePair]:
                 raise DataError(f"{where}: `{name}` must be a non-empty text or a list of chat messages")
         if _is_chat(sides["chosen"]) != _is_chat(sides["rejected"]):
             raise DataError(f"{where}: `chosen` and `rejected` must both be text or both chat messages")
-        pairs.append(PreferencePair(**sides))
+        margin = row.get("margin")
+        if margin is not None and (
+            isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin)
+        ):
+            raise DataError(f"{where}: `margin` must be a finite number (TRL's margin column), not {margin!r}")
+        pairs.append(PreferencePair(**sides, margin=None if margin is None else float(margin)))
     return pairs
 
 

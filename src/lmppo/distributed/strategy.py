@@ -57,6 +57,17 @@ class Strategy:
                 stack.enter_context(self.accelerator.no_sync(critic))
         return stack
 
+    def mean_gradients(self, parameters: list[nn.Parameter]) -> None:
+        """Each parameter's gradient averaged over the processes, in place (one collective; nothing with one
+        process): DDP's all-reduce for a model trained outside `prepare` (`lmppo reward-model` scores through the
+        model's parts, not its forward). A process without a gradient for a parameter adds zeros."""
+        if self.accelerator.num_processes == 1 or not parameters:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in parameters]
+        flat = self.accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), "mean")
+        for p, piece in zip(parameters, flat.split([g.numel() for g in grads])):
+            p.grad = piece.view_as(p).clone()
+
     # ---- numbers over all processes (accelerate's collectives: the same under every strategy)
     def process_mean(self, value: float) -> float:
         return self.accelerator.reduce(torch.tensor(float(value), device=self.accelerator.device), "mean").item()

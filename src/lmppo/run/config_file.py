@@ -7,7 +7,7 @@ import dataclasses
 from typing import Sequence
 
 import lmppo.run.storage as storage
-from lmppo.config import Config
+from lmppo.config import Config, RewardModelConfig
 from lmppo.config.fields import section_prefixes
 from lmppo.redact import _SECRET_KEY, MASK, is_env_template, redact_text
 
@@ -30,7 +30,7 @@ def _config_field_names() -> frozenset[str]:
     """The field names of every section of the config tree (`environment.max_episode_tokens` is a field, not a
     secret), wherever the section's class is defined."""
     names: set[str] = set()
-    for section in section_prefixes(Config):
+    for section in [*section_prefixes(Config), *section_prefixes(RewardModelConfig)]:
         names.update(f.name for f in dataclasses.fields(section))
     return frozenset(names)
 
@@ -54,7 +54,7 @@ def _redact_mapping(value: dict[str, object], known: frozenset[str]) -> dict[str
     return out
 
 
-def redacted_config_dict(cfg: Config | dict[str, object]) -> dict[str, object]:
+def redacted_config_dict(cfg: Config | RewardModelConfig | dict[str, object]) -> dict[str, object]:
     """The config as a plain dict, safe to write to files and trackers: credentials in URLs and strings masked
     (see `redact_text`), and values under secret-looking keys of free-form mappings (e.g. a `token` in
     rollout.generation_kwargs) replaced by `***`. Config fields themselves (`stop_token`, ...) are kept."""
@@ -76,7 +76,9 @@ def masked_fields(data: object, prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def write_run_config(cfg: Config, path: str, comments: Sequence[str] = (), resume_with: str = "") -> None:
+def write_run_config(
+    cfg: Config | RewardModelConfig, path: str, comments: Sequence[str] = (), resume_with: str = ""
+) -> None:
     """`config.yaml` of a run (secrets masked), written atomically; `comments`: lines after the header (how a
     value was chosen, e.g. `precision: auto`); `resume_with`: how to resume it, when not `lmppo train --resume`."""
     import yaml

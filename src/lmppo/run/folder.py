@@ -12,7 +12,7 @@ import lmppo.run.metrics_file as metrics_file
 import lmppo.run.ownership as ownership
 import lmppo.run.signals as signals
 import lmppo.run.storage as storage
-from lmppo.config import Config
+from lmppo.config import Config, RewardModelConfig
 from lmppo.errors import ConfigError
 from lmppo.run.config_file import write_run_config
 from lmppo.run.layout import CHECKPOINT_NAME, CHECKPOINTS, CONFIG, MANIFEST, METRICS, SAMPLES, STATE
@@ -54,10 +54,18 @@ def os_reason(err: BaseException, where: str = "") -> str:
     return storage.reason(err, filename or where) + (f" ({filename})" if filename else "")
 
 
+RESUME_COMMAND = "lmppo train --resume"
+"""How a run folder is continued, by default (`lmppo reward-model --resume` continues a reward-model run)."""
+
+
 def prepare_output_dir(
-    cfg: Config, is_main_process: bool = True, resuming: bool = False, comments: Sequence[str] = ()
+    cfg: Config | RewardModelConfig,
+    is_main_process: bool = True,
+    resuming: bool = False,
+    comments: Sequence[str] = (),
+    resume_command: str = RESUME_COMMAND,
 ) -> None:
-    """Create `cfg.output_dir` and write its config.yaml (secrets masked).
+    """Create `cfg.output_dir` and write its config.yaml (secrets masked); `resume_command` continues the run.
 
     A folder that already holds a run is refused unless `overwrite: true`, which removes that run's files first
     (only lmppo's own: metrics, samples, checkpoints, final, tensorboard). A folder holding only a config.yaml
@@ -69,14 +77,21 @@ def prepare_output_dir(
     if is_main_process:  # one process per run folder (lmppo.run.lock); taken before anything in it is read or changed
         lock.acquire(out)
     try:
-        _prepare_locked(cfg, out, is_main_process, resuming, comments)
+        _prepare_locked(cfg, out, is_main_process, resuming, comments, resume_command)
     except BaseException:
         if is_main_process:
             lock.release(out)
         raise
 
 
-def _prepare_locked(cfg: Config, out: str, is_main_process: bool, resuming: bool, comments: Sequence[str]) -> None:
+def _prepare_locked(
+    cfg: Config | RewardModelConfig,
+    out: str,
+    is_main_process: bool,
+    resuming: bool,
+    comments: Sequence[str],
+    resume_command: str,
+) -> None:
     own, foreign = ownership.survey(out) if os.path.isdir(out) else ([], [])
     if foreign and not resuming:
         raise ConfigError(
@@ -92,7 +107,7 @@ def _prepare_locked(cfg: Config, out: str, is_main_process: bool, resuming: bool
                 "output_dir",
                 out,
                 f"already holds a run ({', '.join(own)}); choose another folder, "
-                + (f"continue it with `lmppo train --resume {out}`, " if signals.has_checkpoint(out) else "")
+                + (f"continue it with `{resume_command} {out}`, " if signals.has_checkpoint(out) else "")
                 + "or set overwrite: true (`--overwrite true`: removes those files of the old run, nothing else)",
             )
         if is_main_process:
@@ -102,7 +117,8 @@ def _prepare_locked(cfg: Config, out: str, is_main_process: bool, resuming: bool
             os.makedirs(out, exist_ok=True)
             if not resuming:
                 ownership.claim(out)
-            write_run_config(cfg, os.path.join(out, CONFIG), comments)
+            resume_with = "" if resume_command == RESUME_COMMAND else f"{resume_command} OUTPUT_DIR"
+            write_run_config(cfg, os.path.join(out, CONFIG), comments, resume_with)
         except OSError as err:
             raise ConfigError("output_dir", out, f"cannot be written: {os_reason(err, out)}") from None
 

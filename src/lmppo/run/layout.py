@@ -2,6 +2,7 @@
 imports nothing of lmppo, so the modules below `run/folder.py` can too). Drawn in docs/checkpoints.md:
 
     OUTPUT_DIR/  config.yaml  metrics.jsonl  samples.jsonl  summary.json  tensorboard/  final/policy/ ...
+                 (`lmppo reward-model`: config.yaml  metrics.jsonl  tensorboard/  final/reward-model/)
                  checkpoints/iter-00000004/  manifest.json state.json trained.safetensors optimizer.pt rng-rank0.*
                  .lmppo.lock  .lmppo-owned.json
 """
@@ -24,7 +25,9 @@ POLICY_MERGED = "policy-merged"
 """`final/policy-merged`: a LoRA policy's adapters merged into full weights (`model.lora.save_merged`)."""
 VALUE = "value"
 """`final/value`: the critic's model, or the shared value head's tensors."""
-FINAL_FOLDERS = (POLICY, POLICY_MERGED, VALUE)
+REWARD_MODEL = "reward-model"
+"""`final/reward-model`: the model `lmppo reward-model` trains (LoRA merged in), with its tokenizer."""
+FINAL_FOLDERS = (POLICY, POLICY_MERGED, VALUE, REWARD_MODEL)
 """The folders of `final/`, each with its model card when it exists."""
 CHECKPOINTS = "checkpoints"
 """The folder of the run's checkpoints, `checkpoints/iter-00000004/`, ..."""

@@ -1,4 +1,4 @@
-"""The result of a command that works for a while and then writes (`lmppo eval`, `lmppo merge`, `lmppo reward-model`):
+"""The result of a command that works for a while and then writes (`lmppo eval`, `lmppo merge`):
 checked writable before the work, written by one process at a time, and no temporary of an earlier, killed run of
 the same command left beside it.
 

@@ -10,7 +10,6 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Callable, Collection, Optional, Protocol, Sequence, TypedDict, TypeVar
 
-import torch
 from torch import nn
 
 from lmppo.config import Config, apply_override, from_dict, load_config
@@ -51,6 +50,7 @@ if TYPE_CHECKING:
     from lmppo.data.prompts import PromptStream
     from lmppo.distributed.strategy import Strategy
     from lmppo.models.reference import ReferencePolicy
+    from lmppo.training.updater import Updater
 
 
 class TrainerObjects(TypedDict, total=False):
@@ -74,16 +74,13 @@ class CheckpointedTrainer(Protocol):
     actor: nn.Module  # the wrapped lmppo.models.loading.Actor
     critic: Optional[nn.Module]  # the wrapped lmppo.models.loading.Critic, or None
     reference: ReferencePolicy
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    updater: Updater  # the optimizer, its schedule, the minibatch-order generator, the non-finite streak
     kl_controller: KLController
     score_moments: RunningMoments
     stream: PromptStream
-    update_generator: torch.Generator
     iteration: int
     episode: int
     train_seconds: float
-    nonfinite_in_a_row: int
     fingerprints: Fingerprints  # of the frozen weights and of the prompt data and model folders it trains on
 
     def __init__(
@@ -183,16 +180,16 @@ def capture_state(trainer: CheckpointedTrainer, parts: ModelParts) -> TrainingSt
         iteration=trainer.iteration,
         episode=trainer.episode,
         train_seconds=trainer.train_seconds,
-        nonfinite_in_a_row=trainer.nonfinite_in_a_row,
+        nonfinite_in_a_row=trainer.updater.nonfinite_in_a_row,
         stream=trainer.stream.state_dict(),
         kl_controller=trainer.kl_controller.state_dict(),
         score_moments=trainer.score_moments.state_dict(),
-        scheduler={k: v for k, v in trainer.scheduler.state_dict().items() if k != "lr_lambdas"},
+        scheduler={k: v for k, v in trainer.updater.scheduler.state_dict().items() if k != "lr_lambdas"},
         reference=trainer.reference.state_dict() if keeps_reference else {},
-        update_generator=trainer.update_generator.get_state(),
+        update_generator=trainer.updater.generator.get_state(),
         rng=RngState.capture(),
         frozen_fingerprint=_fingerprint(trainer, parts),
-        optimizer=None if trainer.strategy.sharded_checkpoint else trainer.optimizer.state_dict(),
+        optimizer=None if trainer.strategy.sharded_checkpoint else trainer.updater.optimizer.state_dict(),
         config=redacted_config_dict(trainer.config),
         inputs=dict(trainer.fingerprints.inputs),
     )
@@ -208,7 +205,7 @@ def checkpoint_trainer(trainer: CheckpointedTrainer) -> str:
 def _apply_changed_optimisation(trainer: CheckpointedTrainer, saved: dict) -> None:
     """Optimizer settings come back from the checkpoint; apply the ones the resumed config changed."""
     p = trainer.config.ppo
-    for group in trainer.optimizer.param_groups:
+    for group in trainer.updater.optimizer.param_groups:
         group["eps"], group["weight_decay"] = p.adam_eps, p.weight_decay
     schedule = {
         "ppo.learning_rate": p.learning_rate,
@@ -218,21 +215,23 @@ def _apply_changed_optimisation(trainer: CheckpointedTrainer, saved: dict) -> No
     }
     if all(_get(saved, k) == v for k, v in schedule.items()):
         return
-    sched = trainer.scheduler
+    sched = trainer.updater.scheduler
     factor = lr_factor(sched.last_epoch, p, trainer.config.num_iterations)
     sched.base_lrs = [p.learning_rate for _ in sched.base_lrs]
-    for group in trainer.optimizer.param_groups:
+    for group in trainer.updater.optimizer.param_groups:
         group["initial_lr"] = p.learning_rate
         group["lr"] = p.learning_rate * factor
-    sched._last_lr = [group["lr"] for group in trainer.optimizer.param_groups]
+    sched._last_lr = [group["lr"] for group in trainer.updater.optimizer.param_groups]
 
 
 def restore_state(trainer: CheckpointedTrainer, state: TrainingState) -> None:
     """Set the trainer to `state` (its trained tensors are already loaded); the RNGs last."""
     if state.optimizer is not None:
-        trainer.optimizer.load_state_dict(state.optimizer)
+        trainer.updater.optimizer.load_state_dict(state.optimizer)
     trainer.reference.load_state_dict(state.reference)
-    trainer.scheduler.load_state_dict({**state.scheduler, "lr_lambdas": [None] * len(trainer.scheduler.lr_lambdas)})
+    trainer.updater.scheduler.load_state_dict(
+        {**state.scheduler, "lr_lambdas": [None] * len(trainer.updater.scheduler.lr_lambdas)}
+    )
     _apply_changed_optimisation(trainer, state.config)
     if trainer.config.kl.controller != "fixed":  # a fixed coefficient comes from the config (it may change on resume)
         trainer.kl_controller.load_state_dict(state.kl_controller)
@@ -240,8 +239,8 @@ def restore_state(trainer: CheckpointedTrainer, state: TrainingState) -> None:
     trainer.stream.load_state_dict(state.stream)
     trainer.iteration, trainer.episode = state.iteration, state.episode
     trainer.train_seconds = state.train_seconds
-    trainer.nonfinite_in_a_row = state.nonfinite_in_a_row
-    trainer.update_generator.set_state(state.update_generator)
+    trainer.updater.nonfinite_in_a_row = state.nonfinite_in_a_row
+    trainer.updater.generator.set_state(state.update_generator)
     state.rng.restore()  # last: nothing may draw from them between here and the next iteration
 
 

@@ -1,95 +1,65 @@
-"""`lmppo reward-model`: a reward model trained on preference pairs with the Bradley-Terry loss.
+"""`lmppo reward-model`: a reward model trained on preference pairs with the Bradley-Terry loss, on the run machinery
+`lmppo train` uses.
 
-A sequence-classification model (one label) is made from a causal LM or an existing classifier (`base`), trained
-whole or through LoRA adapters (the score head always trains) on the pairs of `lmppo.data.preference_pairs`, scored
-as `reward.sources: [{kind: model}]` reads them (`lmppo.rewards.model.sequence_scores`: the last real token of the
-right-padded text). Held-out pairs (the last `held_out` of a seeded shuffle) give the pair accuracy and the reward
-margin before training, after each epoch and at the end.
+A sequence-classification model (one label) is made from a causal LM or an existing classifier (`model.policy`),
+trained whole or through LoRA adapters (the score head always trains) on the pairs of
+`lmppo.data.preference_pairs`, scored as `reward.sources: [{kind: model}]` reads them
+(`lmppo.rewards.model.sequence_scores`: the last real token of the right-padded text). The loss is TRL's
+RewardTrainer's: -log sigmoid(r_chosen - r_rejected - margin) (the data's `margin` column, 0 without one), plus
+`training.center_rewards_coefficient` x mean((r_chosen + r_rejected)^2). Held-out pairs (the last `data.holdout` of
+a seeded shuffle) give the pair accuracy and the reward margin before training, after each epoch and at the end.
 
-The run folder follows `lmppo train`'s rules: a folder holding other files is refused unless `overwrite` (then only
-what a reward-model run writes is removed); the folder is checked writable before any model loads; one process at a
-time (`lmppo.run.outputs.result_output`: the run lock); checkpoints written whole or not at all
-(`checkpoints/iter-STEP`, verified by their manifest); `--resume OUTPUT_DIR` continuing from the latest complete one
-to the same weights as a run never stopped (the data order is a function of (seed, epoch), the loss has no
-randomness: LoRA dropout is 0); the final model published at once as OUTPUT_DIR/model with its card.
+The settings are `lmppo.config.reward_model.RewardModelConfig` (a YAML file and dotted overrides, spelled as
+`lmppo train`'s). The run is PPO's: accelerate picks the device (CUDA where present) and `precision` is chosen for it
+(`lmppo.models.precision`); several processes each score their share of every batch and average their gradients
+through the distribution strategy (`lmppo.distributed.strategy`); the run folder, its lock, ownership and
+config.yaml are `lmppo.run.folder`'s; metrics.jsonl and `log.trackers` are `lmppo.training.metrics`'; checkpoints
+are PPO's format (`lmppo.run.checkpoint`: written whole or not at all, verified by their manifest) and
+`--resume OUTPUT_DIR` continues from the latest complete one to the same weights as a run never stopped (the data
+order is a function of (seed, epoch), the loss has no randomness); the model is published at once as
+OUTPUT_DIR/final/reward-model with its card.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
+import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
 
+import lmppo.run.lock as lock
+from lmppo.config import RewardModelConfig, load_root
 from lmppo.core.bradley_terry import bradley_terry_loss, pair_accuracy_and_margin, pearson_correlation
 from lmppo.data.preference_pairs import PreferencePair, load_preference_pairs, pair_texts
+from lmppo.distributed.strategy import Strategy
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.files import load_whole
 from lmppo.models.loading import resolve_model_path
-from lmppo.models.precision import PRECISIONS, choose_precision
+from lmppo.models.precision import choose_precision
 from lmppo.rewards.model import sequence_scores
 from lmppo.run import storage
-from lmppo.run.folder import checkpoints_dir
-from lmppo.run.layout import CHECKPOINTS, METRICS, OPTIMIZER, STATE, TRAINED, checkpoint_name
-from lmppo.run.manifest import latest_checkpoint, prune_checkpoints, write_manifest
+from lmppo.run.checkpoint import ModelParts, check_layout, frozen_fingerprint, read_checkpoint, save_checkpoint
+from lmppo.run.config_file import redacted_config_dict
+from lmppo.run.folder import prepare_output_dir, truncate_logs
+from lmppo.run.layout import CONFIG, FINAL, METRICS, REWARD_MODEL
+from lmppo.run.manifest import latest_checkpoint
 from lmppo.run.metrics_file import read_jsonl
 from lmppo.run.model_card import lmppo_version
-from lmppo.run.outputs import check_writable, result_output
-from lmppo.run.state import RngState
+from lmppo.run.ownership import publishing
+from lmppo.run.state import RngState, TrainingState
+from lmppo.training.metrics import MetricsLogger, make_trackers
 
 if TYPE_CHECKING:
+    from accelerate import Accelerator
     from transformers import PreTrainedTokenizerBase
 
-SETTINGS, MODEL = "reward_model.json", "model"
-OWN = (SETTINGS, METRICS, MODEL, CHECKPOINTS)
-"""What a reward-model run writes in its folder (all that `overwrite` removes)."""
-
-
-@dataclass
-class RewardModelSettings:
-    data: str = "builtin:polarity-mixed"
-    """Preference pairs: a .jsonl file, a datasets folder, a .parquet / .arrow file, or a built-in set
-    (`builtin:polarity-mixed`, `builtin:polarity`, `builtin:polarity-continuations`)."""
-    base: str = "smollm2"
-    """The model to start from: a local folder, a Hub id or a built-in name (as `model.policy`)."""
-    output_dir: str = "runs/reward-model"
-    lora: bool = True
-    """Train LoRA adapters (merged into the saved model) and the score head; False: every weight."""
-    lora_r: int = 16
-    epochs: int = 2
-    learning_rate: float = 2e-4
-    batch_size: int = 8
-    """Pairs per optimizer step."""
-    held_out: int = 30
-    """Pairs kept out of training for the accuracy and margin."""
-    max_length: int = 128
-    """Tokens per text at most (the start is cut: the end of an answer is always read)."""
-    seed: int = 0
-    checkpoint_every: int = 5
-    """Optimizer steps between checkpoints (and one at the end of each epoch)."""
-    overwrite: bool = False
-    precision: str = "auto"
-    """`auto` (bf16 autocast where the CPU or GPU computes bf16 natively, as `lmppo train`), `bf16` or `fp32`."""
-
-    def check(self) -> None:
-        """ConfigError naming the first field with a value that cannot work (before any model loads)."""
-        positive = ("lora_r", "epochs", "batch_size", "held_out", "max_length", "checkpoint_every")
-        for name in positive:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(name, value, "must be a whole number >= 1")
-        if not (isinstance(self.learning_rate, (int, float)) and 0 < self.learning_rate < 1):
-            raise ConfigError("learning_rate", self.learning_rate, "must be in (0, 1)")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError("seed", self.seed, "must be a whole number >= 0")
-        if self.precision not in PRECISIONS:
-            raise ConfigError("precision", self.precision, "must be one of " + ", ".join(PRECISIONS))
-
+RESUME_COMMAND = "lmppo reward-model --resume"
+PREFIX = "reward_model."
+"""The trained tensors' prefix in a checkpoint (PPO's are `actor.` and `critic.`)."""
 
 HeldOut = tuple[float, float, float]
 """Held-out (pair accuracy, mean margin, score-length correlation): the share of pairs ordered right, the mean of
@@ -106,30 +76,6 @@ class RewardModelResult:
     seconds: float
 
 
-def prepare_folder(settings: RewardModelSettings, resume: bool) -> None:
-    """The run folder's rules, before any model loads (see the module docstring)."""
-    out = settings.output_dir
-    if resume:
-        if not os.path.isfile(os.path.join(out, SETTINGS)):
-            raise CheckpointError(f"cannot resume {out}: it holds no {SETTINGS} (not a reward-model run folder)")
-        return
-    present = sorted(os.listdir(out)) if os.path.isdir(out) else []
-    if not present:
-        return
-    others = [name for name in present if name not in OWN and not name.startswith(".")]
-    if not settings.overwrite or others:
-        what = f"files that are not a reward-model run's ({', '.join(others[:3])})" if others else "a reward-model run"
-        raise ConfigError(
-            "output_dir",
-            out,
-            f"holds {what}; give another folder"
-            + ("" if others else ", `--resume` it, or `--overwrite` (removes only what a reward-model run wrote)"),
-        )
-    for name in present:
-        if name in OWN:
-            storage.remove_tree(os.path.join(out, name), f"the old {name}")
-
-
 def split_pairs(pairs: list[PreferencePair], held_out: int, seed: int) -> tuple[list, list]:
     """(training pairs, held-out pairs): the held-out pairs are the last `held_out` of a shuffle seeded with
     `seed`; a pair sharing a response (its `chosen` or `rejected`) or an origin (`PreferencePair.origin`) with a
@@ -137,14 +83,16 @@ def split_pairs(pairs: list[PreferencePair], held_out: int, seed: int) -> tuple[
     sentences they were cut from (`builtin:polarity-continuations` uses each response in several pairs, and
     `builtin:polarity-mixed` each corpus line whole and cut)."""
     if held_out >= len(pairs):
-        raise ConfigError("held_out", held_out, f"must leave pairs to train on: the data holds {len(pairs)}")
+        raise ConfigError("data.holdout", held_out, f"must leave pairs to train on: the data holds {len(pairs)}")
     order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
     heldout = [pairs[i] for i in order[-held_out:]]
     unseen = {key for p in heldout for key in _keys(p)}
     train = [pairs[i] for i in order[:-held_out] if unseen.isdisjoint(_keys(pairs[i]))]
     if not train:
         raise ConfigError(
-            "held_out", held_out, "leaves no pair to train on: every other pair shares a response with a held-out one"
+            "data.holdout",
+            held_out,
+            "leaves no pair to train on: every other pair shares a response with a held-out one",
         )
     return train, heldout
 
@@ -158,33 +106,33 @@ def _keys(pair: PreferencePair) -> set[str]:
 
 def epoch_order(count: int, seed: int, epoch: int) -> list[int]:
     """The training pairs' order in `epoch`: a function of (seed, epoch) only, so a resume draws the same."""
-    return torch.randperm(count, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch + 1)).tolist()
+    return torch.randperm(count, generator=torch.Generator().manual_seed(epoch_seed(seed, epoch))).tolist()
 
 
-def load_model(settings: RewardModelSettings) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, bool]:
-    """(model, tokenizer, decoder_head): the base as a one-label sequence classifier, LoRA-wrapped when asked."""
+def load_model(cfg: RewardModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase, bool]:
+    """(model, tokenizer, decoder_head): `model.policy` as a one-label sequence classifier, LoRA-wrapped when asked."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    path = resolve_model_path(settings.base, "base")
+    path = resolve_model_path(cfg.model.policy, "model.policy")
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side, tokenizer.truncation_side = "right", "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    torch.manual_seed(settings.seed)  # the new score head's initial weights
+    torch.manual_seed(cfg.seed)  # the new score head's initial weights (and LoRA's)
     model = load_whole(  # a causal LM's `score` head is new by design, its `lm_head` goes; nothing else may differ
         AutoModelForSequenceClassification.from_pretrained, path, "reward-model base", True, ("score.",), num_labels=1
     )
     model.config.pad_token_id = tokenizer.pad_token_id
     decoder_head = hasattr(model, "score") and hasattr(model, "base_model")
-    if settings.lora:
+    if cfg.model.lora.enabled:
         from peft import LoraConfig, get_peft_model
 
         head = "score" if decoder_head else "classifier"
         lora = LoraConfig(
             task_type="SEQ_CLS",
-            r=settings.lora_r,
-            lora_alpha=2 * settings.lora_r,
-            lora_dropout=0.0,
+            r=cfg.model.lora.r,
+            lora_alpha=cfg.model.lora.alpha,  # type: ignore[arg-type]  # peft's hint says int; it divides by r
+            lora_dropout=0.0,  # no randomness in the loss: a resume repeats the run exactly
             target_modules="all-linear",
             exclude_modules=[head],
             modules_to_save=[head],
@@ -194,35 +142,68 @@ def load_model(settings: RewardModelSettings) -> tuple[torch.nn.Module, PreTrain
 
 
 class RewardModelTrainer:
-    """Trains one reward model; `train()` runs it to the end (resuming the latest checkpoint with `resume`)."""
+    """Trains one reward model; `train()` runs it to the end. `pairs`: preference rows (dicts in TRL's format, or a
+    `datasets.Dataset`) instead of `data.pairs`. `RewardModelTrainer.resume(OUTPUT_DIR)` continues a stopped run."""
 
-    def __init__(self, settings: RewardModelSettings, resume: bool = False, say: Callable[[str], None] = print):
-        if resume:  # the run's own settings: the same run, continued
-            with open(os.path.join(settings.output_dir, SETTINGS), encoding="utf-8") as fh:
-                settings = RewardModelSettings(**{**json.load(fh), "output_dir": settings.output_dir})
-        settings.check()
-        check_writable(os.path.join(settings.output_dir, MODEL), "the reward model")  # before any model loads
-        prepare_folder(settings, resume)
-        self.settings, self.say, self.resume = settings, say, resume
-        pairs = load_preference_pairs(settings.data)
-        self.train_pairs, self.heldout_pairs = split_pairs(pairs, settings.held_out, settings.seed)
-        self.dropped = len(pairs) - len(self.train_pairs) - len(self.heldout_pairs)
-        self.model, self.tokenizer, self.decoder_head = load_model(settings)
-        self.precision = choose_precision(settings.precision, "cpu")
-        say(self.precision.reason)
+    def __init__(
+        self,
+        config: Optional[RewardModelConfig] = None,
+        *,
+        pairs: Optional[Sequence[object]] = None,
+        say: Callable[[str], None] = print,
+        resuming: bool = False,
+    ):
+        cfg = self.config = config if config is not None else RewardModelConfig()
+        self.say, self.resuming = say, resuming
+        loaded = load_preference_pairs(pairs if pairs is not None else cfg.data.pairs)
+        self.train_pairs, self.heldout_pairs = split_pairs(loaded, cfg.data.holdout, cfg.seed)
+        self.dropped = len(loaded) - len(self.train_pairs) - len(self.heldout_pairs)
+        self.accelerator, self.strategy = start_processes(cfg)
+        # `auto` becomes what this device runs faster; config.yaml keeps the resolved value (a resume computes alike)
+        self.precision = choose_precision(cfg.precision, self.accelerator.device.type)
+        cfg.precision = self.precision.precision
+        self.main = self.accelerator.is_main_process
+        if self.main:
+            say(self.precision.reason)
+        prepare_output_dir(cfg, self.main, resuming, [f"precision: {self.precision.reason}"], RESUME_COMMAND)
+        if self.main:
+            weakref.finalize(self, lock.release, cfg.output_dir)  # the run lock, also when this object is dropped
+        self.logger: Optional[MetricsLogger] = None  # process 0 logs
+        if self.main:
+            trackers = make_trackers(cfg.log.trackers, cfg.output_dir, redacted_config_dict(cfg), _run_name(cfg))
+            self.logger = MetricsLogger(cfg.output_dir, trackers, append=resuming)
+        self.model, self.tokenizer, self.decoder_head = load_model(cfg)
+        self.model.to(self.accelerator.device)
         self.trained = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.trained, lr=settings.learning_rate)
-        self.steps_per_epoch = -(-len(self.train_pairs) // settings.batch_size)
+        self.optimizer = torch.optim.AdamW(self.trained, lr=cfg.training.learning_rate)
+        self.steps_per_epoch = -(-len(self.train_pairs) // cfg.training.batch_size)
         self.step = 0
+        self.frozen: Optional[str] = None  # the sha256 of the weights that do not train, hashed once
+
+    @classmethod
+    def resume(
+        cls, output_dir: str, *, pairs: Optional[Sequence[object]] = None, say: Callable[[str], None] = print
+    ) -> "RewardModelTrainer":
+        """The run in `output_dir` with its own config (its config.yaml), ready to continue from its latest complete
+        checkpoint; `pairs`: the rows it was started with through the API."""
+        path = os.path.join(output_dir, CONFIG)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"cannot resume {output_dir}: it holds no {CONFIG} (not a run folder)")
+        try:
+            cfg = load_root(RewardModelConfig, path, {"output_dir": output_dir})
+        except ConfigError as err:
+            raise CheckpointError(f"cannot resume {output_dir}: it is not a reward-model run ({err})") from None
+        return cls(cfg, pairs=pairs, say=say, resuming=True)
 
     # ------------------------------------------------------------------ scores
     def scores(self, texts: list[str]) -> torch.Tensor:
-        """(N,) scores of `texts`, right-padded and cut from the start to max_length tokens."""
+        """(N,) scores of `texts`, right-padded and cut from the start to data.max_length tokens."""
         enc = self.tokenizer(
-            texts, return_tensors="pt", padding=True, truncation=True, max_length=self.settings.max_length
-        )
+            texts, return_tensors="pt", padding=True, truncation=True, max_length=self.config.data.max_length
+        ).to(self.accelerator.device)
         inner = getattr(self.model, "get_base_model", lambda: self.model)()  # a PeftModel's, LoRA layers in
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision.precision == "bf16"):
+        device = self.accelerator.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.precision.precision == "bf16"):
             scores = sequence_scores(inner, enc["input_ids"], enc["attention_mask"], self.decoder_head)
         return scores.float()
 
@@ -234,66 +215,95 @@ class RewardModelTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> HeldOut:
-        """Held-out (pair accuracy, mean margin, score-length correlation)."""
+        """Held-out (pair accuracy, mean margin, score-length correlation); every process scores them all."""
         self.model.eval()
         chosen, rejected = [], []
-        for k in range(0, len(self.heldout_pairs), self.settings.batch_size):
-            c, r = self.pair_scores(self.heldout_pairs[k : k + self.settings.batch_size])
-            chosen.append(c)
-            rejected.append(r)
+        for k in range(0, len(self.heldout_pairs), self.config.training.batch_size):
+            c, r = self.pair_scores(self.heldout_pairs[k : k + self.config.training.batch_size])
+            chosen.append(c.cpu())
+            rejected.append(r.cpu())
         texts = [pair_texts(p, self.tokenizer) for p in self.heldout_pairs]
         lengths = self.token_counts([c for c, _ in texts] + [r for _, r in texts])  # (2N,): chosen, then rejected
         correlation = pearson_correlation(torch.cat(chosen + rejected), lengths)
         return (*pair_accuracy_and_margin(torch.cat(chosen), torch.cat(rejected)), correlation)
 
     def token_counts(self, texts: list[str]) -> torch.Tensor:
-        """(N,) tokens of each text as the model reads it (cut to max_length)."""
-        enc = self.tokenizer(texts, truncation=True, max_length=self.settings.max_length)
+        """(N,) tokens of each text as the model reads it (cut to data.max_length)."""
+        enc = self.tokenizer(texts, truncation=True, max_length=self.config.data.max_length)
         return torch.tensor([len(ids) for ids in enc["input_ids"]], dtype=torch.float64)
+
+    def batch_loss(self, batch: list[PreferencePair]) -> tuple[torch.Tensor, float]:
+        """(this process's loss to back-propagate, the batch's loss over every process): each process scores its
+        share of `batch` (pairs rank, rank + W, ...), its mean loss weighted by that share, so the gradients'
+        mean over the processes is the whole batch's."""
+        acc = self.accelerator
+        mine = batch[acc.process_index :: acc.num_processes]
+        if not mine:  # a last batch smaller than the processes: this one adds a zero gradient
+            return torch.zeros((), device=acc.device), self.strategy.process_mean(0.0)
+        chosen, rejected = self.pair_scores(mine)
+        margins = [p.margin for p in mine]
+        margin = None if all(m is None for m in margins) else torch.tensor([m or 0.0 for m in margins])
+        loss = bradley_terry_loss(
+            chosen,
+            rejected,
+            margin if margin is None else margin.to(chosen.device),
+            self.config.training.center_rewards_coefficient,
+        )
+        loss = loss * (len(mine) * acc.num_processes / len(batch))  # x 1.0 with one process
+        return loss, self.strategy.process_mean(float(loss.detach()))
 
     # ------------------------------------------------------------------ the run
     def train(self) -> RewardModelResult:
-        out, s = self.settings.output_dir, self.settings
-        with result_output(os.path.join(out, MODEL), "the reward model", "lmppo reward-model", run_dir=out):
+        cfg, t = self.config, self.config.training
+        try:
             start = time.time()
             before = self._begin()
-            total = s.epochs * self.steps_per_epoch
+            total = t.epochs * self.steps_per_epoch
             loss_sum = 0.0
             while self.step < total:
                 epoch, index = divmod(self.step, self.steps_per_epoch)
-                order = epoch_order(len(self.train_pairs), s.seed, epoch)
-                batch = [self.train_pairs[i] for i in order[index * s.batch_size : (index + 1) * s.batch_size]]
+                order = epoch_order(len(self.train_pairs), cfg.seed, epoch)
+                batch = [self.train_pairs[i] for i in order[index * t.batch_size : (index + 1) * t.batch_size]]
                 self.model.train()
-                chosen, rejected = self.pair_scores(batch)
-                loss = bradley_terry_loss(chosen, rejected)
+                loss, batch_loss = self.batch_loss(batch)
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                if loss.requires_grad:
+                    loss.backward()
+                self.strategy.mean_gradients(self.trained)
                 self.optimizer.step()
                 self.step += 1
-                loss_sum += float(loss.detach())
-                row: dict[str, float] = {"step": self.step, "epoch": epoch + 1, "loss": float(loss.detach())}
+                loss_sum += batch_loss
+                row: dict[str, float] = {"iteration": self.step, "epoch": epoch + 1, "loss": batch_loss}
                 if self.step % self.steps_per_epoch == 0 or self.step == total:
                     held = self.evaluate()
                     row.update(heldout_row(held))
-                    self.say(
-                        f"epoch {epoch + 1}/{s.epochs}: {describe(held)}, mean training loss "
+                    self._say(
+                        f"epoch {epoch + 1}/{t.epochs}: {describe(held)}, mean training loss "
                         f"{loss_sum / (index + 1):.4f}"
                     )
                     loss_sum = 0.0
                 self._log(row)
-                if self.step % s.checkpoint_every == 0 or self.step % self.steps_per_epoch == 0:
-                    self._checkpoint()
+                if self.step % cfg.checkpoint.every == 0 or self.step % self.steps_per_epoch == 0:
+                    self._checkpoint(time.time() - start)
             after = self.evaluate()
             model_dir = self._export(before, after)
             return RewardModelResult(model_dir, before, after, self.step, time.time() - start)
+        finally:
+            if self.logger is not None:
+                self.logger.close()
+            if self.main:
+                lock.release(cfg.output_dir)
+
+    def _say(self, line: str) -> None:
+        if self.main:
+            self.say(line)
 
     def _begin(self) -> HeldOut:
-        """A new run: its settings written and the held-out numbers before training. A resume: the latest complete
-        checkpoint loaded, the metrics after it cut, the numbers before training read back."""
-        out = self.settings.output_dir
-        if not self.resume:
-            storage.write_json(os.path.join(out, SETTINGS), dataclasses.asdict(self.settings), SETTINGS, indent=1)
-            self.say(
+        """A new run: the held-out numbers before training. A resume: the latest complete checkpoint loaded, the
+        metrics after it cut, the numbers before training read back."""
+        out = self.config.output_dir
+        if not self.resuming:
+            self._say(
                 f"{len(self.train_pairs)} training pairs, {len(self.heldout_pairs)} held out"
                 + (
                     f" ({self.dropped} more left out: they share a response or its source text with a held-out pair)"
@@ -302,64 +312,93 @@ class RewardModelTrainer:
                 )
             )
             before = self.evaluate()
-            self._log({"step": 0, **heldout_row(before)})
-            self.say(f"before training: {describe(before)}")
+            self._log({"iteration": 0, **heldout_row(before)})
+            self._say(f"before training: {describe(before)}")
             return before
         path = latest_checkpoint(out)
         if path is not None:
             self._load(path)
+        if self.main:
+            truncate_logs(out, self.step, 0)
         rows, _ = read_jsonl(os.path.join(out, METRICS)) if os.path.isfile(os.path.join(out, METRICS)) else ([], 0)
-        kept = [r for r in rows if int(r.get("step", -1)) <= self.step]
-        storage.write_text(os.path.join(out, METRICS), "".join(json.dumps(r) + "\n" for r in kept), METRICS)
-        first = next((r for r in kept if r.get("step") == 0), None)
+        first = next((r for r in rows if r.get("iteration") == 0 and "heldout/pair_accuracy" in r), None)
         if first is None:  # killed before its first row: measured again (nothing has trained yet)
             before = self.evaluate()
-            self._log({"step": 0, **heldout_row(before)})
+            self._log({"iteration": 0, **heldout_row(before)})
         else:
             before = (
                 first["heldout/pair_accuracy"],
                 first["heldout/margin"],
                 first.get("heldout/length_correlation", float("nan")),
             )
-        self.say(f"resuming {out} at step {self.step} of {self.settings.epochs * self.steps_per_epoch}")
+        self._say(f"resuming {out} at step {self.step} of {self.config.training.epochs * self.steps_per_epoch}")
         return before
 
     def _log(self, row: dict[str, float]) -> None:
-        path = os.path.join(self.settings.output_dir, METRICS)
-        storage.append_lines(path, [json.dumps(row)], METRICS)
+        if self.logger is not None:
+            self.logger.log(row, int(row["iteration"]))
 
-    def _checkpoint(self) -> None:
-        root = checkpoints_dir(self.settings.output_dir)
-        final = os.path.join(root, checkpoint_name(self.step))
-        named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        with storage.atomic_dir(final, f"the checkpoint of step {self.step}") as tmp:
-            save_file({n: p.detach().cpu().contiguous() for n, p in named.items()}, os.path.join(tmp, TRAINED))
-            torch.save(self.optimizer.state_dict(), os.path.join(tmp, OPTIMIZER))
-            rng = RngState.capture()
-            save_file({"torch_cpu": rng.torch_cpu}, os.path.join(tmp, "rng.safetensors"))
-            storage.write_json(os.path.join(tmp, STATE), {"step": self.step, "python": rng.python}, STATE)
-            write_manifest(tmp, self.step)
-        prune_checkpoints(self.settings.output_dir, 2, final)
+    def _parts(self) -> ModelParts:
+        return ModelParts({PREFIX: self.model}, self.model, self.strategy, self.accelerator, False)
+
+    def _fingerprint(self) -> str:
+        if self.frozen is None:  # frozen weights never change: hashed once
+            self.frozen = frozen_fingerprint(self._parts().modules)
+        return self.frozen
+
+    def _checkpoint(self, seconds: float) -> None:
+        """PPO's checkpoint format (`lmppo.run.checkpoint`); the parts a reward model lacks (KL controller, score
+        moments, LR schedule, reference) are empty, and the data order is a function of (seed, epoch)."""
+        epoch = self.step // self.steps_per_epoch
+        state = TrainingState(
+            iteration=self.step,
+            episode=self._pairs_seen(),
+            train_seconds=seconds,
+            nonfinite_in_a_row=0,
+            stream={"epoch": epoch, "steps_per_epoch": self.steps_per_epoch},
+            kl_controller={},
+            score_moments={},
+            scheduler={},
+            reference={},
+            update_generator=torch.Generator().manual_seed(epoch_seed(self.config.seed, epoch)).get_state(),
+            rng=RngState.capture(),
+            frozen_fingerprint=self._fingerprint(),
+            optimizer=self.optimizer.state_dict(),
+            config=redacted_config_dict(self.config),
+        )
+        save_checkpoint(self.config.output_dir, state, self._parts(), self.config.checkpoint.keep_last)
+
+    def _pairs_seen(self) -> int:
+        """Training pairs trained on by step `self.step` (every process together)."""
+        epochs, index = divmod(self.step, self.steps_per_epoch)
+        return epochs * len(self.train_pairs) + min(index * self.config.training.batch_size, len(self.train_pairs))
 
     def _load(self, path: str) -> None:
-        trained = load_file(os.path.join(path, TRAINED))
-        named = {n: p for n, p in self.model.named_parameters() if p.requires_grad}
-        if set(trained) != set(named):
-            raise CheckpointError(f"checkpoint {path}: its trained tensors are not this model's")
-        with torch.no_grad():
-            for name, tensor in trained.items():
-                named[name].copy_(tensor)
-        self.optimizer.load_state_dict(torch.load(os.path.join(path, OPTIMIZER), weights_only=True))
-        with open(os.path.join(path, STATE), encoding="utf-8") as fh:
-            state = json.load(fh)
-        self.step = int(state["step"])
-        RngState(load_file(os.path.join(path, "rng.safetensors"))["torch_cpu"], [], state["python"]).restore()
+        from lmppo.run.checkpoint import read_state_file
+
+        saved = read_state_file(path)
+        if saved.get("frozen_fingerprint") != self._fingerprint():
+            raise CheckpointError(
+                f"checkpoint {path}: the frozen weights (the LoRA base model) differ from the ones it was trained "
+                "with; resume from the same model.policy"
+            )
+        check_layout(saved, self.accelerator.num_processes, 0, path)
+        state = read_checkpoint(path, self._parts())  # the trained tensors loaded in place
+        if state.optimizer is not None:
+            self.optimizer.load_state_dict(state.optimizer)
+        self.step = state.iteration
+        state.rng.restore()
 
     def _export(self, before: HeldOut, after: HeldOut) -> str:
-        """OUTPUT_DIR/model: the classifier (LoRA merged in) with its tokenizer and model card, published at once."""
+        """OUTPUT_DIR/final/reward-model: the classifier (LoRA merged in) with its tokenizer and model card, published
+        at once (process 0 writes it)."""
+        final = os.path.join(self.config.output_dir, FINAL, REWARD_MODEL)
+        self.accelerator.wait_for_everyone()
+        if not self.main:
+            return final
         model = getattr(self.model, "merge_and_unload", lambda: self.model)()  # LoRA merged into the weights
-        final = os.path.join(self.settings.output_dir, MODEL)
-        with storage.atomic_dir(final, "the reward model") as tmp:
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        with storage.atomic_dir(final, "the reward model", before_publish=publishing) as tmp:
             getattr(model, "save_pretrained")(tmp, safe_serialization=True)  # a transformers model
             self.tokenizer.save_pretrained(tmp)
             storage.write_text(os.path.join(tmp, "README.md"), self.card(before, after), "the model card")
@@ -371,24 +410,57 @@ class RewardModelTrainer:
         return final
 
     def card(self, before: HeldOut, after: HeldOut) -> str:
-        s = self.settings
-        how = f"LoRA r={s.lora_r} (merged) and the score head" if s.lora else "every weight"
+        cfg = self.config
+        lora = cfg.model.lora
+        how = f"LoRA r={lora.r}, alpha={lora.alpha:g} (merged) and the score head" if lora.enabled else "every weight"
+        extras = "".join(
+            f", {what}"
+            for what, on in (
+                ("the data's margins", any(p.margin is not None for p in self.train_pairs)),
+                (
+                    f"center_rewards_coefficient {cfg.training.center_rewards_coefficient:g}",
+                    cfg.training.center_rewards_coefficient > 0,
+                ),
+            )
+            if on
+        )
         return (
             "---\nlibrary_name: transformers\npipeline_tag: text-classification\ntags: [lmppo, reward-model]\n---\n\n"
             f"# Reward model\n\nA one-label sequence classifier trained by lmppo {lmppo_version()} (`lmppo "
-            f"reward-model`) with the Bradley-Terry loss on preference pairs from `{s.data}`: "
+            f"reward-model`) with the Bradley-Terry loss{extras} on preference pairs from `{cfg.data.pairs}`: "
             f"{len(self.train_pairs)} pairs trained on, {len(self.heldout_pairs)} held out. Started from "
-            f"`{s.base}`; trained: {how}; {s.epochs} epochs of batches of {s.batch_size} pairs, learning "
-            f"rate {s.learning_rate:g}, seed {s.seed}.\n\n| held out | pair accuracy | mean margin | score-length "
-            "correlation |\n|---|---|---|---|\n"
+            f"`{cfg.model.policy}`; trained: {how}; {cfg.training.epochs} epochs of batches of "
+            f"{cfg.training.batch_size} pairs, learning rate {cfg.training.learning_rate:g}, seed {cfg.seed}.\n\n"
+            "| held out | pair accuracy | mean margin | score-length correlation |\n|---|---|---|---|\n"
             f"| before training | {before[0]:.3f} | {before[1]:+.3f} | {before[2]:+.3f} |\n"
             f"| after | {after[0]:.3f} | {after[1]:+.3f} | {after[2]:+.3f} |\n\n"
             "The score-length correlation is Pearson's r of each held-out text's score with its length in tokens: "
             "far from 0, the model rewards length (or shortness) and a policy trained on it can exploit that.\n\n"
             "The score of a text is the head's output at its last token (right padding). In lmppo:\n\n"
-            f"```yaml\nreward:\n  sources:\n    - {{kind: model, path: {os.path.join(s.output_dir, MODEL)}}}\n```\n\n"
+            f"```yaml\nreward:\n  sources:\n    - {{kind: model, path: "
+            f"{os.path.join(cfg.output_dir, FINAL, REWARD_MODEL)}}}\n```\n\n"
             "Elsewhere: `AutoModelForSequenceClassification.from_pretrained(folder)` (num_labels=1).\n"
         )
+
+
+def start_processes(cfg: RewardModelConfig) -> tuple[Accelerator, Strategy]:
+    """(accelerator, strategy) as `lmppo train` starts them: accelerate picks the device (`device`), one process or
+    DDP (DeepSpeed is PPO's alone: a reward model of this size needs no sharding)."""
+    from accelerate import Accelerator
+
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "cuda", "no CUDA GPU is visible to this process; use `auto` or `cpu`")
+    accelerator = Accelerator(cpu=cfg.device == "cpu")
+    return accelerator, Strategy(accelerator)
+
+
+def _run_name(cfg: RewardModelConfig) -> str:
+    return os.path.basename(os.path.abspath(cfg.output_dir))
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of the training pairs' order in `epoch`."""
+    return seed * 1_000_003 + epoch + 1
 
 
 def heldout_row(held: HeldOut) -> dict[str, float]:
@@ -402,7 +474,16 @@ def describe(held: HeldOut) -> str:
 
 
 def train_reward_model(
-    settings: Optional[RewardModelSettings] = None, resume: bool = False, say: Callable[[str], None] = print
+    config: Optional[RewardModelConfig] = None,
+    *,
+    pairs: Optional[Sequence[object]] = None,
+    say: Callable[[str], None] = print,
 ) -> RewardModelResult:
-    """Train (or, with `resume`, continue) a reward model; see the module docstring."""
-    return RewardModelTrainer(settings or RewardModelSettings(), resume=resume, say=say).train()
+    """Train a reward model (see the module docstring): `lmppo reward-model` from Python.
+
+    from lmppo import RewardModelConfig, train_reward_model
+    cfg = RewardModelConfig(output_dir="runs/rm")
+    cfg.training.center_rewards_coefficient = 0.01
+    result = train_reward_model(cfg, pairs=[{"chosen": "...", "rejected": "...", "margin": 1.0}, ...])
+    result.model_dir  # OUTPUT_DIR/final/reward-model, what reward.sources [{kind: model}] takes"""
+    return RewardModelTrainer(config, pairs=pairs, say=say).train()

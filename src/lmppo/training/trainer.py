@@ -19,13 +19,12 @@ from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.core.rewards import RunningMoments
 from lmppo.episodes.road import Road, single_turn_road
-from lmppo.models.loading import PolicyOutput
 from lmppo.quiet import quiet_libraries
 from lmppo.run.export import export_final, final_card, warn_unmerged
 from lmppo.run.layout import FINAL
 from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
-from lmppo.training import compiled_update, episodes, report, rollout, scoring, update
+from lmppo.training import compiled_update, episodes, report, rollout, scoring
 from lmppo.training.assembly import Components, build_components
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
@@ -33,6 +32,8 @@ from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, PhaseTimer
 from lmppo.training.progress import ProgressDisplay
 from lmppo.training.resume import checkpoint_trainer, load_trainer_checkpoint, resume_trainer
 from lmppo.training.scoring import KLReading, RewardSignal, ScoredRollout, TokenRewards
+from lmppo.training.update import UpdateBatch
+from lmppo.training.updater import Updater
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -95,21 +96,16 @@ class PPOTrainer:
         self.precision, self.distorting = c.precision, c.distorting
         self.tokenizer, self.stop_ids = c.tokenizer, c.stop_ids
         self.actor, self.critic, self.reference = c.actor, c.critic, c.reference
-        self.optimizer, self.scheduler, self.trainable_params = c.optimizer, c.scheduler, c.trainable_params
         self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
         self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
         self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
         self.environment = episodes.episode_player(cfg, c.tokenizer, c.stop_ids)  # environment.path, or None
         self.base_model, self.prompt_source = c.base_model, c.prompt_source  # as the model cards name them
         self.score_moments = RunningMoments()
-        self.update_generator = torch.Generator().manual_seed(cfg.seed + 1)
-        self.first_epoch_forward: Optional[PolicyOutput] = None  # see `lmppo.training.rollout.reuses_rollout_forward`
-        self.compiled = compiled_update.build(cfg.ppo.compile, self.device, self.micro_batch_forward, cfg)
+        self.updater = Updater(c, self._autocast)  # phase 5 and its state (optimizer, generator, kept forward)
         self.iteration = 0  # completed iterations
         self.episode = 0  # episodes trained on
-        self.nonfinite_in_a_row = 0
         self.train_seconds = 0.0
-        self.update_lr = 0.0  # the learning rate of the last iteration's updates
         self.fingerprints = Fingerprints(c.input_fingerprints)  # frozen weights and inputs, which a resume checks
         self.history: list[dict[str, float]] = []
         self.logger: Optional[MetricsLogger] = None
@@ -142,9 +138,9 @@ class PPOTrainer:
                     rewards = self.token_rewards(batch, scored, signal, kl)  # 3. scores - beta * KL, truncation
                 with timer("advantages"):
                     advantages, returns = self.advantages(batch, rewards)  # 4. GAE, whitening
-                with timer("update"):
-                    self.ppo_update(batch, advantages, returns, rewards.train_mask, stats, signal.any)  # 5. PPO epochs
-                compiled_update.split_compile_time(self.compiled, timer.seconds)  # `time/compile`, when it ran
+                with timer("update"):  # 5. PPO epochs
+                    self.updater.update(UpdateBatch(batch, advantages, returns, rewards.train_mask), stats, signal.any)
+                compiled_update.split_compile_time(self.updater.compiled, timer.seconds)  # `time/compile`, when it ran
                 self.train_seconds = time.perf_counter() - started
                 self.finish_iteration(batch, scored, rewards, stats, timer)  # 6. log, adapt KL, sync ref
         finally:
@@ -192,7 +188,7 @@ class PPOTrainer:
         chunk = cfg.rollout.forward_batch_size or B
         reuse = rollout.reuses_rollout_forward(cfg, self.strategy.reuses_rollout_forward, acc.num_processes, B, chunk)
         reference_logits = partial(self.reference.logits, self.policy, temperature=cfg.rollout.temperature)
-        policy_and_values = partial(self._old_policy_and_values, keep_graph=reuse)
+        policy_and_values = partial(self.updater.rollout_forward, keep_graph=reuse)
         with self._autocast():
             passes = rollout.rollout_passes(
                 ids, mask, sampled.response_ids, cfg, reference_logits, policy_and_values, chunk
@@ -215,23 +211,6 @@ class PPOTrainer:
                 name, self.config, self.stop_ids, self.tokenizer.pad_token_id, self.accelerator
             )
         return self.sampling_engines[name]
-
-    def _old_policy_and_values(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, keep_graph: bool
-    ) -> PolicyOutput:
-        """Response logits and values under the rollout's weights: without a graph (inference mode), or with it,
-        kept in `self.first_epoch_forward` for the first epoch's backward (`rollout.reuses_rollout_forward`)."""
-        temperature = self.config.rollout.temperature
-        if keep_graph:  # through the DDP wrappers: the backward of this pass must reduce gradients
-            out = self.actor(input_ids, attention_mask, prompt_len, temperature)
-            values = out.values if self.critic is None else self.critic(input_ids, attention_mask, prompt_len)
-            self.first_epoch_forward = PolicyOutput(logits=out.logits, values=values)
-            return PolicyOutput(logits=out.logits.detach(), values=values.detach())
-        with torch.inference_mode():  # no-grad passes need no DDP wrapper
-            out = self.accelerator.unwrap_model(self.actor)(input_ids, attention_mask, prompt_len, temperature)
-            if self.critic is not None:
-                out.values = self.accelerator.unwrap_model(self.critic)(input_ids, attention_mask, prompt_len)
-            return out
 
     # ------------------------------------------------------------------ 2. - 4. score, rewards, advantages
     def score(self, batch: Rollout) -> ScoredRollout:
@@ -262,78 +241,6 @@ class PPOTrainer:
     def advantages(self, batch: Rollout, rewards: TokenRewards) -> tuple[torch.Tensor, torch.Tensor]:
         return scoring.advantages(batch, rewards, self.config, self.strategy.whiten, self.strategy.gather_std)
 
-    # ------------------------------------------------------------------ 5. PPO update
-    def ppo_update(
-        self,
-        batch: Rollout,
-        advantages: torch.Tensor,
-        returns: torch.Tensor,
-        train_mask: torch.Tensor,
-        stats: MetricsAccumulator,
-        learn_policy: bool = True,
-    ) -> None:
-        """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each, no host read inside the
-        minibatch loop (`lmppo.training.update.run_epochs`). `learn_policy` False: a batch without a reward signal
-        (`update.without_signal`)."""
-        cfg = self.config
-        loss_of = None if learn_policy else update.without_signal(self, stats, self.kl_controller.coef, self._autocast)
-        self.first_epoch_forward = self.first_epoch_forward if learn_policy else None  # no reuse: graph goes
-        epochs = cfg.ppo.num_epochs if learn_policy or loss_of is not None else 0
-        whole = update.UpdateBatch(batch, advantages, returns, train_mask)
-        self.nonfinite_in_a_row = update.run_epochs(self, whole, stats, epochs, loss_of)  # TrainingError: too many
-        self.update_lr = float(self.scheduler.get_last_lr()[0])  # the rate this iteration's updates used
-        update.step_schedule(self.scheduler)
-
-    def micro_batch_loss(
-        self,
-        batch: Rollout,
-        advantages: torch.Tensor,
-        returns: torch.Tensor,
-        mask: torch.Tensor,
-        denominator: torch.Tensor,
-        stats: MetricsAccumulator,
-        forward: Optional[PolicyOutput] = None,
-        widths: Optional[update.TrimWidths] = None,
-        pull_only: bool = False,
-    ) -> torch.Tensor:
-        """The micro-batch's share of the minibatch loss; `forward`: its policy/value pass if already run;
-        `widths`: its columns, taken on the host (None: read from the batch, `update.trim`); `pull_only`: the KL term
-        alone moves the policy (`update.objective_and_stats`)."""
-        batch, keep = update.trim(batch, widths)
-        advantages, returns, mask, coef = (
-            advantages[:, :keep],
-            returns[:, :keep],
-            mask[:, :keep],
-            self.kl_controller.coef,
-        )
-        if forward is None and self.compiled is not None and widths is not None and not pull_only:  # ppo.compile
-            loss, objective_stats = self.compiled(batch, advantages, returns, mask, denominator, coef)
-        else:
-            forward = forward or self.micro_batch_forward(batch, None if widths is None else widths.padded)
-            loss, objective_stats = update.objective_and_stats(
-                batch, forward, advantages, returns, mask, denominator, self.config, coef, pull_only
-            )
-        for name, value in objective_stats.items():
-            stats.add(name, value)
-        return loss
-
-    def micro_batch_forward(self, batch: Rollout, padded: Optional[bool] = None) -> PolicyOutput:
-        """The policy's response logits and the values of a trimmed micro-batch (`padded`: `run_trunk`)."""
-        P, ids, att = batch.prompt_ids.shape[1], batch.input_ids, batch.attention_mask
-        with self._autocast():
-            out = self.actor(ids, att, P, self.config.rollout.temperature, padded)
-            values = out.values if self.critic is None else self.critic(ids, att, P, padded)
-        return PolicyOutput(logits=out.logits, values=values)
-
-    def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: update.NonfiniteGuard) -> None:
-        clip = update.gradient_clipper(
-            self.accelerator.clip_grad_norm_,
-            params=self.trainable_params,
-            max_grad_norm=self.config.ppo.max_grad_norm,
-            always=self.zero is not None,  # DeepSpeed keeps the gradients itself
-        )
-        guard.step(clip, loss, stats)
-
     # ------------------------------------------------------------------ 6. log, adapt, sync
     def finish_iteration(
         self,
@@ -356,7 +263,10 @@ class PPOTrainer:
             config=cfg,
             strategy=self.strategy,
             counters=dict(
-                episode=self.episode, iteration=self.iteration, train_seconds=self.train_seconds, lr=self.update_lr
+                episode=self.episode,
+                iteration=self.iteration,
+                train_seconds=self.train_seconds,
+                lr=self.updater.last_lr,
             ),
             kl_coef=self.kl_controller.coef,
             distorting=bool(self.distorting),
@@ -481,11 +391,6 @@ class PPOTrainer:
         if self.config.precision == "bf16":
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return nullcontext()
-
-    @property
-    def zero(self):
-        """The DeepSpeed side of the strategy (`lmppo.distributed.zero.ZeroSupport`), None without DeepSpeed."""
-        return self.strategy.zero
 
 
 if TYPE_CHECKING:  # the trainer is what the end of a run reads (a Protocol: report.py importing it would be a cycle)

@@ -1,14 +1,14 @@
 """Phase 5 of an iteration, the PPO epochs: minibatch order, the rows gathered once per epoch, micro-batch widths
 taken on the host, a micro-batch's objective, the `ppo.target_kl` brake and the non-finite guard of an optimizer
-step. The epochs are `PPOTrainer.ppo_update`; the minibatches of one, `update_epoch`."""
+step. The object that runs them and keeps their state is `lmppo.training.updater.Updater`."""
 
 from __future__ import annotations
 
 import warnings
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import torch
 
@@ -24,8 +24,6 @@ from lmppo.models.loading import PolicyOutput
 from lmppo.training.metrics import MetricsAccumulator
 
 if TYPE_CHECKING:
-    from accelerate import Accelerator
-
     from lmppo.distributed.strategy import Strategy
 
 
@@ -218,23 +216,17 @@ def critic_only_loss(
     critic: torch.nn.Module | None,
     autocast: Callable[[], AbstractContextManager],
     cfg: Config,
-    batch: Rollout,
-    advantages: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
+    part: UpdateBatch,
     denominator: torch.Tensor,
     stats: MetricsAccumulator,
-    forward: Optional[PolicyOutput] = None,
     widths: Optional[TrimWidths] = None,
-    pull_only: bool = False,
 ) -> torch.Tensor:
-    """A separate critic's share of the minibatch loss alone (vf_coef x clipped value loss, token mean), for a batch
-    without a reward signal: no policy pass, so the policy's parameters get no gradient and the optimizer leaves them
-    and their Adam moments as they are. The arguments of `PPOTrainer.micro_batch_loss` (advantages, `forward`,
-    `pull_only` unused) after the critic, the trainer's autocast and the config; aggregated by ppo.loss_aggregation."""
+    """A separate critic's share of the minibatch loss alone (vf_coef x clipped value loss), for a batch without a
+    reward signal: no policy pass, so the policy's parameters get no gradient and the optimizer leaves them and
+    their Adam moments as they are. Aggregated by ppo.loss_aggregation; `autocast`: the run's precision."""
     assert critic is not None, "value-only steps need a separate critic (value.mode critic)"
-    batch, keep = trim(batch, widths)
-    returns, mask = returns[:, :keep], mask[:, :keep]
+    batch, keep = trim(part.rollout, widths)
+    returns, mask = part.returns[:, :keep], part.train_mask[:, :keep]
     padded = None if widths is None else widths.padded
     with autocast():
         values = critic(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], padded)[:, :keep]
@@ -244,38 +236,13 @@ def critic_only_loss(
     return LOSS_AGGREGATIONS[cfg.ppo.loss_aggregation].share(value_coef(cfg) * vf_loss, mask, denominator)
 
 
-def without_signal(
-    trainer: Updating,
-    stats: MetricsAccumulator,
-    kl_coef: float,
-    autocast: Callable[[], AbstractContextManager],
-) -> Optional[MicroBatchLoss]:
-    """A batch without a reward signal: the micro-batch loss its epochs take, or None for no epoch at all. With
-    `kl.pull_without_signal`, a KL term in the loss and beta (`kl_coef`) above 0: the trainer's `micro_batch_loss`
-    with `pull_only`, the KL term alone moves the policy. Else the policy holds (`hold_policy`): a separate critic's
-    loss alone, and a shared head takes no step. `autocast`: the trainer's."""
-    cfg = trainer.config
-    if cfg.kl.pull_without_signal and loss_kl_estimator(cfg) is not None and kl_coef > 0:
-        stats.add("update/kl_pull", 1.0)
-        return partial(trainer.micro_batch_loss, pull_only=True)
-    held = hold_policy(stats, trainer.critic, autocast, cfg)
-    return held if trainer.critic is not None else None
-
-
-def hold_policy(
-    stats: MetricsAccumulator,
-    critic: torch.nn.Module | None,
-    autocast: Callable[[], AbstractContextManager],
-    cfg: Config,
-) -> MicroBatchLoss:
+def hold_policy(stats: MetricsAccumulator) -> None:
     """A batch without a reward signal (`ppo.signal_tolerance`): no policy weight moves, so the updated policy is
     the rollout policy itself (`policy/approxkl_avg`, `policy/clipfrac_avg` exactly 0; `update/skipped_no_signal`
-    says why). Returns the micro-batch loss to use instead: a separate critic still learns its values
-    (`critic_only_loss`); a shared value head takes no step at all (the trainer runs no epoch), since its value
-    loss would move the trunk, and the trunk is the policy."""
+    says why). A separate critic still learns its values (`critic_only_loss`); a shared value head takes no step
+    at all, since its value loss would move the trunk, and the trunk is the policy."""
     stats.add(STAT_NAMES["approx_kl"], 0.0)
     stats.add(STAT_NAMES["policy_clipped"], 0.0)
-    return partial(critic_only_loss, critic, autocast, cfg)
 
 
 def step_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
@@ -374,126 +341,3 @@ class NonfiniteGuard:
                 "the reward scale, or use reward.clip."
             )
         return int(streak)
-
-
-class MicroBatchLoss(Protocol):
-    """The signature of `PPOTrainer.micro_batch_loss` (and of `critic_only_loss` after its first three arguments)."""
-
-    def __call__(
-        self,
-        batch: Rollout,
-        advantages: torch.Tensor,
-        returns: torch.Tensor,
-        mask: torch.Tensor,
-        denominator: torch.Tensor,
-        stats: MetricsAccumulator,
-        forward: Optional[PolicyOutput] = None,
-        widths: Optional[TrimWidths] = None,
-        pull_only: bool = False,
-    ) -> torch.Tensor: ...
-
-
-class ShapeTiming(Protocol):
-    """What `update_epoch` needs of the compiled update (`lmppo.training.compiled_update.CompiledMicroBatch`, which
-    imports this module): the time of each new shape's first call (its compilation)."""
-
-    def timing(self, widths: TrimWidths, rows: int) -> AbstractContextManager[None]: ...
-
-
-class Updating(Protocol):
-    """What `update_epoch` needs of the trainer (`PPOTrainer`)."""
-
-    config: Config
-    accelerator: Accelerator
-    strategy: Strategy
-    actor: torch.nn.Module
-    critic: Optional[torch.nn.Module]
-    first_epoch_forward: Optional[PolicyOutput]
-    optimizer: torch.optim.Optimizer
-    device: torch.device
-    update_generator: torch.Generator
-    nonfinite_in_a_row: int
-
-    @property
-    def micro_batch_loss(self) -> MicroBatchLoss: ...
-
-    @property
-    def compiled(self) -> Optional[ShapeTiming]: ...  # read-only: the trainer's is a CompiledMicroBatch
-
-    def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: NonfiniteGuard) -> None: ...
-
-
-def run_epochs(
-    trainer: Updating,
-    whole: UpdateBatch,
-    stats: MetricsAccumulator,
-    epochs: int,
-    loss_of: Optional[MicroBatchLoss] = None,
-) -> int:
-    """`epochs` passes over `whole` in minibatches, one optimizer step each; returns the streak of non-finite
-    steps skipped in a row (TrainingError at `ppo.max_nonfinite_updates`, `NonfiniteGuard`). `loss_of`: the
-    micro-batch loss instead of `trainer.micro_batch_loss` (`hold_policy`).
-
-    No host read inside the minibatch loop: the epoch's row order is drawn on the host and every field gathered
-    once per epoch (micro-batches are slices), each micro-batch's widths come from the rows' widths read once per
-    iteration, non-finite steps are skipped on the device, metrics stay tensors; `ppo.target_kl`, when set,
-    reads one number per minibatch."""
-    ppo = trainer.config.ppo
-    widths = row_widths(whole.rollout)  # one read per iteration
-    guard = NonfiniteGuard(trainer.optimizer, trainer.nonfinite_in_a_row, ppo.max_nonfinite_updates, trainer.device)
-    try:
-        for epoch, order in epoch_orders(epochs, whole.rollout.batch_size, trainer.update_generator):
-            shuffled = whole.shuffled(order)  # one index copy, every field gathered once
-            if not update_epoch(trainer, shuffled, order, widths, epoch, guard, stats, loss_of):
-                break  # ppo.target_kl: the rest of this iteration's epochs are skipped
-    finally:
-        streak = guard.check()
-    return streak
-
-
-def update_epoch(
-    trainer: Updating,
-    shuffled: UpdateBatch,
-    order: list[int],
-    widths: RowWidths,
-    epoch: int,
-    guard: NonfiniteGuard,
-    stats: MetricsAccumulator,
-    loss_of: Optional[MicroBatchLoss] = None,
-) -> bool:
-    """The minibatches of one epoch over `shuffled` (the batch in `order`), one optimizer step each; False when
-    `ppo.target_kl` stopped the update. No host read: micro-batches are slices, their widths come from `widths`.
-    `loss_of`: the micro-batch loss instead of `trainer.micro_batch_loss` (`hold_policy`: the critic's alone)."""
-    cfg, acc = trainer.config, trainer.accelerator
-    W = acc.num_processes
-    mb, micro = cfg.minibatch_size // W, cfg.ppo.micro_batch_size
-    for start in range(0, shuffled.rollout.batch_size, mb):
-        minibatch = shuffled.rows(start, start + mb)
-        # DDP averages gradients over processes, so each divides by (global denominator / W): the result is the
-        # `ppo.loss_aggregation` over the whole global minibatch (token_mean: its token mean)
-        denominator = acc.reduce(minibatch_denominator(minibatch.train_mask, cfg), "sum").clamp(min=1) / W
-        losses = []
-        for m in range(0, mb, micro):
-            part = minibatch.rows(m, m + micro)
-            buckets = 0 if trainer.compiled is None else WIDTH_BUCKETS  # compiled: a few fixed shapes
-            columns = widths.micro_batch(order[start + m : start + m + micro], buckets)  # taken on the host
-            forward = None
-            if epoch == 0 and trainer.first_epoch_forward is not None:  # the rollout's pass, graph kept
-                forward, trainer.first_epoch_forward = trainer.first_epoch_forward, None
-                assert forward.values is not None  # the rollout's pass keeps the values with the logits
-                rows = part.index  # the rollout's rows of this micro-batch, on the device
-                forward = PolicyOutput(logits=forward.logits[rows], values=forward.values[rows])
-            last = m + micro >= mb  # the gradient all-reduce runs with the minibatch's last micro-batch
-            with (
-                trainer.strategy.sync_gradients(last, trainer.actor, trainer.critic),
-                nullcontext() if trainer.compiled is None else trainer.compiled.timing(columns, micro),
-            ):
-                loss = (loss_of or trainer.micro_batch_loss)(
-                    part.rollout, part.advantages, part.returns, part.train_mask, denominator, stats, forward, columns
-                )
-                acc.backward(loss, **trainer.strategy.backward_kwargs)
-            losses.append(loss.detach())
-        trainer.optimizer_step(acc.reduce(torch.stack(losses).sum(), "sum"), stats, guard)
-        if loss_of is None and went_too_far(stats, len(losses), cfg.ppo.target_kl, trainer.strategy):
-            return False
-    return True

@@ -186,7 +186,7 @@ class PPOTrainer:
         if self.lmppo.config.precision == "bf16":
             self.reward_source.autocast_dtype = torch.bfloat16
         self.accelerator = self.lmppo.accelerator
-        self.optimizer, self.lr_scheduler = self.lmppo.optimizer, self.lmppo.scheduler
+        self.optimizer, self.lr_scheduler = self.lmppo.updater.optimizer, self.lmppo.updater.scheduler
         self.model = PolicyAndValueWrapper(self.lmppo.policy, value_model)
         self.model.config = self.lmppo.policy.config
         self.is_peft_model = hasattr(self.lmppo.policy, "peft_config")
