@@ -25,7 +25,7 @@ import hashlib
 import io
 import json
 import random
-from typing import Callable, Iterator, Mapping, Optional, Protocol
+from typing import Iterator, Mapping, Optional, Protocol
 
 import numpy as np
 
@@ -106,7 +106,13 @@ def row_seed(prompt: str, columns: Mapping[str, object]) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1
 
 
-def textarena_factory(env_id: str) -> Callable[..., TextArenaGame]:
+class GameFactory(Protocol):
+    """`TextArenaGame` with its game id bound: built with a row's columns."""
+
+    def __call__(self, game_seed: Optional[int] = None, prompt: str = "", **columns: object) -> TextArenaGame: ...
+
+
+def textarena_factory(env_id: str) -> GameFactory:
     """The class of `environment.path: textarena:ENV_ID`, after one game of it was built and reset with one player
     (so an id that is not registered, needs two players or fails offline is one error line before any model loads)."""
     check_game(env_id)
