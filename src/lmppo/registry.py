@@ -298,7 +298,7 @@ ENVIRONMENTS: Registry[Any] = Registry(
         "guess_number": "lmppo.environments.games:GuessNumber",
     },
     group="lmppo.environments",
-    also=("module:Class", "file.py:Class"),
+    also=("module:Class", "file.py:Class", "textarena:ENV_ID"),
 )
 """Built-in environments; `environment.path` also takes `module:Class` or `path/to/file.py:Class`."""
 

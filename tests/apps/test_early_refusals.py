@@ -98,7 +98,7 @@ def test_a_tool_the_model_cannot_be_told_about_is_refused_before_the_models_load
     tmp_path, _ = env
     (tmp_path / "my_tools.py").write_text(source)
     _refused(
-        env, capsys, "`environment.tools[0]`", "tool `multiply`", missing,
+        env, capsys, "`environment.tools`", "tool `multiply`", missing,
         environment__path="tools", environment__tools=[f"{tmp_path / 'my_tools.py'}:multiply"],
         rollout__stop_token="<|im_end|>", reward__sources=[],
     )  # fmt: skip

@@ -245,3 +245,31 @@ def test_the_process_exits_with_a_hung_call_still_running():
         "environment `env`, prompt row 0, turn 1: step() did not return within environment.step_timeout (0.2 s)",
         "threads left running: 1",
     ]
+
+
+class TrlShaped:
+    """TRL 1.16's environment_factory shape: `reset`, public methods as tools."""
+
+    def reset(self, **columns):
+        return None
+
+    def wait(self) -> str:
+        """Waits forever."""
+        FOREVER.wait()
+        return "never"
+
+
+def test_a_trl_style_classs_tool_methods_are_timed_one_by_one():
+    from lmppo.environments.factories import TrlEnvironment
+
+    def build(**columns):
+        return TrlEnvironment(TrlShaped(), columns, [{"role": "user", "content": "go"}], [], 4)
+
+    batch = EpisodeEnvironments(build, "trl.py:TrlShaped", [{}], [0], None, EnvironmentConfig(step_timeout=0.2))
+    batch.reset()
+    with pytest.raises(EnvironmentError) as info:
+        batch.step([0], ['<tool_call>{"name": "wait", "arguments": {}}</tool_call>'], 1)
+    assert str(info.value) == (
+        "environment `trl.py:TrlShaped`, prompt row 0, turn 1: tool `wait` did not return within "
+        "environment.step_timeout (0.2 s)"
+    )

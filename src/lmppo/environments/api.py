@@ -7,7 +7,10 @@
                                           reward: a float for this turn; done: whether the episode ended
 
 `reset` and `step` may be `async def`. An environment may also have `tools` (a list of functions offered to the
-model through the chat template, `lmppo.environments.tools`); one that runs tools itself declares
+model through the chat template, `lmppo.environments.tools`), and `get_reward()` (sync or async: called once when
+the episode has ended, however it ended; its number is added to the last turn's reward, TRL's name for it). A class
+in TRL 1.16's `environment_factory` shape runs through `lmppo.environments.factories`, which wraps it into this
+contract. An environment one that runs tools itself declares
 `tool_call_timeout` (lmppo sets it to `environment.step_timeout`, and times each tool call instead of its `step`).
 
 Every call into an environment (building it, `reset`, `step`) runs in a daemon thread, the calls of one batch
@@ -27,7 +30,8 @@ from typing import Any, Callable, Optional, Sequence, TypeVar
 
 from lmppo.config import EnvironmentConfig
 from lmppo.environments.calls import CallTimeout, run_calls
-from lmppo.errors import LmppoError, RewardError
+from lmppo.environments.textarena_games import TEXTARENA, textarena_factory
+from lmppo.errors import ConfigError, LmppoError, RewardError
 from lmppo.registry import ENVIRONMENTS
 from lmppo.rewards import import_callable
 from lmppo.rewards.sources import raised_text
@@ -41,11 +45,20 @@ class EnvironmentError(LmppoError, RuntimeError):
     """An environment raised, or returned something lmppo cannot use."""
 
 
+PYTHON_OBJECT = "python:"
+"""How the config names an environment or a tool passed to `PPOTrainer` as a Python object (`python:MyEnv`): the
+config stays text (saved with the run, compared on resume), and a run started without the object says so."""
+
+
 def load_environment(path: str) -> Callable[..., Any]:
-    """The class (any callable that builds an environment) named by `environment.path`: a built-in name, or
-    `module:Class` / `file.py:Class`."""
+    """The class (any callable that builds an environment) named by `environment.path`: a built-in name,
+    `textarena:ENV_ID` (`lmppo.environments.textarena_games`), or `module:Class` / `file.py:Class`."""
+    if path.startswith(PYTHON_OBJECT):
+        raise _not_passed("environment.path", path, "environment_factory")
     if path in ENVIRONMENTS.names():
         return ENVIRONMENTS.get(path)
+    if path.startswith(TEXTARENA):
+        return textarena_factory(path[len(TEXTARENA) :])
     try:
         return import_callable(path, what="environment")
     except RewardError as err:
@@ -56,11 +69,22 @@ def load_tools(specs: Sequence[str]) -> list[Callable[..., Any]]:
     """The functions of `environment.tools`."""
     tools = []
     for spec in specs:
+        if spec.startswith(PYTHON_OBJECT):
+            raise _not_passed("environment.tools", spec, "tools")
         try:
             tools.append(import_callable(spec, what="tool"))
         except RewardError as err:
             raise EnvironmentError(str(err)) from None
     return tools
+
+
+def _not_passed(field: str, value: str, keyword: str) -> ConfigError:
+    return ConfigError(
+        field,
+        value,
+        f"names a Python object passed as PPOTrainer(..., {keyword}=...); pass it again "
+        f"(PPOTrainer.resume(run_dir, {keyword}=...)), or name an importable one (`module:name` or `file.py:name`)",
+    )
 
 
 def constructor_arguments(factory: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +133,7 @@ class EpisodeEnvironments:
         self.settings = settings or EnvironmentConfig()
         self.failures: dict[int, str] = {}  # episode -> its failure's line (on_error: drop)
         builds = [partial(factory, **constructor_arguments(factory, {**(extra or {}), **c})) for c in columns]
-        self.envs: list[Any] = self._call("building it", list(range(len(builds))), 0, builds)
+        self.envs: list[Any] = self._call("building it", list(range(len(builds))), [0] * len(builds), builds)
         for env in self.envs:
             if hasattr(env, "tool_call_timeout"):  # it runs tools itself: each tool call gets the limit
                 env.tool_call_timeout = self.settings.step_timeout
@@ -142,7 +166,7 @@ class EpisodeEnvironments:
         """The opening observation of every episode as chat messages (None: the row's own prompt, and for a
         dropped episode)."""
         live = [i for i in range(len(self.envs)) if not self.dropped(i)]
-        openings = self._call("reset()", live, 0, [self.envs[i].reset for i in live])
+        openings = self._call("reset()", live, [0] * len(live), [self.envs[i].reset for i in live])
         out: list[Optional[Messages]] = [None] * len(self.envs)
         for i, opening in zip(live, openings):
             if opening is not None and not self.dropped(i):
@@ -154,7 +178,7 @@ class EpisodeEnvironments:
         (`environment.concurrency`); None for an episode dropped at this step (`on_error: drop`)."""
         steps = [partial(self.envs[i].step, action) for i, action in zip(episodes, actions)]
         untimed = [hasattr(self.envs[i], "tool_call_timeout") for i in episodes]  # timing each tool call instead
-        raw = self._call("step()", list(episodes), turn, steps, untimed)
+        raw = self._call("step()", list(episodes), [turn] * len(steps), steps, untimed)
         return [
             None if self.dropped(i) else self._checked(lambda: self._result(r, i, turn), i, turn)
             for r, i in zip(raw, episodes)
@@ -164,7 +188,7 @@ class EpisodeEnvironments:
         self,
         what: str,
         episodes: list[int],
-        turn: int,
+        turns: Sequence[int],
         calls: Sequence[Callable[[], object]],
         untimed: Sequence[bool] = (),
     ) -> list[Any]:
@@ -172,7 +196,7 @@ class EpisodeEnvironments:
         episodes' order once all calls ended."""
         s = self.settings
         outcomes = run_calls(calls, s.concurrency, s.step_timeout, untimed)
-        for i, outcome in zip(episodes, outcomes):
+        for i, turn, outcome in zip(episodes, turns, outcomes):
             if isinstance(outcome.error, KeyboardInterrupt):
                 raise outcome.error
             if outcome.timed_out:
@@ -192,6 +216,28 @@ class EpisodeEnvironments:
                 raise
             self.failures.setdefault(episode, str(err))
             return None
+
+    def final_rewards(self, turns: Sequence[int]) -> list[float]:
+        """`get_reward()` of every environment that has one, once its episode has ended (`turns`: each episode's
+        number of turns, for messages), checked, run as the steps are (concurrently, each within the timeout); 0.0
+        for the others and for dropped episodes (an episode whose `get_reward()` fails is dropped under `drop`)."""
+        asked = [
+            i for i, env in enumerate(self.envs) if not self.dropped(i) and callable(getattr(env, "get_reward", None))
+        ]
+        raw = self._call("get_reward()", asked, [turns[i] for i in asked], [self.envs[i].get_reward for i in asked])
+        out = [0.0] * len(self.envs)
+        for i, r in zip(asked, raw):
+            if not self.dropped(i):
+                out[i] = self._checked(lambda: self._reward(r, i, turns[i], "get_reward()"), i, turns[i]) or 0.0
+        return out
+
+    def _reward(self, reward: Any, episode: int, turn: int, what: str) -> float:
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) and not _is_number(reward):
+            raise self.error(episode, turn, f"{what} must return a number, got {_short(reward)}")
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise self.error(episode, turn, f"{what} must return a finite number, got {reward}")
+        return reward
 
     def _result(self, value: Any, episode: int, turn: int) -> StepResult:
         if not isinstance(value, (tuple, list)) or len(value) != 3:

@@ -3,10 +3,12 @@ naming the field, the value and what works here."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from lmppo.config import Config
-from lmppo.environments.api import load_environment, load_tools
+from lmppo.environments.factories import Tool
 from lmppo.environments.tools import checked_tool_schemas
 from lmppo.errors import ConfigError
 from lmppo.models.loading import check_memory_options
@@ -19,8 +21,9 @@ CPU compiles C++ through inductor, which fails after a minute with pages of comp
 
 
 def check_machine(cfg: Config) -> None:
-    """The device, the sampling engine, the attention kernel, the trackers' packages, the environment and its tools
-    (imported: a missing file or class is one error line before any model loads)."""
+    """The device, the sampling engine, the attention kernel, the trackers' packages (the environment and its tools
+    are loaded right after, `lmppo.environments.factories.load_run_environment`: a missing file or class is one
+    error line before any model loads)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "device",
@@ -39,19 +42,6 @@ def check_machine(cfg: Config) -> None:
         )
     check_memory_options(cfg.model, device_type)  # 4-bit loading, flash attention
     check_tracker_packages(cfg.log.trackers)
-    if cfg.environment.path:
-        load_environment(cfg.environment.path)
-        check_tools(cfg.environment.tools)
-
-
-def check_tools(specs: list[str]) -> None:
-    """Each function of `environment.tools` imports and can be described to the model (type hints, a docstring):
-    transformers' schema error otherwise comes as a traceback after the models loaded."""
-    for i, (spec, tool) in enumerate(zip(specs, load_tools(specs))):
-        try:
-            checked_tool_schemas([tool])
-        except ValueError as err:
-            raise ConfigError(f"environment.tools[{i}]", spec, str(err)) from None
 
 
 def check_tracker_packages(names: list[str]) -> None:
@@ -65,3 +55,13 @@ def check_tracker_packages(names: list[str]) -> None:
                 f"needs the `{missing}` package, which is not installed: pip install {missing} (or remove it from "
                 "log.trackers; metrics.jsonl is always written)",
             )
+
+
+def check_tools(tools: Sequence[Tool]) -> None:
+    """Each tool of the run (`environment.tools`, `tools=` objects) can be described to the model (type hints, a
+    docstring): transformers' schema error otherwise comes as a traceback after the models loaded."""
+    for tool in tools:
+        try:
+            checked_tool_schemas([tool])
+        except ValueError as err:
+            raise ConfigError("environment.tools", getattr(tool, "__name__", tool), str(err)) from None
