@@ -41,11 +41,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))
 import bench_path  # noqa: E402
 from side_by_side import (  # noqa: E402
     REPO,
-    TRL_VERSIONS,
+    add_trl_options,
     append_row,
+    by_side,
+    by_task,
     check_positive,
+    check_sides,
     commit,
     json_object,
+    libraries,
     lmppo_sides,
     lmppo_steps,
     merge,
@@ -54,8 +58,10 @@ from side_by_side import (  # noqa: E402
     optimizer_steps,
     read_rows,
     run_child,
+    save_merged,
     spread,
     trl_grpo_arguments,
+    trl_model,
     trl_python,
     worker_env,
 )
@@ -209,8 +215,6 @@ def trl_worker(cfg: dict) -> None:
     sys.path.insert(0, str(REPO / "src"))
     sys.path.append(cfg["libraries"])  # TextArena from lmppo's venv, after TRL's own packages
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import trl
     from trl import GRPOConfig, GRPOTrainer
@@ -224,15 +228,7 @@ def trl_worker(cfg: dict) -> None:
         }
         for r in cfg["rows"]
     ]
-    tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"])
-    model = AutoModelForCausalLM.from_pretrained(cfg["model_dir"], dtype=torch.float32)
-    lora = LoraConfig(
-        r=SETTINGS["lora_r"],
-        lora_alpha=SETTINGS["lora_alpha"],
-        target_modules="all-linear",
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )
+    tokenizer, model, lora = trl_model(cfg["model_dir"], SETTINGS)
     result = {"trl_version": trl.__version__}
     try:
         trainer = GRPOTrainer(
@@ -247,9 +243,7 @@ def trl_worker(cfg: dict) -> None:
     except Exception as err:  # TRL's refusal, recorded as its own line
         Path(cfg["result"]).write_text(json.dumps(result | {"error": f"{type(err).__name__}: {err}"}))
         raise
-    merged = trainer.model.merge_and_unload()
-    merged.save_pretrained(cfg["policy_dir"])
-    tokenizer.save_pretrained(cfg["policy_dir"])
+    save_merged(trainer, tokenizer, cfg["policy_dir"])
     Path(cfg["result"]).write_text(json.dumps(result | {"steps": cfg["arguments"]["max_steps"]}))
 
 
@@ -326,14 +320,6 @@ def trl_run(a: argparse.Namespace, config: dict, run_dir: Path, model: str) -> t
     return rc, cpu, result | heldout_figures(evaluation["start_point"], evaluation["trained"])
 
 
-def libraries(python: str) -> str:
-    """Where `python` (lmppo's venv) keeps its packages: TRL's worker reads TextArena from there."""
-    import subprocess
-
-    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return subprocess.check_output([python, "-c", code], text=True).strip()
-
-
 def drive(a: argparse.Namespace) -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="agents-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -383,20 +369,9 @@ def drive(a: argparse.Namespace) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ table
-def label(row: dict) -> str:
-    """A row's side as the table names it: the side (TRL with its version), then its overrides, else its tag."""
-    side = f"TRL {row['trl_version']} GRPOTrainer" if row.get("trl_version") else SHOWN.get(row["side"], row["side"])
-    extra = row.get("extra") or {}
-    if extra:
-        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in extra.items())
-    return f"{side} {row['tag']}" if row.get("tag") else side
-
-
 def table(path: Path) -> str:
     """One markdown table per task: per (side, episodes), the seeds and mean (min-max) of each figure."""
-    tasks: dict[str, list[dict]] = {}
-    for r in read_rows(path):
-        tasks.setdefault(r["task"], []).append(r)
+    tasks = by_task(read_rows(path))
     return "\n\n".join(task_table(task, rows) for task, rows in tasks.items())
 
 
@@ -407,10 +382,7 @@ def task_table(task: str, rows: list[dict]) -> str:
         "(nats) | CPU s | wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        groups.setdefault((label(r), r["episodes"]), []).append(r)
-    for (side, episodes), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (side, episodes), rs in by_side(rows, SHOWN):
         refused = [r for r in rs if r.get("error")]
         ran = [r for r in rs if not r.get("error")]
         if ran:
@@ -442,14 +414,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--episodes", type=int, default=EPISODES, help=f"episodes per run, a multiple of {BATCH}")
     p.add_argument("--heldout", type=int, default=HELDOUT, help="held-out games (4 episodes each, before and after)")
     p.add_argument("--model", default="", help="the policy's folder (default: SmolLM2-135M-Instruct)")
-    p.add_argument(
-        "--trl-version",
-        choices=sorted(TRL_VERSIONS),
-        default="1.16",
-        help="TRL's venv: " + ", ".join(f"{v} in {folder}" for v, folder in TRL_VERSIONS.items()),
-    )
-    p.add_argument("--trl-python", default="", help="TRL's python (default: the venv of --trl-version)")
-    p.add_argument("--lmppo-python", default=sys.executable)
+    add_trl_options(p, "1.16")
     p.add_argument("--extra", type=json_object, default={}, help="JSON dict of config overrides for the lmppo sides")
     p.add_argument("--tag", default="", help="suffix of the side's name in the table (a variant)")
     p.add_argument("--work", default="")
@@ -467,9 +432,7 @@ def main(argv: list[str] | None = None) -> None:
         check_positive(a, ("episodes", "heldout"))
         if a.episodes % BATCH:
             sys.exit(f"error: --episodes {a.episodes}; allowed: a multiple of {BATCH} (episodes per rollout)")
-        unknown = sorted(set(a.sides) - set(SIDES))
-        if unknown:
-            sys.exit(f"error: --sides {unknown} unknown; allowed: {', '.join(SIDES)}")
+        check_sides(a.sides, SIDES)
         for task in a.tasks:
             task_overrides(task)
         drive(a)

@@ -46,7 +46,6 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,19 +55,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))
 import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
 from side_by_side import (  # noqa: E402
     REPO,
-    TRL_VERSIONS,
+    add_trl_options,
     append_row,
+    by_side,
+    by_task,
     check_positive,
+    check_sides,
     commit,
     json_object,
+    libraries,
     lmppo_sides,
     lmppo_steps,
     model_dir,
     nested,
     read_rows,
     run_child,
+    save_merged,
     spread,
     trl_grpo_arguments,
+    trl_model,
     trl_python,
     worker_env,
 )
@@ -218,8 +223,6 @@ def trl_worker(cfg: dict) -> None:
 
     torch.set_num_threads(1)
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import trl
     from trl import GRPOConfig, GRPOTrainer
@@ -250,15 +253,7 @@ def trl_worker(cfg: dict) -> None:
         settings=SETTINGS,
     )
     args = GRPOConfig(**arguments)
-    tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"])
-    model = AutoModelForCausalLM.from_pretrained(cfg["model_dir"], dtype=torch.float32)
-    lora = LoraConfig(
-        r=SETTINGS["lora_r"],
-        lora_alpha=SETTINGS["lora_alpha"],
-        target_modules="all-linear",
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )
+    tokenizer, model, lora = trl_model(cfg["model_dir"], SETTINGS)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=task_reward_function,
@@ -268,9 +263,7 @@ def trl_worker(cfg: dict) -> None:
         peft_config=lora,
     )
     trainer.train()
-    merged = trainer.model.merge_and_unload()
-    merged.save_pretrained(cfg["policy_dir"])
-    tokenizer.save_pretrained(cfg["policy_dir"])
+    save_merged(trainer, tokenizer, cfg["policy_dir"])
     Path(cfg["result"]).write_text(json.dumps({"steps": arguments["max_steps"], "trl_version": trl.__version__}))
 
 
@@ -339,12 +332,6 @@ def evaluate(cfg: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ driver
 def child(python: str, args: list[str], log: Path, env: dict) -> tuple[int, float]:
     return run_child([python, __file__, *args], log, env)
-
-
-def libraries(python: str) -> str:
-    """Where `python` (lmppo's venv) keeps its packages: TRL's worker reads reasoning-gym from there."""
-    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    return subprocess.check_output([python, "-c", code], text=True).strip()
 
 
 def drive(a: argparse.Namespace) -> None:
@@ -430,22 +417,8 @@ def drive(a: argparse.Namespace) -> None:
 
 def table(path: Path) -> str:
     """One markdown table per task of the rows in `path` (rows without a task are `builtin:arithmetic`'s)."""
-    tasks: dict[str, list[dict]] = {}
-    for r in read_rows(path):
-        tasks.setdefault(r.get("task", "builtin:arithmetic"), []).append(r)
+    tasks = by_task(read_rows(path), "builtin:arithmetic")
     return "\n\n".join(task_table(task, rs, several=len(tasks) > 1) for task, rs in tasks.items())
-
-
-def label(row: dict) -> str:
-    """A row's side as the table names it: the side (TRL with its version when the row has it), then its config
-    overrides (`--extra`) if any, else its tag."""
-    side = SHOWN.get(row["side"], row["side"])
-    if row.get("trl_version"):
-        side = f"TRL {row['trl_version']} GRPOTrainer"
-    extra = row.get("extra") or {}
-    if extra:
-        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in extra.items())
-    return f"{side} {row['tag']}" if row.get("tag") else side
 
 
 def task_table(task: str, rows: list[dict], several: bool) -> str:
@@ -459,11 +432,7 @@ def task_table(task: str, rows: list[dict], several: bool) -> str:
         f"| side | completions | seeds | held-out {shown} (mean, min-max) | held-out KL to base (nats) | CPU s |"
     )
     lines.append("|---|---|---|---|---|---|")
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["side"] != "base":
-            groups.setdefault((label(r), r["episodes"]), []).append(r)
-    for (side, episodes), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (side, episodes), rs in by_side([r for r in rows if r["side"] != "base"], SHOWN):
         cpu = statistics.mean(r["cpu_s"] for r in rs)
         lines.append(
             f"| {side} | {episodes} | {len(rs)} | {spread([r[metric] for r in rs])} | "
@@ -479,14 +448,7 @@ def main() -> None:
     p.add_argument("--evaluate")
     p.add_argument("--result")
     p.add_argument("--table", action="store_true")
-    p.add_argument(
-        "--trl-version",
-        choices=sorted(TRL_VERSIONS),
-        default="1.12",
-        help="TRL's venv: " + ", ".join(f"{v} in {folder}" for v, folder in TRL_VERSIONS.items()),
-    )
-    p.add_argument("--trl-python", default="", help="TRL's python (default: the venv of --trl-version)")
-    p.add_argument("--lmppo-python", default=sys.executable)
+    add_trl_options(p, "1.12")
     p.add_argument("--sides", type=lambda s: s.split(","), default=SIDES)
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=384)
@@ -519,9 +481,7 @@ def main() -> None:
         print(table(Path(a.out)))
     else:
         check_positive(a, ("episodes", "max_new_tokens", "max_prompt_length", "size"))
-        unknown = set(a.sides) - set(SIDES)
-        if unknown:
-            sys.exit(f"error: --sides {sorted(unknown)} unknown; allowed: {', '.join(SIDES)}")
+        check_sides(a.sides, SIDES)
         drive(a)
 
 

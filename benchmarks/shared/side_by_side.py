@@ -79,6 +79,45 @@ def trl_grpo_arguments(
     )
 
 
+def trl_model(model_dir: str, settings: dict) -> tuple:
+    """(tokenizer, fp32 model, LoRA config) of TRL's side: the same LoRA as lmppo's (r, alpha, all-linear, no
+    dropout). In TRL's venv."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(1)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    lora = LoraConfig(
+        r=settings["lora_r"],
+        lora_alpha=settings["lora_alpha"],
+        target_modules="all-linear",
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    return tokenizer, model, lora
+
+
+def save_merged(trainer: object, tokenizer: object, policy_dir: str) -> None:
+    """TRL's trained policy with its LoRA merged, and the tokenizer, in `policy_dir` (what the evaluators load)."""
+    merged = trainer.model.merge_and_unload()  # type: ignore[attr-defined]
+    merged.save_pretrained(policy_dir)
+    tokenizer.save_pretrained(policy_dir)  # type: ignore[attr-defined]
+
+
+def add_trl_options(p: argparse.ArgumentParser, version: str) -> None:
+    """`--trl-version` (default `version`), `--trl-python` and `--lmppo-python`."""
+    p.add_argument(
+        "--trl-version",
+        choices=sorted(TRL_VERSIONS),
+        default=version,
+        help="TRL's venv: " + ", ".join(f"{v} in {folder}" for v, folder in TRL_VERSIONS.items()),
+    )
+    p.add_argument("--trl-python", default="", help="TRL's python (default: the venv of --trl-version)")
+    p.add_argument("--lmppo-python", default=sys.executable, help="lmppo's python (default: this one)")
+
+
 def trl_episodes(arguments: dict) -> int:
     """Completions TRL samples with these GRPOConfig arguments: each is trained on `num_iterations` times."""
     per_step = int(arguments["per_device_train_batch_size"]) * int(arguments["gradient_accumulation_steps"])
@@ -127,6 +166,46 @@ def model_dir(python: str) -> str:
 def trl_python(given: str, version: str) -> str:
     """`--trl-python`, or the repository's venv of `--trl-version`."""
     return given or str(REPO / TRL_VERSIONS[version] / "bin" / "python")
+
+
+def libraries(python: str) -> str:
+    """Where `python` (lmppo's venv) keeps its packages: TRL's workers read the task libraries (reasoning-gym,
+    TextArena) from there, after their own."""
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return subprocess.check_output([python, "-c", code], text=True).strip()
+
+
+def label(row: dict, shown: dict[str, str]) -> str:
+    """A row's side as a table names it: `shown[side]` (TRL with its version when the row has it), then its config
+    overrides (`--extra`) if any, else its tag."""
+    side = f"TRL {row['trl_version']} GRPOTrainer" if row.get("trl_version") else shown.get(row["side"], row["side"])
+    extra = row.get("extra") or {}
+    if extra:
+        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in extra.items())
+    return f"{side} {row['tag']}" if row.get("tag") else side
+
+
+def by_task(rows: list[dict], default: str = "") -> dict[str, list[dict]]:
+    """Rows by their task, in first-seen order (a row without `task` is `default`'s)."""
+    tasks: dict[str, list[dict]] = {}
+    for r in rows:
+        tasks.setdefault(r.get("task", default), []).append(r)
+    return tasks
+
+
+def by_side(rows: list[dict], shown: dict[str, str]) -> list[tuple[tuple[str, int], list[dict]]]:
+    """One task's rows as ((label, episodes), the seeds' rows), by episodes then label: a table's lines."""
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((label(r, shown), r["episodes"]), []).append(r)
+    return sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+
+
+def check_sides(sides: list[str], allowed: list[str]) -> None:
+    """One `error:` line naming the sides of `--sides` that are not `allowed`."""
+    unknown = sorted(set(sides) - set(allowed))
+    if unknown:
+        sys.exit(f"error: --sides {unknown} unknown; allowed: {', '.join(allowed)}")
 
 
 def commit() -> str:

@@ -113,9 +113,7 @@ def test_a_variant_is_named_by_its_overrides_and_kept_apart(tmp_path):
         {**row, "seed": 1, "tag": "exloss", "extra": {"kl.placement": "loss"}, "heldout_exact_match": 0.3},
         {**row, "seed": 0, "tag": "again", "heldout_exact_match": 0.2},
     ]
-    out = tmp_path / "rows.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = verifiable.table(out)
+    text = verifiable.table(problems_file(tmp_path, rows, "rows.jsonl"))
     assert "| lmppo `grpo` | 1536 | 1 | 0.10 (0.10-0.10) |" in text
     assert '| lmppo `grpo` + `kl.placement: "loss"` | 1536 | 2 | 0.40 (0.30-0.50) |' in text
     assert "| lmppo `grpo` again | 1536 | 1 | 0.20 (0.20-0.20) |" in text
@@ -187,9 +185,7 @@ def test_a_reasoning_gym_table_shows_the_score_and_trl_by_its_version(tmp_path):
         {**row, "side": "trl", "seed": 1, "trl_version": "1.16.0", "heldout_score": 0.3, "heldout_kl": 6.0},
         {**row, "side": "trl", "seed": 0, "heldout_score": 0.1, "heldout_kl": 2.0},  # a 1.12 row (no version)
     ]
-    out = tmp_path / "rows.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = verifiable.table(out)
+    text = verifiable.table(problems_file(tmp_path, rows, "rows.jsonl"))
     assert "Base model (before): held-out score (the task's score_answer) 0.25" in text
     assert "| TRL 1.16.0 GRPOTrainer | 384 | 2 | 0.40 (0.30-0.50) | 7.00 (6.00-8.00) | 10 |" in text
     assert "| TRL GRPOTrainer | 384 | 1 | 0.10 (0.10-0.10) |" in text
