@@ -229,6 +229,10 @@ def trl_worker(cfg: dict) -> None:
         for r in cfg["rows"]
     ]
     tokenizer, model, lora = trl_model(cfg["model_dir"], SETTINGS)
+    if cfg["chat_template"]:  # one of TRL's own templates (trl/chat_templates/NAME.jinja) in place of the model's
+        tokenizer.chat_template = (
+            Path(trl.__file__).parent / "chat_templates" / f"{cfg['chat_template']}.jinja"
+        ).read_text()
     result = {"trl_version": trl.__version__}
     try:
         trainer = GRPOTrainer(
@@ -289,6 +293,7 @@ def trl_run(a: argparse.Namespace, config: dict, run_dir: Path, model: str) -> t
         "policy_dir": str(run_dir / "merged"),
         "result": str(run_dir / "result.json"),
         "libraries": libraries(a.lmppo_python),
+        "chat_template": a.trl_chat_template,
     }
     cfg_file = run_dir / "trl.json"
     cfg_file.write_text(json.dumps(cfg))
@@ -357,7 +362,7 @@ def drive(a: argparse.Namespace) -> None:
             "episodes": a.episodes,
             "seed": seed,
             "tag": a.tag,
-            "extra": a.extra if side != "trl" else {},
+            "extra": side_extra(a, side),
             "commit": at,
             "optimizer_steps": optimizer_steps(a.episodes, BATCH),
             "heldout_games": a.heldout,
@@ -366,6 +371,14 @@ def drive(a: argparse.Namespace) -> None:
             "wall_s": round(time.time() - started, 1),
         }
         append_row(Path(a.out), row)
+
+
+def side_extra(a: argparse.Namespace, side: str) -> dict:
+    """What a row's side ran with beyond the harness's settings (its name in the table): `--extra` on lmppo's sides,
+    `--trl-chat-template` on TRL's."""
+    if side == "trl":
+        return {"trl chat template": a.trl_chat_template} if a.trl_chat_template else {}
+    return a.extra
 
 
 # ------------------------------------------------------------------------------------------------ table
@@ -415,6 +428,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heldout", type=int, default=HELDOUT, help="held-out games (4 episodes each, before and after)")
     p.add_argument("--model", default="", help="the policy's folder (default: SmolLM2-135M-Instruct)")
     add_trl_options(p, "1.16")
+    p.add_argument(
+        "--trl-chat-template",
+        default="",
+        help="TRL's side only: one of TRL's chat templates (trl/chat_templates/NAME.jinja, e.g. qwen2_5) in place of "
+        "the model's, for a model whose own template renders no tools (a variant: the prompts then differ)",
+    )
     p.add_argument("--extra", type=json_object, default={}, help="JSON dict of config overrides for the lmppo sides")
     p.add_argument("--tag", default="", help="suffix of the side's name in the table (a variant)")
     p.add_argument("--work", default="")

@@ -234,3 +234,12 @@ def test_a_tiny_run_of_one_side_appends_its_row_from_lmppos_summary(tmp_path, ti
     assert row["success_after"] == summary["after"]["reward/environment"]
     assert row["heldout_kl"] == summary["after"]["kl_exact"] and summary["heldout_prompts"] == 2
     assert summary["training"]["episodes"] == 16 and row["cpu_s"] > 0 and row["commit"]
+
+
+def test_trls_chat_template_variant_and_lmppos_overrides_name_their_rows():
+    a = agents.parser().parse_args(["--trl-chat-template", "qwen2_5", "--extra", '{"ppo.lam": 1.0}'])
+    assert agents.side_extra(a, "trl") == {"trl chat template": "qwen2_5"}
+    assert agents.side_extra(a, "grpo") == {"ppo.lam": 1.0}
+    row = {"side": "trl", "trl_version": "1.16.0", "extra": agents.side_extra(a, "trl")}
+    assert side_by_side.label(row, agents.SHOWN) == 'TRL 1.16.0 GRPOTrainer + `trl chat template: "qwen2_5"`'
+    assert agents.side_extra(agents.parser().parse_args([]), "trl") == {}
