@@ -36,7 +36,7 @@ def test_names_and_patterns_agree():
     for foreign in ("notes", "iter-4.bak", "my-iter-00000004", "corrupt-notes"):
         assert not layout.CHECKPOINT_ENTRY.match(foreign) and not layout.is_checkpoint_leftover(foreign)
     assert layout.rng_files(1) == ("rng-rank1.safetensors", "rng-rank1.json")
-    assert set(layout.FINAL_FOLDERS) == {layout.POLICY, layout.POLICY_MERGED, layout.VALUE}
+    assert set(layout.FINAL_FOLDERS) == {layout.POLICY, layout.POLICY_MERGED, layout.VALUE, layout.REWARD_MODEL}
     assert set(layout.REQUIRED_FILES) == {layout.STATE, layout.TRAINED, layout.OPTIMIZER}
     assert set(layout.LINKABLE_FOLDERS) <= set(layout.ARTIFACTS)
 
