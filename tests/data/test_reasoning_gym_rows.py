@@ -91,3 +91,15 @@ def test_options_the_task_refuses_are_one_line_naming_the_field(options, words):
     assert "\n" not in text and text.startswith("config field `data.task_options`")
     for word in words:
         assert word in text
+
+
+def test_the_task_instruction_follows_each_question_and_leaves_the_entry_alone():
+    records = load_prompt_records(
+        DataConfig(
+            prompts="reasoning_gym:basic_arithmetic", task_options=EASY, task_instruction="Answer with the number only."
+        ),
+        size=3,
+    )
+    for prompt, columns in zip(records, records.columns):
+        assert prompt == f"{columns['entry']['question']} Answer with the number only."
+        assert not columns["entry"]["question"].endswith("only.")

@@ -52,6 +52,7 @@ def test_a_run_that_needs_the_extra_is_one_line_naming_it(tmp_path, tiny_model_d
         "model": {"policy": tiny_model_dir},
         "data": {"prompts": str(tmp_path / "prompts.txt")},
         "rollout": {"batch_size": 4, "max_new_tokens": 4},
+        "ppo": {"micro_batch_size": 2, "num_minibatches": 2},
         "reward": {"sources": [{"kind": "function", "path": "lmppo.rewards.builtin:number_only"}]},
         "log": {"trackers": []},
     }

@@ -19,7 +19,9 @@ class EnvironmentConfig(_Section):
     `module:Class` or `path/to/file.py:Class`. Empty: one response per prompt, no environment. One instance per
     episode, built with the prompt row's columns (and `prompt`) as keyword arguments; `reset()` gives the opening
     observation (a string or chat messages; None: the row's prompt), `step(action_text)` gives `(observation, reward,
-    done)`."""
+    done)`. A class with `reset` and no `step` runs with TRL 1.16's `environment_factory` semantics (built with no
+    arguments, `reset(**row)`, its public methods as tools, `get_reward()` at the end). From Python, objects:
+    `PPOTrainer(cfg, environment_factory=Class, tools=[fn])` (named `python:...` here)."""
     max_turns: PositiveInt = 4
     """The most policy turns of an episode; an episode the environment has not ended by then is truncated
     (`reward.truncation` applies). Each turn is at most `rollout.max_new_tokens` tokens."""
@@ -31,7 +33,8 @@ class EnvironmentConfig(_Section):
     with an error naming the environment and the turn (an environment bug, not an episode ending)."""
     tools: list[str] = field(default_factory=list)
     """Tool functions (`module:function` or `file.py:function`, with type hints and a docstring) offered to the
-    model through the chat template's tool format; for `path: tools`, or any environment that reads them."""
+    model through the chat template's tool format; for `path: tools`, a TRL-style class (offered after its methods),
+    or any environment that reads them."""
     render: Literal["auto", "chat", "text"] = "auto"
     """How observations become tokens: `chat` (chat messages through the tokenizer's chat template, only the new
     messages are encoded and appended), `text` (the observation's text encoded as it is), `auto` (chat when the

@@ -50,10 +50,10 @@ def run_prompt_records(cfg: Config, prompts: Iterable[object] | None = None) -> 
 
 
 def generated_size(cfg: Config) -> int:
-    """Rows of a generated set (`lmppo.data.generated`): `data.size`, or the prompts the run draws plus the
+    """Rows of a generated set (`lmppo.data.generated`) when `data.size` is 0: the prompts the run draws plus the
     held-out ones."""
     per_iteration = cfg.rollout.batch_size // cfg.rollout.num_samples_per_prompt
-    return cfg.data.size or max(1, cfg.num_iterations) * per_iteration + cfg.data.holdout
+    return max(1, cfg.num_iterations) * per_iteration + cfg.data.holdout
 
 
 def load_prompt_records(

@@ -7,7 +7,10 @@
                                           reward: a float for this turn; done: whether the episode ended
 
 `step` may be `async def` (the steps of one turn then run concurrently). An environment may also have `tools` (a list
-of functions offered to the model through the chat template, `lmppo.environments.tools`). Everything an environment
+of functions offered to the model through the chat template, `lmppo.environments.tools`), and `get_reward()` (sync
+or async: called once when the episode has ended, however it ended; its number is added to the last turn's reward,
+TRL's name for it). A class in TRL 1.16's `environment_factory` shape runs through `lmppo.environments.factories`,
+which wraps it into this contract. Everything an environment
 returns is checked here; a bad value or an exception becomes one `EnvironmentError` line naming the environment, the
 episode's prompt row and the turn, raised before anything of the iteration is trained on.
 """
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from lmppo.environments.textarena_games import TEXTARENA, textarena_factory
-from lmppo.errors import LmppoError, RewardError
+from lmppo.errors import ConfigError, LmppoError, RewardError
 from lmppo.registry import ENVIRONMENTS
 from lmppo.rewards import import_callable
 
@@ -32,9 +35,16 @@ class EnvironmentError(LmppoError, RuntimeError):
     """An environment raised, or returned something lmppo cannot use."""
 
 
+PYTHON_OBJECT = "python:"
+"""How the config names an environment or a tool passed to `PPOTrainer` as a Python object (`python:MyEnv`): the
+config stays text (saved with the run, compared on resume), and a run started without the object says so."""
+
+
 def load_environment(path: str) -> Callable[..., Any]:
     """The class (any callable that builds an environment) named by `environment.path`: a built-in name,
     `textarena:ENV_ID` (`lmppo.environments.textarena_games`), or `module:Class` / `file.py:Class`."""
+    if path.startswith(PYTHON_OBJECT):
+        raise _not_passed("environment.path", path, "environment_factory")
     if path in ENVIRONMENTS.names():
         return ENVIRONMENTS.get(path)
     if path.startswith(TEXTARENA):
@@ -49,11 +59,22 @@ def load_tools(specs: Sequence[str]) -> list[Callable[..., Any]]:
     """The functions of `environment.tools`."""
     tools = []
     for spec in specs:
+        if spec.startswith(PYTHON_OBJECT):
+            raise _not_passed("environment.tools", spec, "tools")
         try:
             tools.append(import_callable(spec, what="tool"))
         except RewardError as err:
             raise EnvironmentError(str(err)) from None
     return tools
+
+
+def _not_passed(field: str, value: str, keyword: str) -> ConfigError:
+    return ConfigError(
+        field,
+        value,
+        f"names a Python object passed as PPOTrainer(..., {keyword}=...); pass it again "
+        f"(PPOTrainer.resume(run_dir, {keyword}=...)), or name an importable one (`module:name` or `file.py:name`)",
+    )
 
 
 def constructor_arguments(factory: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
@@ -143,6 +164,32 @@ class EpisodeEnvironments:
                     raise self.error(episodes[k], turn, f"step() raised {type(err).__name__}: {err}") from err
                 raw[k] = value
         return [self._result(r, i, turn) for r, i in zip(raw, episodes)]
+
+    def final_rewards(self, turns: Sequence[int]) -> list[float]:
+        """`get_reward()` of every environment that has one, once its episode has ended (`turns`: each episode's
+        number of turns, for messages), checked; 0.0 for the others. Async ones run concurrently."""
+        raw: list[Any] = []
+        for i, env in enumerate(self.envs):
+            get = getattr(env, "get_reward", None)
+            try:
+                raw.append(get() if callable(get) else 0.0)
+            except Exception as err:  # noqa: BLE001
+                raise self.error(i, turns[i], f"get_reward() raised {type(err).__name__}: {err}") from err
+        pending = [k for k, r in enumerate(raw) if inspect.isawaitable(r)]
+        if pending:
+            for k, value in zip(pending, asyncio.run(_gather([raw[k] for k in pending]))):
+                if isinstance(value, BaseException):
+                    raise self.error(k, turns[k], f"get_reward() raised {type(value).__name__}: {value}") from value
+                raw[k] = value
+        return [self._reward(r, i, turns[i], "get_reward()") for i, r in enumerate(raw)]
+
+    def _reward(self, reward: Any, episode: int, turn: int, what: str) -> float:
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) and not _is_number(reward):
+            raise self.error(episode, turn, f"{what} must return a number, got {_short(reward)}")
+        reward = float(reward)
+        if not math.isfinite(reward):
+            raise self.error(episode, turn, f"{what} must return a finite number, got {reward}")
+        return reward
 
     def _result(self, value: Any, episode: int, turn: int) -> StepResult:
         if not isinstance(value, (tuple, list)) or len(value) != 3:

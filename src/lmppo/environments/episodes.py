@@ -6,6 +6,7 @@
     until every episode has ended: by the environment, by `max_turns` (the last turn is still stepped, for its
     reward) or by `max_episode_tokens` (a turn cut at the budget is not stepped; an observation that leaves no room
     for a policy token is not appended). Both budget endings are truncations.
+    then: the environment's `get_reward()`, if it has one, is added to the last turn's reward.
 
 An episode always ends on a policy token, so its last real token is where a whole-episode score belongs.
 """
@@ -20,7 +21,8 @@ from torch import nn
 
 from lmppo.config import EnvironmentConfig
 from lmppo.core.masking import action_mask
-from lmppo.environments.api import EpisodeEnvironments, load_environment, load_tools
+from lmppo.environments.api import EnvironmentError, EpisodeEnvironments
+from lmppo.environments.factories import RunEnvironment, load_run_environment, prompt_messages
 from lmppo.environments.render import Observations, observation_encoder
 from lmppo.environments.tools import tool_schemas
 from lmppo.episodes.road import EpisodePrompts, Episodes, Precision, Turns
@@ -124,6 +126,8 @@ def play_episodes(
             break
         turn = sampler.next(observations, number)
         number += 1
+    for episode, reward in zip(episodes, envs.final_rewards([len(e.turn_ends) for e in episodes])):
+        episode.turn_rewards[-1] += reward  # get_reward(): the end of the episode is its last turn
     for b, episode in enumerate(episodes):
         env = envs.envs[b]
         episode.tool_calls, episode.tool_errors = (
@@ -134,13 +138,24 @@ def play_episodes(
 
 
 class EpisodePlayer:
-    """The run's environment, ready to play batches: its class and tools imported once, the observation encoder
-    built once (`environment.render`)."""
+    """The run's environment, ready to play batches: its classes and tools loaded once (`environment.path` and
+    `environment.tools`, or `environment`: loaded already, e.g. from objects passed to `PPOTrainer`), the
+    observation encoder built once (`environment.render`)."""
 
-    def __init__(self, cfg: EnvironmentConfig, tokenizer: Any, stop_ids: Sequence[int]):
+    def __init__(
+        self,
+        cfg: EnvironmentConfig,
+        tokenizer: Any,
+        stop_ids: Sequence[int],
+        environment: Optional[RunEnvironment] = None,
+    ):
         self.cfg, self.tokenizer, self.stop_ids = cfg, tokenizer, [int(s) for s in stop_ids]
-        self.factory = load_environment(cfg.path)
-        self.tools = load_tools(cfg.tools)
+        run = environment or load_run_environment(cfg)
+        if run is None:
+            raise EnvironmentError("no environment to play: set environment.path")
+        self.name, self.tools = run.name, run.tools
+        self.factory = run.factories[""] if not run.routed else run.factories  # the class(es) as loaded
+        self.builder = run.builder(cfg.max_turns, lambda prompt: prompt_messages(str(prompt), tokenizer))
         self.encoder = observation_encoder(tokenizer, self.stop_ids, cfg.render)
 
     def play(
@@ -153,8 +168,7 @@ class EpisodePlayer:
     ) -> list[Episode]:
         """One episode per prompt row: its environment built from `columns` (the row's columns and `prompt`),
         `prompts` its own prompt ids, `rows` its index in the prompt data (for messages)."""
-        extra = {"tools": self.tools} if self.tools else None
-        envs = EpisodeEnvironments(self.factory, self.cfg.path, columns, rows, extra)
+        envs = EpisodeEnvironments(self.builder, self.name, columns, rows)
         return play_episodes(envs, sampler, self.encoder, self.tokenizer, prompts, seeds, self.cfg, self.stop_ids)
 
 

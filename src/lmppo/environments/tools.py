@@ -13,14 +13,17 @@ as a `tool` message; a malformed call is such an error message, never an excepti
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from lmppo.environments.api import Messages
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+Step = tuple[Optional[Messages], float, bool]  # what `step` returns: (observation, reward, done)
 MAX_RESULT_CHARS = 2000  # a tool result is cut to this many characters (a runaway output must not fill the episode)
 
 
@@ -88,18 +91,77 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 
 
 def run_tool_call(call: ToolCall, tools: dict[str, Callable[..., Any]]) -> tuple[str, bool]:
-    """The text of a call's result and whether it failed (malformed, unknown tool, bad arguments, the tool raised)."""
+    """The text of a call's result and whether it failed (malformed, unknown tool, bad arguments, the tool raised).
+    An `async def` tool is run to its end here (`ToolBox` runs the async ones of a turn in the turn's event loop)."""
+    started = _start(call, tools)
+    if inspect.isawaitable(started):
+        return asyncio.run(_finish(started))
+    return _settle(started)
+
+
+@dataclass
+class _Failure:
+    text: str  # what the model is told
+
+
+def _start(call: ToolCall, tools: dict[str, Callable[..., Any]]) -> object:
+    """A `_Failure` for a call that failed at once; else what the tool returned (an awaitable for an async tool)."""
     if call.error:
-        return f"error: {call.error}", True
+        return _Failure(f"error: {call.error}")
     fn = tools.get(call.name)
     if fn is None:
-        return f"error: no tool named {call.name!r} (tools: {', '.join(sorted(tools))})", True
+        return _Failure(f"error: no tool named {call.name!r} (tools: {', '.join(sorted(tools))})")
     try:
-        result = fn(**call.arguments)
+        return fn(**call.arguments)
     except Exception as err:  # noqa: BLE001 - the model's call failed: it sees why, the run goes on
-        return f"error: {type(err).__name__}: {err}", True
+        return _Failure(_error_text(err))
+
+
+def _settle(started: object) -> tuple[str, bool]:
+    """(text, failed) of a call that returned (not an awaitable)."""
+    return (started.text, True) if isinstance(started, _Failure) else (_result_text(started), False)
+
+
+async def _finish(started: Awaitable[object]) -> tuple[str, bool]:
+    try:
+        return _result_text(await started), False
+    except Exception as err:  # noqa: BLE001 - as for a sync tool
+        return _error_text(err), True
+
+
+def _error_text(err: Exception) -> str:
+    return f"error: {type(err).__name__}: {err}"
+
+
+def _result_text(result: object) -> str:
     text = result if isinstance(result, str) else json.dumps(result, default=str)
-    return text[:MAX_RESULT_CHARS], False
+    return text[:MAX_RESULT_CHARS]
+
+
+class ToolBox:
+    """Runs the tool calls of a model turn against named functions, sync or `async def`, and counts them.
+
+    `answer(calls)` gives one `tool` message per call, in order (a result, or the error the model sees); when a
+    called tool is async it gives an awaitable of those messages instead, for the turn's event loop to run."""
+
+    def __init__(self, tools: Sequence[Callable[..., Any]]):
+        self.by_name = {fn.__name__: fn for fn in tools}
+        self.calls = self.errors = 0
+
+    def answer(self, calls: Sequence[ToolCall]) -> Messages | Awaitable[Messages]:
+        started = [_start(call, self.by_name) for call in calls]
+        self.calls += len(calls)
+        if any(inspect.isawaitable(s) for s in started):
+            return self._answer_later(started)
+        return self._messages([_settle(s) for s in started])
+
+    async def _answer_later(self, started: list[object]) -> Messages:
+        # one after another, in the order the model called them
+        return self._messages([await _finish(s) if inspect.isawaitable(s) else _settle(s) for s in started])
+
+    def _messages(self, results: Sequence[tuple[str, bool]]) -> Messages:
+        self.errors += sum(failed for _, failed in results)
+        return [{"role": "tool", "content": text} for text, _ in results]
 
 
 class ToolEnvironment:
@@ -113,24 +175,25 @@ class ToolEnvironment:
 
     def __init__(self, tools: Sequence[Callable[..., Any]], prompt: str = "", answer: Any = None, **columns: Any):
         self.tools = list(tools)
-        self.by_name = {fn.__name__: fn for fn in self.tools}
+        self.toolbox = ToolBox(self.tools)
         self.prompt, self.answer = prompt, answer
-        self.tool_calls = self.tool_errors = 0
+
+    @property
+    def tool_calls(self) -> int:
+        return self.toolbox.calls
+
+    @property
+    def tool_errors(self) -> int:
+        return self.toolbox.errors
 
     def reset(self) -> Optional[str]:
         return self.prompt or None
 
-    def step(self, action: str) -> tuple[Optional[Messages], float, bool]:
+    def step(self, action: str) -> Step | Awaitable[Step]:
         calls = parse_tool_calls(action)
         if not calls:
             return None, self.score(action), True
-        messages = []
-        for call in calls:
-            text, failed = run_tool_call(call, self.by_name)
-            self.tool_calls += 1
-            self.tool_errors += int(failed)
-            messages.append({"role": "tool", "content": text})
-        return messages, 0.0, False
+        return tool_step(self.toolbox.answer(calls))
 
     def score(self, answer_text: str) -> float:
         if self.answer is None:
@@ -140,3 +203,15 @@ class ToolEnvironment:
         if re.fullmatch(r"-?\d+(?:\.\d+)?", expected):
             return float(bool(numbers) and float(numbers[-1]) == float(expected))
         return float(answer_text.strip() == expected)
+
+
+def tool_step(answered: Messages | Awaitable[Messages]) -> Step | Awaitable[Step]:
+    """The step of a turn whose tool calls were answered: their messages as the observation, reward 0, not done (an
+    awaitable step when the answer is one: async tools)."""
+    if inspect.isawaitable(answered):
+        return _tool_step_later(answered)
+    return answered, 0.0, False
+
+
+async def _tool_step_later(answered: Awaitable[Messages]) -> Step:
+    return await answered, 0.0, False

@@ -25,6 +25,7 @@ from lmppo.core.kl_control import KLController, make_kl_controller
 from lmppo.data.prompts import PromptSet, PromptStream, run_prompt_records, split_holdout, tokenize_prompts
 from lmppo.distributed.strategy import Strategy, make_strategy
 from lmppo.distributed.zero import accelerator_kwargs
+from lmppo.environments.factories import Factories, RunEnvironment, Tool, load_run_environment, name_python_objects
 from lmppo.errors import ConfigError
 from lmppo.models.attention import use_cpu_attention
 from lmppo.models.cpu_memory import keep_freed_memory
@@ -88,6 +89,7 @@ class Components:
     #                       name_or_path (empty: an object built in memory)
     prompt_source: str = ""  # where the prompts came from, as named in model cards (data.prompts, or passed in)
     input_fingerprints: dict[str, str] = field(default_factory=dict)  # `lmppo.training.inputs`, resume checks them
+    environment: Optional[RunEnvironment] = None  # environment.path or environment_factory=, loaded; None: none
 
 
 def build_components(
@@ -101,6 +103,8 @@ def build_components(
     ref_model: Optional[nn.Module] = None,
     console: Optional[Console] = None,
     resuming: bool = False,
+    environment_factory: Optional[Factories] = None,
+    tools: Sequence[Tool] = (),
 ) -> Components:
     """Everything the trainer needs, from `config`; objects passed in replace what the config would load (see
     `PPOTrainer`). `resuming`: the output folder holds this run already (`PPOTrainer.resume`). The steps in the
@@ -108,11 +112,15 @@ def build_components(
     precision, folder), the models, the prompts, the reward sources, the optimisation."""
     if reward_functions is not None and not _has_user_sources(config):
         config.reward.sources = []
+    name_python_objects(config.environment, environment_factory, tools)  # `python:...` in the config
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
     check_reward_urls(cfg.reward)  # an HTTP source's scheme, host and port: one line, before anything loads
     records = run_prompt_records(cfg, prompts)  # a bad prompt file (FIFO, ragged CSV): before any model loads
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
     check_machine(cfg)  # device, sampling engine, attention kernel, trackers: before the run folder or any model
+    environment = load_run_environment(cfg.environment, environment_factory, tools)  # one line for a bad class
+    if environment is not None:
+        environment.check_rows(records.columns, records.where)  # a dict of factories: each row's `environment`
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
     fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
     run = start_run(cfg, console, resuming, value_model=value_model, ref_model=ref_model)
@@ -153,6 +161,7 @@ def build_components(
             for name, value in input_fingerprints(cfg, records).items()
             if policy is None or name not in ("model.policy", "model.tokenizer")  # a passed object has no folder
         },
+        environment=environment,
     )
 
 

@@ -18,6 +18,7 @@ import torch
 from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.environments.episodes import STOP_REASONS, EpisodePlayer, MultiTurn
+from lmppo.environments.factories import RunEnvironment
 from lmppo.episodes.road import Precision, Turns
 from lmppo.sampling.engines import SamplingEngine
 
@@ -25,9 +26,17 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-def episode_player(cfg: Config, tokenizer: PreTrainedTokenizerBase, stop_ids: torch.Tensor) -> Optional[EpisodePlayer]:
-    """The run's environment ready to play (`environment.path`), None without one."""
-    return EpisodePlayer(cfg.environment, tokenizer, stop_ids.tolist()) if cfg.environment.path else None
+def episode_player(
+    cfg: Config,
+    tokenizer: PreTrainedTokenizerBase,
+    stop_ids: torch.Tensor,
+    environment: Optional[RunEnvironment] = None,
+) -> Optional[EpisodePlayer]:
+    """The run's environment ready to play (`environment`, loaded by the assembly, or `environment.path`), None
+    without one."""
+    if environment is None and not cfg.environment.path:
+        return None
+    return EpisodePlayer(cfg.environment, tokenizer, stop_ids.tolist(), environment)
 
 
 def multi_turn(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import torch
 
 from lmppo.config import Config
-from lmppo.environments.api import load_environment, load_tools
 from lmppo.errors import ConfigError
 from lmppo.models.loading import check_memory_options
 from lmppo.registry import TRACKERS
@@ -18,8 +17,9 @@ CPU compiles C++ through inductor, which fails after a minute with pages of comp
 
 
 def check_machine(cfg: Config) -> None:
-    """The device, the sampling engine, the attention kernel, the trackers' packages, the environment and its tools
-    (imported: a missing file or class is one error line before any model loads)."""
+    """The device, the sampling engine, the attention kernel, the trackers' packages (the environment and its tools
+    are loaded right after, `lmppo.environments.factories.load_run_environment`: a missing file or class is one
+    error line before any model loads)."""
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "device",
@@ -38,9 +38,6 @@ def check_machine(cfg: Config) -> None:
         )
     check_memory_options(cfg.model, device_type)  # 4-bit loading, flash attention
     check_tracker_packages(cfg.log.trackers)
-    if cfg.environment.path:
-        load_environment(cfg.environment.path)
-        load_tools(cfg.environment.tools)
 
 
 def check_tracker_packages(names: list[str]) -> None:

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from lmppo.core.rewards import RunningMoments
     from lmppo.data.prompts import PromptStream
     from lmppo.distributed.strategy import Strategy
+    from lmppo.environments.factories import Factories
     from lmppo.models.reference import ReferencePolicy
     from lmppo.training.updater import Updater
 
@@ -63,6 +64,8 @@ class TrainerObjects(TypedDict, total=False):
     value_model: Optional[nn.Module]
     ref_model: Optional[nn.Module]
     callbacks: object
+    environment_factory: Optional[Factories]
+    tools: Sequence[Callable]
 
 
 class CheckpointedTrainer(Protocol):

@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from typing_extensions import Self, Unpack
 
+    from lmppo.environments.factories import Factories
     from lmppo.training.resume import TrainerObjects
 
 
@@ -55,7 +56,10 @@ class PPOTrainer:
     and `score` head (needs value.mode `critic`); ref_model: the reference policy's model, used as given and frozen
     (reference.mode `frozen`), instead of a copy of the initial policy;
     callbacks: objects with some of the hooks of `lmppo.training.callbacks.Callback` (on_log, on_iteration_end,
-    on_save, ...).
+    on_save, ...); environment_factory: an environment class (TRL 1.16's `environment_factory` shape or lmppo's,
+    docs/environments.md), or a name -> class dict picked per prompt row by its `environment` column, instead of
+    `environment.path`; tools: functions offered as tools in every episode, besides `environment.tools` (the config
+    names both `python:...`; pass them again to resume).
 
     Construction from the config is the assembly step (`lmppo.training.assembly.build_components`); `components=` takes
     ready ones instead (then `config` is `components.config` and the other objects are not used). `resuming`:
@@ -76,6 +80,8 @@ class PPOTrainer:
         resuming: bool = False,
         components: Optional[Components] = None,
         callbacks: object = None,
+        environment_factory: Optional[Factories] = None,
+        tools: Sequence[Callable] = (),
     ):
         quiet_libraries()  # library noise off, as in the CLI (lmppo.quiet)
         # the assembly step (lmppo.training.assembly): models, data, rewards, optimizer from the config
@@ -89,6 +95,8 @@ class PPOTrainer:
             ref_model=ref_model,
             console=console,
             resuming=resuming,
+            environment_factory=environment_factory,
+            tools=tools,
         )
         self.config = cfg = c.config
         self.console = console
@@ -99,7 +107,7 @@ class PPOTrainer:
         self.prompt_set, self.holdout_set, self.stream = c.prompt_set, c.holdout_set, c.stream
         self.reward_sources, self.kl_controller = c.reward_sources, c.kl_controller
         self.sampling_engines: dict[str, SamplingEngine] = dict(c.sampling_engines)  # built on first use
-        self.environment = episodes.episode_player(cfg, c.tokenizer, c.stop_ids)  # environment.path, or None
+        self.environment = episodes.episode_player(cfg, c.tokenizer, c.stop_ids, c.environment)  # or None
         self.base_model, self.prompt_source = c.base_model, c.prompt_source  # as the model cards name them
         self.score_moments = RunningMoments()
         self.updater = Updater(c, self._autocast)  # phase 5 and its state (optimizer, generator, kept forward)
