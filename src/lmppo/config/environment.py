@@ -14,12 +14,13 @@ from lmppo.config.sections import _Section, section
 class EnvironmentConfig(_Section):
     path: str = ""
     """Multi-turn episodes (docs/environments.md): the environment class, a built-in name (`tools`: runs the
-    functions of `tools` called by the model; `guess_number`: a higher/lower guessing game), `module:Class` or
-    `path/to/file.py:Class`. Empty: one response per prompt, no environment. One instance per episode, built with
-    the prompt row's columns (and `prompt`) as keyword arguments; `reset()` gives the opening observation (a string
-    or chat messages; None: the row's prompt), `step(action_text)` gives `(observation, reward, done)`. A class with
-    `reset` and no `step` runs with TRL 1.16's `environment_factory` semantics (built with no arguments,
-    `reset(**row)`, its public methods as tools, `get_reward()` at the end). From Python, objects:
+    functions of `tools` called by the model; `guess_number`: a higher/lower guessing game), `textarena:ENV_ID` (a
+    single-player TextArena game, e.g. `textarena:GuessTheNumber-v0`; needs `pip install "lmppo[environments]"`),
+    `module:Class` or `path/to/file.py:Class`. Empty: one response per prompt, no environment. One instance per
+    episode, built with the prompt row's columns (and `prompt`) as keyword arguments; `reset()` gives the opening
+    observation (a string or chat messages; None: the row's prompt), `step(action_text)` gives `(observation, reward,
+    done)`. A class with `reset` and no `step` runs with TRL 1.16's `environment_factory` semantics (built with no
+    arguments, `reset(**row)`, its public methods as tools, `get_reward()` at the end). From Python, objects:
     `PPOTrainer(cfg, environment_factory=Class, tools=[fn])` (named `python:...` here)."""
     max_turns: PositiveInt = 4
     """The most policy turns of an episode; an episode the environment has not ended by then is truncated

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
+from lmppo.environments.textarena_games import TEXTARENA, textarena_factory
 from lmppo.errors import ConfigError, LmppoError, RewardError
 from lmppo.registry import ENVIRONMENTS
 from lmppo.rewards import import_callable
@@ -40,12 +41,14 @@ config stays text (saved with the run, compared on resume), and a run started wi
 
 
 def load_environment(path: str) -> Callable[..., Any]:
-    """The class (any callable that builds an environment) named by `environment.path`: a built-in name, or
-    `module:Class` / `file.py:Class`."""
+    """The class (any callable that builds an environment) named by `environment.path`: a built-in name,
+    `textarena:ENV_ID` (`lmppo.environments.textarena_games`), or `module:Class` / `file.py:Class`."""
     if path.startswith(PYTHON_OBJECT):
         raise _not_passed("environment.path", path, "environment_factory")
     if path in ENVIRONMENTS.names():
         return ENVIRONMENTS.get(path)
+    if path.startswith(TEXTARENA):
+        return textarena_factory(path[len(TEXTARENA) :])
     try:
         return import_callable(path, what="environment")
     except RewardError as err:

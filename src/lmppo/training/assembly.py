@@ -22,7 +22,7 @@ from torch import nn
 from lmppo.config import Config, RewardSourceConfig, default_sources
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.core.kl_control import KLController, make_kl_controller
-from lmppo.data.prompts import PromptSet, PromptStream, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.data.prompts import PromptSet, PromptStream, run_prompt_records, split_holdout, tokenize_prompts
 from lmppo.distributed.strategy import Strategy, make_strategy
 from lmppo.distributed.zero import accelerator_kwargs
 from lmppo.environments.factories import Factories, RunEnvironment, Tool, load_run_environment, name_python_objects
@@ -115,7 +115,7 @@ def build_components(
     name_python_objects(config.environment, environment_factory, tools)  # `python:...` in the config
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
     check_reward_urls(cfg.reward)  # an HTTP source's scheme, host and port: one line, before anything loads
-    records = load_prompt_records(cfg.data, prompts)  # a bad prompt file (FIFO, ragged CSV): before any model loads
+    records = run_prompt_records(cfg, prompts)  # a bad prompt file (FIFO, ragged CSV): before any model loads
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
     check_machine(cfg)  # device, sampling engine, attention kernel, trackers: before the run folder or any model
     environment = load_run_environment(cfg.environment, environment_factory, tools)  # one line for a bad class
