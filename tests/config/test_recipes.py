@@ -40,6 +40,8 @@ def _rel(path: str) -> str:
 def _needs(cfg) -> list[tuple[str, str]]:
     """(module, why) of the optional packages the recipe's prompts and rewards use."""
     needs = []
+    if cfg.data.prompts.startswith("reasoning_gym:"):
+        needs.append(("reasoning_gym", f"the prompt set {cfg.data.prompts} is made by reasoning-gym"))
     if cfg.data.prompts.startswith("builtin:"):
         needs.append(("gensim", f"the prompt set {cfg.data.prompts} comes from gensim's test data"))
     for s in cfg.reward.sources:

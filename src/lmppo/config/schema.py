@@ -112,7 +112,19 @@ class DataConfig(_Section):
     written by `Dataset.save_to_disk`, a `.parquet` or `.arrow` file; needs `pip install lmppo[datasets]`), or a
     built-in set (`builtin:reviews`: openings of movie-review sentences; `builtin:news`: openings of news articles;
     `builtin:arithmetic`: small arithmetic problems with a `solution` column; `builtin:guess_number`: games for the
-    `guess_number` environment, a `secret` column)."""
+    `guess_number` environment, a `secret` column; `builtin:textarena`: rows that carry only a `game_seed` for
+    `environment.path: textarena:ENV_ID`), or `reasoning_gym:TASK`, a reasoning-gym task (`prompt` the question,
+    `answer`, `entry` for `lmppo.rewards.builtin:reasoning_gym`; needs `pip install "lmppo[environments]"`). The
+    last two are made from the run's seed (`holdout_seed` when set) and `size` (docs/environments.md)."""
+    size: NonNegativeInt = 0
+    """Rows of a generated set (`reasoning_gym:TASK`, `builtin:textarena`). 0: the prompts the run draws
+    (iterations x prompts per iteration, so no training prompt repeats) plus `holdout`. Ignored for files."""
+    task_options: dict[str, object] = field(default_factory=dict)
+    """Options of the reasoning-gym task of `reasoning_gym:TASK` (its config's fields, e.g. `{min_terms: 2,
+    max_terms: 2, max_digits: 1}` for `basic_arithmetic`); `seed` and `size` come from the run."""
+    task_instruction: str = ""
+    """Text added after each question of `reasoning_gym:TASK` (after a space), e.g. an answer format such as
+    `Answer with the number only.`: the rows' `prompt` gets it, their `entry` (what the task scores) does not."""
     format: Literal["auto", "jsonl", "csv", "text", "dataset", "parquet", "arrow"] = "auto"
     """File format: `auto` (from the extension; a folder is a `save_to_disk` dataset), `jsonl`, `csv`, `text`,
     `dataset` (a `save_to_disk` folder), `parquet` or `arrow` (a file, or a folder of such files)."""

@@ -87,13 +87,14 @@ def check_models(c: Config) -> None:
 
 
 def check_data(c: Config) -> None:
-    if not c.data.prompts.startswith("builtin:") and not os.path.exists(c.data.prompts):
+    generated = c.data.prompts.startswith("builtin:") or c.data.prompts.startswith("reasoning_gym:")
+    if not generated and not os.path.exists(c.data.prompts):
         raise ConfigError(
             "data.prompts",
             c.data.prompts,
             "no such file; give a .jsonl/.csv/.txt file, a "
             "dataset (save_to_disk folder, .parquet, .arrow) or `builtin:reviews` / `builtin:news` / "
-            "`builtin:arithmetic` / `builtin:guess_number`",
+            "`builtin:arithmetic` / `builtin:guess_number` / `builtin:textarena` / `reasoning_gym:TASK`",
         )
 
 

@@ -14,7 +14,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 import lmppo.models.assets
-from lmppo.config import DataConfig
+from lmppo.config import Config, DataConfig
+from lmppo.data.generated import generated_records, is_generated
 from lmppo.data.hf_datasets import dataset_format, dataset_records, is_hf_dataset, load_dataset_path
 from lmppo.data.prompt_files import check_prompt_file, did_you_mean, field_names, read_prompt_file, short_repr
 from lmppo.errors import ConfigError, DataError
@@ -43,8 +44,23 @@ def _where(records: Sequence[Any], index: int) -> str:
 # ----------------------------------------------------------------------------- loading
 
 
-def load_prompt_records(data_cfg: DataConfig, prompts: Iterable[object] | None = None) -> PromptRecords:
-    """The prompt records of ``data_cfg.prompts`` (a file or ``builtin:NAME``), or of ``prompts`` when given."""
+def run_prompt_records(cfg: Config, prompts: Iterable[object] | None = None) -> PromptRecords:
+    """The prompt records of run `cfg` (`load_prompt_records`, a generated set sized and seeded from the run)."""
+    return load_prompt_records(cfg.data, prompts, seed=cfg.data.holdout_seed_for(cfg.seed), size=generated_size(cfg))
+
+
+def generated_size(cfg: Config) -> int:
+    """Rows of a generated set (`lmppo.data.generated`) when `data.size` is 0: the prompts the run draws plus the
+    held-out ones."""
+    per_iteration = cfg.rollout.batch_size // cfg.rollout.num_samples_per_prompt
+    return max(1, cfg.num_iterations) * per_iteration + cfg.data.holdout
+
+
+def load_prompt_records(
+    data_cfg: DataConfig, prompts: Iterable[object] | None = None, *, seed: int = 0, size: int = 0
+) -> PromptRecords:
+    """The prompt records of ``data_cfg.prompts`` (a file, ``builtin:NAME`` or a generated set: `size` rows from
+    data seed `seed`, `data.size` when set), or of ``prompts`` when given."""
     if prompts is not None:
         if is_hf_dataset(prompts):  # a datasets.Dataset object: its `data.field` column
             return _load_dataset(prompts, data_cfg, "the datasets.Dataset passed to the API")
@@ -57,6 +73,11 @@ def load_prompt_records(data_cfg: DataConfig, prompts: Iterable[object] | None =
             field_name=data_cfg.field,
         )
     spec = data_cfg.prompts
+    if is_generated(spec):
+        rows = generated_records(
+            spec, data_cfg.size or size or 1, seed, data_cfg.task_options, data_cfg.task_instruction
+        )
+        return _records(list(rows), spec, [f"row {i}" for i in range(len(rows))], field_name="prompt")
     if spec.startswith("builtin:"):
         name = spec[len("builtin:") :]
         items = list(lmppo.models.assets.builtin_records(name))

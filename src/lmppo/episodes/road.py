@@ -33,6 +33,10 @@ ENDED_BY_STOP_TOKEN, ENDED_BY_LENGTH = "stop_token", "max_new_tokens"
 Precision = Callable[[], AbstractContextManager[object]]
 """The run's precision as a context factory: bf16 autocast (`autocast_for`) or nothing."""
 
+DROPPED = "dropped"
+"""The stop reason of an episode dropped on an environment failure (`environment.on_error: drop`): invalid, like a
+response a reward source gave bad output for under `reward.on_bad_output: drop`."""
+
 Columns = list[dict[str, object]]
 """Per response, its prompt record's other fields (reward functions take them by name)."""
 
@@ -358,12 +362,22 @@ def score_episodes(
         prompt_ids=p.batch.token_lists,
         columns=p.columns,
     )
+    # an episode dropped on an environment failure (`environment.on_error: drop`) is invalid: no score, no gradient
+    kept = torch.tensor([reason != DROPPED for reason in episodes.side.stop_reasons], dtype=torch.bool)
+    result = replace(
+        result,
+        token_scores=torch.where(kept[:, None], result.token_scores, 0.0),
+        valid=result.valid & kept,
+        per_source={name: torch.where(kept, v, 0.0) for name, v in result.per_source.items()},
+        final_scores=torch.where(kept, result.final_scores, 0.0),
+        num_invalid=result.num_invalid + int((result.valid & ~kept).sum()),
+    )
     B, T = episodes.response_ids.shape
     columns = (start[:, None] + torch.arange(mask.shape[1])[None, :]).clamp(max=T - 1)
     token_scores = torch.zeros(B, T).scatter_add_(1, columns, torch.where(mask, result.token_scores, 0.0))
     per_source = dict(result.per_source)
     for source in by_turns:
-        placed = source.place(turns, T)
+        placed = source.place(turns, T) * kept[:, None]
         token_scores = token_scores + source.weight * placed
         per_source[source.name] = placed.sum(1)
     return replace(result, token_scores=token_scores, per_source=per_source)

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from lmppo.config import BUILTIN_MODELS, Config, ModelConfig, hub_repo_id, load_config, parse_overrides, recipe_path
-from lmppo.data.prompts import PromptSet, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.data.prompts import PromptSet, run_prompt_records, split_holdout, tokenize_prompts
 from lmppo.environments.road import run_road
 from lmppo.episodes.road import Road, autocast_for, environment_sources
 from lmppo.errors import ConfigError, LmppoError
@@ -180,7 +180,7 @@ def eval_prompt_set(cfg: Config, tokenizer: PreTrainedTokenizerBase, num_prompts
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # long prompts were reported at training time
-        prompts = tokenize_prompts(load_prompt_records(cfg.data), tokenizer, cfg.data)
+        prompts = tokenize_prompts(run_prompt_records(cfg), tokenizer, cfg.data)
     if cfg.data.holdout > 0:
         _, held = split_holdout(prompts, cfg.data.holdout, cfg.data.holdout_seed_for(cfg.seed))
         n = min(num_prompts, len(held.ids)) if num_prompts > 0 else len(held.ids)

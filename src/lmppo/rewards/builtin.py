@@ -17,6 +17,7 @@ from lmppo.errors import LmppoError, RewardError
 from lmppo.models.assets import cache_dir, minilm_path, polarity_sentences
 from lmppo.models.cache import fill_file
 from lmppo.models.files import load_whole
+from lmppo.rewards.tasks import reasoning_gym
 
 if TYPE_CHECKING:  # torch and transformers are imported when a MiniLM reward is first called
     import torch
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "exact_match",
+    "reasoning_gym",
     "final_answer",
     "vader_sentiment",
     "minilm_sentiment",

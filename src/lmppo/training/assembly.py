@@ -22,7 +22,7 @@ from torch import nn
 from lmppo.config import Config, RewardSourceConfig, default_sources
 from lmppo.config.sampling_settings import check_generation_kwargs
 from lmppo.core.kl_control import KLController, make_kl_controller
-from lmppo.data.prompts import PromptSet, PromptStream, load_prompt_records, split_holdout, tokenize_prompts
+from lmppo.data.prompts import PromptSet, PromptStream, run_prompt_records, split_holdout, tokenize_prompts
 from lmppo.distributed.strategy import Strategy, make_strategy
 from lmppo.distributed.zero import accelerator_kwargs
 from lmppo.environments.factories import Factories, RunEnvironment, Tool, load_run_environment, name_python_objects
@@ -54,7 +54,7 @@ from lmppo.sampling.engines import SamplingEngine
 from lmppo.sampling.hf import warn_distorting_once
 from lmppo.sampling.stop import stop_token_ids
 from lmppo.training.inputs import input_fingerprints
-from lmppo.training.preflight import check_machine
+from lmppo.training.preflight import check_machine, check_tools
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -115,12 +115,13 @@ def build_components(
     name_python_objects(config.environment, environment_factory, tools)  # `python:...` in the config
     cfg = _validate_with_api_objects(config, reward_functions, prompts)
     check_reward_urls(cfg.reward)  # an HTTP source's scheme, host and port: one line, before anything loads
-    records = load_prompt_records(cfg.data, prompts)  # a bad prompt file (FIFO, ragged CSV): before any model loads
+    records = run_prompt_records(cfg, prompts)  # a bad prompt file (FIFO, ragged CSV): before any model loads
     distorting = check_generation_kwargs(cfg.rollout.generation_kwargs, cfg.rollout.allow_distorting_sampling)
     check_machine(cfg)  # device, sampling engine, attention kernel, trackers: before the run folder or any model
     environment = load_run_environment(cfg.environment, environment_factory, tools)  # one line for a bad class
     if environment is not None:
         environment.check_rows(records.columns, records.where)  # a dict of factories: each row's `environment`
+        check_tools(environment.tools)  # a docstring and type hints: one line, not transformers' traceback later
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
     fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
     run = start_run(cfg, console, resuming, value_model=value_model, ref_model=ref_model)

@@ -15,12 +15,13 @@ import torch
 
 from lmppo.core.batch import Rollout
 from lmppo.environments.episodes import STOP_REASONS
+from lmppo.episodes.road import DROPPED
 
 
 def episode_metrics(rollout: Rollout, gather: Callable[[torch.Tensor], float]) -> dict[str, float]:
     """`episode/*` (docs/metrics.md): turns, tool calls and tool errors per episode, the share of episodes ended by
-    the environment and by each budget, the environment's reward per turn, the policy's share of the response
-    tokens. `gather`: (B,) -> the mean over every process's rows."""
+    the environment and by each budget, the share dropped on an environment failure, the environment's reward per
+    turn, the policy's share of the response tokens. `gather`: (B,) -> the mean over every process's rows."""
     t, side = rollout.episodes.turns, rollout.episodes.side
     turns = (t.turn_ends >= 0).float().sum(1)  # (B,)
     out = {
@@ -32,6 +33,8 @@ def episode_metrics(rollout: Rollout, gather: Callable[[torch.Tensor], float]) -
     for reason in STOP_REASONS:
         ended = torch.tensor([float(r == reason) for r in side.stop_reasons], device=turns.device)
         out[f"episode/ended_by_{reason}"] = gather(ended)
+    dropped = torch.tensor([float(r == DROPPED) for r in side.stop_reasons], device=turns.device)
+    out["episode/dropped"] = gather(dropped)  # environment.on_error: drop
     out["episode/tool_calls"] = gather(torch.tensor([float(n) for n in side.tool_calls], device=turns.device))
     out["episode/tool_errors"] = gather(torch.tensor([float(n) for n in side.tool_errors], device=turns.device))
     return out

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Collection, Optional, Protocol, Sequ
 from torch import nn
 
 from lmppo.config import Config, apply_override, from_dict, load_config
-from lmppo.data.prompts import load_prompt_records
+from lmppo.data.prompts import run_prompt_records
 from lmppo.distributed.zero import requested_zero_stage
 from lmppo.errors import CheckpointError, ConfigError
 from lmppo.models.optim import lr_factor
@@ -345,7 +345,7 @@ def resume_trainer(
     check_compatible(cfg, saved.get("config", {}), path, moved)
     _check_length(cfg, saved, path)
     current = {
-        "data.prompts": fingerprint_records(load_prompt_records(cfg.data, trainer_kwargs.get("prompts"))),
+        "data.prompts": fingerprint_records(run_prompt_records(cfg, trainer_kwargs.get("prompts"))),
         **model_fingerprints(cfg),
     }
     changed = check_unchanged(cfg, recorded, current, path, accept_changed_inputs)
