@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lmppo-installed
 
-.PHONY: setup train lint test test-fast bench bench-verifiable bench-equivalence bench-llama-venv bench-anchors clean
+.PHONY: setup train lint test test-fast bench bench-verifiable bench-agents bench-equivalence bench-llama-venv bench-anchors clean
 
 setup: $(STAMP)
 
@@ -54,6 +54,16 @@ bench: $(STAMP) $(TRL_VENV)/bin/python
 bench-verifiable: $(STAMP) $(TRL_VENV)/bin/python
 	$(TRL_VENV)/bin/python -m pip install --quiet "peft==0.21.2" requests
 	$(PY) benchmarks/learning/verifiable.py --trl-python $(TRL_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
+
+# TRL 1.16 (GRPOTrainer with environment_factory, for the agents side by side) in a venv of its own, like 1.12's
+TRL116_VENV ?= .venv-trl116
+$(TRL116_VENV)/bin/python:
+	$(PYTHON) -m venv $(TRL116_VENV)
+	$(TRL116_VENV)/bin/python -m pip install --quiet "torch==2.13.0" "trl==1.16.0" "peft==0.21.2"
+
+# lmppo's modes beside TRL 1.16 on multi-turn games (benchmarks/learning/agents.py), rows in benchmarks/results/agents.jsonl
+bench-agents: $(STAMP) $(TRL116_VENV)/bin/python
+	$(PY) benchmarks/learning/agents.py --trl-python $(TRL116_VENV)/bin/python --lmppo-python $(PY) $(ARGS)
 
 # TRL and lmppo on one identical rollout (lmppo from the source tree, inside TRL's venv)
 bench-equivalence: $(STAMP) $(TRL_VENV)/bin/python

@@ -34,3 +34,25 @@ class BreaksLater(Countdown):
         if self.broken:
             raise RuntimeError("the environment's server went away")
         return super().step(action)
+
+
+class FailsOnSome(Countdown):
+    """Countdown whose step raises at turn `fail_at` of its row (0: never), the same rows at every run."""
+
+    def __init__(self, turns, prompt="", per_word=0.0, fail_at=0):
+        super().__init__(turns, prompt, per_word)
+        self.fail_at = int(fail_at)
+
+    def step(self, action):
+        if self.seen + 1 == self.fail_at:
+            raise RuntimeError(f"failed at turn {self.fail_at}")
+        return super().step(action)
+
+
+class DropsThrees(Countdown):
+    """Countdown whose rows of 3 turns fail at their 2nd turn (for `environment.on_error: drop`)."""
+
+    def step(self, action):
+        if self.turns == 3 and self.seen == 1:
+            raise RuntimeError("a row of three")
+        return super().step(action)

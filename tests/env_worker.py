@@ -2,7 +2,8 @@
 
 Trains a tiny in-process policy for 4 iterations on multi-turn episodes (a checkpoint every iteration). With
 WORKER_MARKER set, it writes that file after iteration 2 and carries on slowly (a 0.5 s pause after each
-micro-step of the next iterations), so the test can SIGKILL it in the middle of iteration 3."""
+micro-step of the next iterations), so the test can SIGKILL it in the middle of iteration 3. WORKER_ON_ERROR sets
+environment.on_error."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ def config(out: str, env: str):
         ppo__micro_batch_size=2,
         checkpoint__every=1,
         checkpoint__keep_last=4,
+        environment__on_error=os.environ.get("WORKER_ON_ERROR", "stop"),
     )
     cfg.reward.sources = []
     return cfg

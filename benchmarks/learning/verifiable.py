@@ -1,6 +1,7 @@
 """Side by side on a verifiable reward: lmppo (PPO with a critic, PPO with a shared value head, `grpo`, `grpo_exact`,
-`rloo`) and TRL 1.12's GRPOTrainer (in its own venv, as `make bench` runs TRL), SmolLM2-135M-Instruct learning
-small arithmetic.
+`rloo`) and TRL's GRPOTrainer (1.12 or 1.16, `--trl-version`, each in its own venv, as `make bench` runs TRL),
+SmolLM2-135M-Instruct learning small arithmetic or a reasoning-gym task. What both learning harnesses share (the
+sides, TRL's arguments, the workers, the rows, mean (min-max)) is benchmarks/shared/side_by_side.py.
 
 Task: `builtin:arithmetic` (480 problems: sums, differences, products, "Answer with the number only."), split once
 by a fixed seed into 380 training problems and 100 held-out ones, prompts through the chat template. Reward: lmppo's
@@ -10,8 +11,8 @@ Equal on every side: LoRA r16 / alpha 32 / all-linear / no dropout, fp32, 1 thre
 0.7, AdamW at a constant 7e-4 (eps 1e-5, grad-norm clip 1.0), 32 completions per rollout and 4 optimizer steps of
 16 completions on each rollout (2 epochs x 2 minibatches; TRL: steps_per_generation 2, num_iterations 2), the same
 completions in all (`--episodes`). Group sides (lmppo grpo/rloo, TRL) sample 8 completions per prompt; ratio clip
-0.2, top_k 0 / top_p 1 on both. Everything else is each side's default: TRL 1.12's GRPOTrainer `beta 0` (no KL
-term), `loss_type dapo` (token sum over the generation batch's token count: a token mean, as lmppo's),
+0.2, top_k 0 / top_p 1 on both. Everything else is each side's default: TRL's GRPOTrainer (1.12 and 1.16 alike)
+`beta 0` (no KL term), `loss_type dapo` (token sum over the generation batch's token count: a token mean, as lmppo's),
 `scale_rewards group` (group std with Bessel's correction, + 1e-4; lmppo's grpo: population std, + 1e-6, then
 `ppo.whiten_advantages` over the tokens of rows with a signal), and the Trainer's AdamW step on every batch, an
 all-zero gradient included (its moments keep moving the weights; lmppo takes no step on a batch without signal);
@@ -27,6 +28,11 @@ an interrupted grid keeps what ran; `--table` prints the markdown table (mean, m
     python benchmarks/learning/verifiable.py --trl-python .venv-trl/bin/python --episodes 384 --seeds 0,1,2 \
         [--sides trl,ppo_critic,ppo_shared,grpo,grpo_exact,rloo] [--out benchmarks/results/verifiable.jsonl]
     python benchmarks/learning/verifiable.py --table [--out ...]
+A reasoning-gym task: `--problems reasoning_gym:TASK` (`--size` rows, 480, made once with seed 1234 as lmppo's
+`data.prompts: reasoning_gym:TASK` makes them, `--task-options JSON`, `--task-instruction TEXT`), scored on every side
+and by the evaluator with `lmppo.rewards.builtin:reasoning_gym` (the task's own `score_answer`, `heldout_score` in the
+rows); TRL's worker reads reasoning-gym from lmppo's venv (`--lmppo-python`'s packages, after its own). TRL 1.16:
+`--trl-version 1.16` (its venv `.venv-trl116`, or `--trl-python`); the rows record TRL's version.
 Another task: `--problems my_task.jsonl` (one {"prompt": ..., "solution": ...} per line, scored by `exact_match`),
 `--heldout N` (100), `--max-new-tokens` (16), `--max-prompt-length` (48 tokens with the chat template; lmppo is told to
 stop on a longer prompt rather than cut it, as TRL cuts none). Each row records its task; `--table` prints one table
@@ -38,48 +44,79 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-HELDOUT = 100
-BATCH, STEPS_PER_ROLLOUT, GROUP = 32, 4, 8
-SETTINGS = dict(lr=7e-4, max_new_tokens=16, temperature=0.7, lora_r=16, lora_alpha=32)  # max_new_tokens: the default
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "shared"))
+import bench_path  # noqa: E402, F401  (every benchmark folder on the path)
+from side_by_side import (  # noqa: E402
+    REPO,
+    add_trl_options,
+    append_row,
+    by_side,
+    by_task,
+    check_positive,
+    check_sides,
+    commit,
+    json_object,
+    libraries,
+    lmppo_sides,
+    lmppo_steps,
+    model_dir,
+    nested,
+    read_rows,
+    run_child,
+    save_merged,
+    spread,
+    trl_grpo_arguments,
+    trl_model,
+    trl_python,
+    worker_env,
+)
 
-# lmppo sides: overrides on the shared settings (what each knob is: docs/choosing.md)
-# critic-free: the value head is not trained (vf_coef 0), or its loss would move the shared trunk for nothing
-GRPO = {"ppo.advantage_estimator": "grpo", "rollout.num_samples_per_prompt": GROUP, "ppo.vf_coef": 0.0}
-LMPPO_SIDES: dict[str, dict] = {
-    "ppo_critic": {"value.mode": "critic"},
-    "ppo_shared": {"value.mode": "shared"},
-    "grpo": GRPO,
-    # what docs/choosing.md recommends for verifiable rewards: the exact KL as a loss term, not in the rewards (its
-    # rows were run as `--sides grpo --extra '{"kl.estimator": "exact", "kl.placement": "loss"}'`, the same config)
-    "grpo_exact": {**GRPO, "kl.estimator": "exact", "kl.placement": "loss"},
-    "rloo": {**GRPO, "ppo.advantage_estimator": "rloo"},
-}
+HELDOUT = 100
+BATCH, GROUP = 32, 8
+SETTINGS = dict(lr=7e-4, max_new_tokens=16, temperature=0.7, lora_r=16, lora_alpha=32)  # max_new_tokens: the default
+REASONING_GYM = "reasoning_gym:"
+RG_ROWS_SEED = 1234
+"""reasoning-gym rows are made once with this seed (the same rows for every side and seed), then split as a file's."""
+REWARDS = {"exact_match": "lmppo.rewards.builtin:exact_match", "reasoning_gym": "lmppo.rewards.builtin:reasoning_gym"}
+
+# lmppo sides: overrides on the shared settings; `grpo_exact`'s rows in docs/choosing.md were run as `--sides grpo
+# --extra '{"kl.estimator": "exact", "kl.placement": "loss"}'`, the same config
+LMPPO_SIDES = lmppo_sides(GROUP)
 SIDES = ["trl", *LMPPO_SIDES]
+METRIC = {"exact_match": "heldout_exact_match", "reasoning_gym": "heldout_score"}
+"""A row's held-out figure by the task's reward."""
 SHOWN = {"trl": "TRL GRPOTrainer", **{side: f"lmppo `{side}`" for side in LMPPO_SIDES}}  # names in the table
 
 
-def load_problems(source: str) -> list[dict]:
-    """The task's problems: `builtin:arithmetic`, or a .jsonl file of objects with a non-empty `prompt` (text) and a
-    `solution` (text or number, compared by `exact_match`). Exits with one `error:` line naming the file, the line
-    and what is wrong, before any model is loaded."""
+def reward_of(source: str) -> str:
+    """The reward of a task, on every side: the task's own `score_answer` for reasoning-gym, else `exact_match`."""
+    return "reasoning_gym" if source.startswith(REASONING_GYM) else "exact_match"
+
+
+def load_problems(source: str, task: dict | None = None) -> list[dict]:
+    """The task's problems: `builtin:arithmetic`, `reasoning_gym:TASK` (`task`: its `size`, `options` and
+    `instruction`; rows made with seed RG_ROWS_SEED, each with its `entry` and `task` for the reward), or a .jsonl
+    file of objects with a non-empty `prompt` (text) and a `solution` (text or number, compared by `exact_match`).
+    Exits with one `error:` line naming the file, the line and what is wrong, before any model is loaded."""
     if source == "builtin:arithmetic":
         sys.path.insert(0, str(REPO / "src"))
         from lmppo.models.assets import arithmetic_problems
 
         return [{"prompt": p["prompt"], "solution": p["solution"]} for p in arithmetic_problems()]
+    if source.startswith(REASONING_GYM):
+        return reasoning_gym_problems(source, task or {})
     path = Path(source)
     if not path.is_file():
-        sys.exit(f"error: --problems {source!r} is not a file; give builtin:arithmetic or a .jsonl file")
+        sys.exit(
+            f"error: --problems {source!r} is not a file; give builtin:arithmetic, reasoning_gym:TASK or a .jsonl file"
+        )
     problems = []
     for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -97,9 +134,26 @@ def load_problems(source: str) -> list[dict]:
     return problems
 
 
-def split_problems(work: Path, source: str, heldout_count: int) -> tuple[Path, list[dict]]:
-    """train.jsonl (prompt, solution) in `work`, and the held-out problems (fixed split, seed 1234)."""
-    problems = load_problems(source)
+def reasoning_gym_problems(source: str, task: dict) -> list[dict]:
+    """The rows of `reasoning_gym:TASK` as lmppo's `data.prompts: reasoning_gym:TASK` makes them (`solution`: the
+    task's answer); a task or option reasoning-gym refuses is lmppo's one line."""
+    sys.path.insert(0, str(REPO / "src"))
+    from lmppo.data.generated import reasoning_gym_records
+    from lmppo.errors import LmppoError
+
+    try:
+        rows = reasoning_gym_records(
+            source[len(REASONING_GYM) :], task["size"], RG_ROWS_SEED, task["options"], task["instruction"]
+        )
+    except LmppoError as err:
+        sys.exit(f"error: --problems {source}: {err}")
+    return [{"prompt": r["prompt"], "solution": r["answer"], "entry": r["entry"], "task": r["task"]} for r in rows]
+
+
+def split_problems(work: Path, source: str, heldout_count: int, task: dict | None = None) -> tuple[Path, list[dict]]:
+    """train.jsonl (prompt, solution and the task's other columns) in `work`, and the held-out problems (fixed split,
+    seed 1234)."""
+    problems = load_problems(source, task)
     if not 1 <= heldout_count <= len(problems) - BATCH // GROUP:
         sys.exit(
             f"error: --heldout {heldout_count} with {len(problems)} problems in {source}; allowed: 1 to "
@@ -110,7 +164,7 @@ def split_problems(work: Path, source: str, heldout_count: int) -> tuple[Path, l
     heldout = [problems[i] for i in order[:heldout_count]]
     train = [problems[i] for i in order[heldout_count:]]
     path = work / "train.jsonl"
-    path.write_text("".join(json.dumps({"prompt": p["prompt"], "solution": p["solution"]}) + "\n" for p in train))
+    path.write_text("".join(json.dumps(p) + "\n" for p in train))
     return path, heldout
 
 
@@ -140,15 +194,11 @@ def lmppo_worker(cfg: dict) -> None:
         "rollout.batch_size": BATCH,
         "rollout.max_new_tokens": cfg["max_new_tokens"],
         "rollout.temperature": SETTINGS["temperature"],
-        "reward.sources": [
-            {"kind": "function", "path": "lmppo.rewards.builtin:exact_match", "name": "exact_match", "weight": 1.0}
-        ],
+        "reward.sources": [{"kind": "function", "path": REWARDS[cfg["reward"]], "name": cfg["reward"], "weight": 1.0}],
         "reward.truncation": "none",
         "kl.coef": 0.05,
         "kl.controller": "pi",
         "kl.target": 5.0,
-        "ppo.num_epochs": 2,
-        "ppo.num_minibatches": 2,
         "ppo.micro_batch_size": 16,
         "ppo.learning_rate": SETTINGS["lr"],
         "ppo.lr_schedule": "constant",
@@ -158,7 +208,7 @@ def lmppo_worker(cfg: dict) -> None:
         **LMPPO_SIDES[cfg["side"]],
         **cfg.get("extra", {}),
     }
-    config = from_dict(Config, nested(overrides))
+    config = from_dict(Config, nested(lmppo_steps(overrides)))
     trainer = PPOTrainer(config)
     history = trainer.train()
     merged = trainer.policy.merge_and_unload() if hasattr(trainer.policy, "merge_and_unload") else trainer.policy
@@ -168,96 +218,72 @@ def lmppo_worker(cfg: dict) -> None:
     Path(cfg["result"]).write_text(json.dumps({"iterations": len(history), "skipped_no_signal": skipped}))
 
 
-def nested(flat: dict) -> dict:
-    out: dict = {}
-    for key, value in flat.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
 def trl_worker(cfg: dict) -> None:
     import torch
 
     torch.set_num_threads(1)
     from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import trl
     from trl import GRPOConfig, GRPOTrainer
 
     sys.path.insert(0, str(REPO / "src"))
-    from lmppo.rewards.builtin import exact_match
-
+    sys.path.append(cfg["libraries"])  # reasoning-gym from lmppo's venv, after TRL's own packages
+    score = task_reward(cfg["reward"])
     rows = [json.loads(line) for line in Path(cfg["train_file"]).read_text().splitlines()]
+    # columns as JSON text: an Arrow column cannot hold reasoning-gym items whose metadata differ in shape
     data = Dataset.from_list(
-        [{"prompt": [{"role": "user", "content": r["prompt"]}], "solution": r["solution"]} for r in rows]
+        [
+            {"prompt": [{"role": "user", "content": r["prompt"]}], **{k: json.dumps(v) for k, v in r.items()}}
+            for r in rows
+        ]
     )
 
-    def exact_match_reward(completions, solution, **kwargs):
+    def task_reward_function(completions, **columns):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return exact_match(texts, solution)
+        return score(texts, **{k: [json.loads(v) for v in vs] for k, vs in columns.items() if k in rows[0]})
 
-    steps = cfg["episodes"] // BATCH * STEPS_PER_ROLLOUT
-    args = GRPOConfig(
-        output_dir=cfg["run_dir"],
-        use_cpu=True,
-        bf16=False,
+    arguments = trl_grpo_arguments(
+        run_dir=cfg["run_dir"],
         seed=cfg["seed"],
-        per_device_train_batch_size=BATCH // 2,
-        gradient_accumulation_steps=1,
-        steps_per_generation=2,
-        num_iterations=2,
-        num_generations=GROUP,
-        max_completion_length=cfg["max_new_tokens"],
-        temperature=SETTINGS["temperature"],
-        learning_rate=SETTINGS["lr"],
-        lr_scheduler_type="constant",
-        adam_epsilon=1e-5,
-        max_grad_norm=1.0,
-        max_steps=steps,
-        gradient_checkpointing=False,
-        logging_steps=STEPS_PER_ROLLOUT,
-        save_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
+        episodes=cfg["episodes"],
+        batch=BATCH,
+        group=GROUP,
+        max_new_tokens=cfg["max_new_tokens"],
+        settings=SETTINGS,
     )
-    tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"])
-    model = AutoModelForCausalLM.from_pretrained(cfg["model_dir"], dtype=torch.float32)
-    lora = LoraConfig(
-        r=SETTINGS["lora_r"],
-        lora_alpha=SETTINGS["lora_alpha"],
-        target_modules="all-linear",
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )
+    args = GRPOConfig(**arguments)
+    tokenizer, model, lora = trl_model(cfg["model_dir"], SETTINGS)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=exact_match_reward,
+        reward_funcs=task_reward_function,
         args=args,
         train_dataset=data,
         processing_class=tokenizer,
         peft_config=lora,
     )
     trainer.train()
-    merged = trainer.model.merge_and_unload()
-    merged.save_pretrained(cfg["policy_dir"])
-    tokenizer.save_pretrained(cfg["policy_dir"])
-    Path(cfg["result"]).write_text(json.dumps({"steps": steps}))
+    save_merged(trainer, tokenizer, cfg["policy_dir"])
+    Path(cfg["result"]).write_text(json.dumps({"steps": arguments["max_steps"], "trl_version": trl.__version__}))
+
+
+def task_reward(name: str):
+    """The reward function of the task's reward (`REWARDS`), from lmppo's source tree."""
+    from lmppo.rewards.builtin import exact_match
+    from lmppo.rewards.tasks import reasoning_gym
+
+    return {"exact_match": exact_match, "reasoning_gym": reasoning_gym}[name]
 
 
 # ------------------------------------------------------------------------------------------------ evaluation
 def evaluate(cfg: dict) -> dict:
-    """Greedy held-out exact match of `cfg['policy_dir']`, and its KL to the base on the held-out prompts."""
+    """Greedy held-out exact match (reasoning-gym: the task's score) of `cfg['policy_dir']`, and its KL to the base
+    on the held-out prompts."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sys.path.insert(0, str(REPO / "src"))
     from lmppo.core.kl import exact_kl
-    from lmppo.rewards.builtin import exact_match
 
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"])
@@ -278,7 +304,8 @@ def evaluate(cfg: dict) -> dict:
             **enc, max_new_tokens=cfg["max_new_tokens"], do_sample=False, pad_token_id=tokenizer.pad_token_id
         )
         answers = tokenizer.batch_decode(greedy[:, P:], skip_special_tokens=True)
-        score = exact_match(answers, [p["solution"] for p in heldout])
+        columns = {k: [p[k] for p in heldout] for k in heldout[0] if k != "prompt"}
+        score = task_reward(cfg["reward"])(answers, **columns)
         torch.manual_seed(0)
         kls = []
         for _ in range(2):
@@ -299,47 +326,42 @@ def evaluate(cfg: dict) -> dict:
             ref_logits = base(sampled, attention_mask=attention).logits[:, P - 1 : -1] / SETTINGS["temperature"]
             kl = exact_kl(logits, ref_logits)  # (B, T)
             kls.append(float((kl * real).sum(1).mean()))
-    return {"heldout_exact_match": sum(score) / len(score), "heldout_kl": statistics.mean(kls)}
+    return {METRIC[cfg["reward"]]: sum(score) / len(score), "heldout_kl": statistics.mean(kls)}
 
 
 # ------------------------------------------------------------------------------------------------ driver
-def run_child(python: str, args: list[str], log: Path, env: dict | None = None) -> tuple[int, float]:
-    """Run a worker; (exit code, CPU seconds of the child: user + system)."""
-    with open(log, "w") as out:
-        proc = subprocess.Popen([python, __file__, *args], stdout=out, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-    return os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime
-
-
-def model_dir(python: str) -> str:
-    code = "from lmppo.models.assets import ensure_smollm2; print(ensure_smollm2())"
-    return subprocess.check_output([python, "-c", code], text=True).strip().splitlines()[-1]
+def child(python: str, args: list[str], log: Path, env: dict) -> tuple[int, float]:
+    return run_child([python, __file__, *args], log, env)
 
 
 def drive(a: argparse.Namespace) -> None:
     work = Path(a.work or tempfile.mkdtemp(prefix="verifiable-"))
     work.mkdir(parents=True, exist_ok=True)
-    train_file, heldout = split_problems(work, a.problems, a.heldout)
+    rg_task = {"size": a.size, "options": a.task_options, "instruction": a.task_instruction}
+    train_file, heldout = split_problems(work, a.problems, a.heldout, rg_task)
     model = model_dir(a.lmppo_python)
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
-    env_trl = dict(env, PYTHONPATH=str(REPO / "src"))
+    env = worker_env()
+    env_trl = worker_env(PYTHONPATH=str(REPO / "src"))
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    task = {"max_new_tokens": a.max_new_tokens, "max_prompt_length": a.max_prompt_length}
+    task = {
+        "max_new_tokens": a.max_new_tokens,
+        "max_prompt_length": a.max_prompt_length,
+        "reward": reward_of(a.problems),
+    }
     base_cfg = {"model_dir": model, "policy_dir": model, "heldout": heldout, **task}
     base_file = work / "base.json"
     base_file.write_text(json.dumps(base_cfg))
+    at = commit()
     if not a.skip_base:
-        rc, _ = run_child(
+        rc, _ = child(
             a.lmppo_python,
             ["--evaluate", str(base_file), "--result", str(work / "base_eval.json")],
             work / "base.log",
             env,
         )
         base = json.loads((work / "base_eval.json").read_text())
-        print(f"base: held-out exact match {base['heldout_exact_match']:.2f}", flush=True)
-        with open(out, "a") as f:
-            f.write(json.dumps({"side": "base", "task": a.problems, "episodes": 0, "seed": None, **base}) + "\n")
+        append_row(out, {"side": "base", "task": a.problems, "episodes": 0, "seed": None, "commit": at, **base})
+    trl = trl_python(a.trl_python, a.trl_version)
     for seed in a.seeds:
         for side in a.sides:
             tag = f"{side}-{a.episodes}-s{seed}{a.tag}"
@@ -353,15 +375,15 @@ def drive(a: argparse.Namespace) -> None:
                 "policy_dir": str(work / tag / "merged"),
                 "result": str(work / f"{tag}.result.json"),
                 "heldout": heldout,
+                "libraries": libraries(a.lmppo_python) if side == "trl" else "",
                 **task,
-                "extra": json.loads(a.extra) if a.extra and side != "trl" else {},
+                "extra": a.extra if side != "trl" else {},
             }
             cfg_file = work / f"{tag}.json"
             cfg_file.write_text(json.dumps(cfg))
-            python = a.trl_python if side == "trl" else a.lmppo_python
             started = time.time()
-            rc, cpu = run_child(
-                python,
+            rc, cpu = child(
+                trl if side == "trl" else a.lmppo_python,
                 ["--worker", "trl" if side == "trl" else "lmppo", "--cfg", str(cfg_file)],
                 work / f"{tag}.log",
                 env_trl if side == "trl" else env,
@@ -371,7 +393,7 @@ def drive(a: argparse.Namespace) -> None:
                 print(f"{tag}: worker failed (exit {rc}), log {work / f'{tag}.log'}", flush=True)
                 continue
             eval_file = work / f"{tag}.eval.json"
-            rc, _ = run_child(
+            rc, _ = child(
                 a.lmppo_python, ["--evaluate", str(cfg_file), "--result", str(eval_file)], work / f"{tag}.eval.log", env
             )
             if rc != 0:
@@ -384,54 +406,37 @@ def drive(a: argparse.Namespace) -> None:
                 "seed": seed,
                 "tag": a.tag,
                 "extra": cfg["extra"],
+                "commit": at,
                 **json.loads(eval_file.read_text()),
                 **json.loads(Path(cfg["result"]).read_text()),
                 "cpu_s": round(cpu, 1),
                 "wall_s": round(wall, 1),
             }
-            with open(out, "a") as f:
-                f.write(json.dumps(row) + "\n")
-            print(json.dumps(row), flush=True)
+            append_row(out, row)
 
 
 def table(path: Path) -> str:
     """One markdown table per task of the rows in `path` (rows without a task are `builtin:arithmetic`'s)."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    tasks: dict[str, list[dict]] = {}
-    for r in rows:
-        tasks.setdefault(r.get("task", "builtin:arithmetic"), []).append(r)
+    tasks = by_task(read_rows(path), "builtin:arithmetic")
     return "\n\n".join(task_table(task, rs, several=len(tasks) > 1) for task, rs in tasks.items())
 
 
-def label(row: dict) -> str:
-    """A row's side as the table names it: the side, then its config overrides (`--extra`) if any, else its tag."""
-    side = SHOWN.get(row["side"], row["side"])
-    extra = row.get("extra") or {}
-    if extra:
-        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in extra.items())
-    return f"{side} {row['tag']}" if row.get("tag") else side
-
-
 def task_table(task: str, rows: list[dict], several: bool) -> str:
+    metric = "heldout_score" if any("heldout_score" in r for r in rows) else "heldout_exact_match"
+    shown = "score (the task's score_answer)" if metric == "heldout_score" else "exact match"
     base = [r for r in rows if r["side"] == "base"]
     lines = [f"Task {task}\n"] if several else []
     if base:
-        lines.append(f"Base model (before): held-out exact match {base[-1]['heldout_exact_match']:.2f}\n")
+        lines.append(f"Base model (before): held-out {shown} {base[-1][metric]:.2f}\n")
     lines.append(
-        "| side | completions | seeds | held-out exact match (mean, min-max) | held-out KL to base (nats) | CPU s |"
+        f"| side | completions | seeds | held-out {shown} (mean, min-max) | held-out KL to base (nats) | CPU s |"
     )
     lines.append("|---|---|---|---|---|---|")
-    groups: dict[tuple, list[dict]] = {}
-    for r in rows:
-        if r["side"] != "base":
-            groups.setdefault((label(r), r["episodes"]), []).append(r)
-    for (side, episodes), rs in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        em = [r["heldout_exact_match"] for r in rs]
-        kl = [r["heldout_kl"] for r in rs]
-        cpu = [r["cpu_s"] for r in rs]
+    for (side, episodes), rs in by_side([r for r in rows if r["side"] != "base"], SHOWN):
+        cpu = statistics.mean(r["cpu_s"] for r in rs)
         lines.append(
-            f"| {side} | {episodes} | {len(rs)} | {statistics.mean(em):.2f} ({min(em):.2f}-{max(em):.2f}) | "
-            f"{statistics.mean(kl):.2f} ({min(kl):.2f}-{max(kl):.2f}) | {statistics.mean(cpu):.0f} |"
+            f"| {side} | {episodes} | {len(rs)} | {spread([r[metric] for r in rs])} | "
+            f"{spread([r['heldout_kl'] for r in rs])} | {cpu:.0f} |"
         )
     return "\n".join(lines)
 
@@ -443,22 +448,25 @@ def main() -> None:
     p.add_argument("--evaluate")
     p.add_argument("--result")
     p.add_argument("--table", action="store_true")
-    p.add_argument("--trl-python", default=str(REPO / ".venv-trl/bin/python"))
-    p.add_argument("--lmppo-python", default=sys.executable)
+    add_trl_options(p, "1.12")
     p.add_argument("--sides", type=lambda s: s.split(","), default=SIDES)
     p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2])
     p.add_argument("--episodes", type=int, default=384)
     p.add_argument(
         "--problems",
         default="builtin:arithmetic",
-        help="the task: builtin:arithmetic or a .jsonl of {prompt, solution} (checked with exact_match)",
+        help="the task: builtin:arithmetic, reasoning_gym:TASK (scored by the task's score_answer) or a .jsonl of "
+        "{prompt, solution} (checked with exact_match)",
     )
+    p.add_argument("--size", type=int, default=480, help="rows made of reasoning_gym:TASK (held-out ones included)")
+    p.add_argument("--task-options", type=json_object, default={}, help="JSON: reasoning_gym:TASK's options")
+    p.add_argument("--task-instruction", default="", help="text after each reasoning-gym question")
     p.add_argument("--heldout", type=int, default=HELDOUT, help="problems kept out of training and scored")
     p.add_argument("--max-new-tokens", type=int, default=SETTINGS["max_new_tokens"])
     p.add_argument(
         "--max-prompt-length", type=int, default=48, help="tokens, chat template included; a longer prompt is an error"
     )
-    p.add_argument("--extra", default="", help="JSON dict of config overrides for the lmppo sides")
+    p.add_argument("--extra", type=json_object, default={}, help="JSON dict of config overrides for the lmppo sides")
     p.add_argument("--tag", default="", help="suffix of the side's name in the table (a variant)")
     p.add_argument("--work", default="")
     p.add_argument("--skip-base", action="store_true")
@@ -472,12 +480,8 @@ def main() -> None:
     elif a.table:
         print(table(Path(a.out)))
     else:
-        for name in ("episodes", "max_new_tokens", "max_prompt_length"):
-            if getattr(a, name) < 1:
-                sys.exit(f"error: --{name.replace('_', '-')} {getattr(a, name)}; allowed: a positive whole number")
-        unknown = set(a.sides) - set(SIDES)
-        if unknown:
-            sys.exit(f"error: --sides {sorted(unknown)} unknown; allowed: {', '.join(SIDES)}")
+        check_positive(a, ("episodes", "max_new_tokens", "max_prompt_length", "size"))
+        check_sides(a.sides, SIDES)
         drive(a)
 
 

@@ -61,7 +61,8 @@ class Registry(Generic[T]):
 
     `what`: what an entry is ("sampling engine"); `option`: the config field that names one ("rollout.backend");
     `builtins`: name -> `module:attribute` (or `builtin(target, **traits)`); `group`: the entry-point group of
-    installed plug-ins; `traits`: the traits an entry may declare -> the value of one that does not."""
+    installed plug-ins; `traits`: the traits an entry may declare -> the value of one that does not; `also`: the
+    forms the option takes besides a name (`module:Class`), shown by `--help`."""
 
     def __init__(
         self,
@@ -70,8 +71,9 @@ class Registry(Generic[T]):
         builtins: Mapping[str, str | Builtin],
         group: str = "",
         traits: Mapping[str, object] | None = None,
+        also: tuple[str, ...] = (),
     ) -> None:
-        self.what, self.option, self.group = what, option, group
+        self.what, self.option, self.group, self.also = what, option, group, also
         self.trait_defaults: dict[str, object] = dict(traits or {})
         declared = {name: b if isinstance(b, Builtin) else Builtin(b) for name, b in builtins.items()}
         self._targets: dict[str, str] = {name: b.target for name, b in declared.items()}
@@ -296,6 +298,7 @@ ENVIRONMENTS: Registry[Any] = Registry(
         "guess_number": "lmppo.environments.games:GuessNumber",
     },
     group="lmppo.environments",
+    also=("module:Class", "file.py:Class", "textarena:ENV_ID"),
 )
 """Built-in environments; `environment.path` also takes `module:Class` or `path/to/file.py:Class`."""
 

@@ -112,6 +112,11 @@ def test_an_unknown_option_is_named_with_the_closest_one(capsys):
 def test_train_help_lists_every_value_a_registry_option_takes(capsys):
     out = _out(["train", "--help"], capsys)
     assert "--kl.estimator {k1,k2,k3,exact}   (default: k1)" in out  # `exact` is accepted, so it is listed
+    # not only the built-ins: a class of the user's, by module or by file
+    assert '--environment.path {tools,guess_number}|module:Class|file.py:Class|textarena:ENV_ID   (default: "")' in out
+    assert "Allowed: one of tools, guess_number, or module:Class or file.py:Class or textarena:ENV_ID." in " ".join(
+        out.split()
+    )
 
 
 def test_the_old_module_name_lmppo_cli_still_runs_the_command():

@@ -83,3 +83,22 @@ def test_output_dir_expands_environment_variables(tmp_path, monkeypatch, env, ca
     monkeypatch.chdir(tmp_path)
     _refused(env, capsys, "`output_dir`", "LMPPO_TEST_RUNS", "not set", output_dir="$LMPPO_TEST_RUNS/a")
     assert not any(name.startswith(("$", ".lmppo")) for name in os.listdir(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "source,missing",
+    [
+        ("def multiply(a: int, b: int) -> int:\n    return a * b\n", "because it has no docstring"),
+        ('def multiply(a, b: int) -> int:\n    """Multiplies.\n\n    Args:\n        a: one\n        b: two\n    """\n'
+         "    return a * b\n", "Argument a is missing a type hint"),
+    ],
+)  # fmt: skip
+def test_a_tool_the_model_cannot_be_told_about_is_refused_before_the_models_load(env, capsys, source, missing):
+    """Not transformers' 30-line traceback after the models loaded: one line naming the tool and what it lacks."""
+    tmp_path, _ = env
+    (tmp_path / "my_tools.py").write_text(source)
+    _refused(
+        env, capsys, "`environment.tools`", "tool `multiply`", missing,
+        environment__path="tools", environment__tools=[f"{tmp_path / 'my_tools.py'}:multiply"],
+        rollout__stop_token="<|im_end|>", reward__sources=[],
+    )  # fmt: skip

@@ -58,7 +58,8 @@ def test_a_bad_problem_line_is_one_error_line_naming_file_and_line(tmp_path, bad
 def test_a_missing_task_file_and_bad_sizes_are_refused(tmp_path):
     got = drive(tmp_path, "--problems", str(tmp_path / "nope.jsonl"))
     assert got.stderr.strip().splitlines() == [
-        f"error: --problems '{tmp_path / 'nope.jsonl'}' is not a file; give builtin:arithmetic or a .jsonl file"
+        f"error: --problems '{tmp_path / 'nope.jsonl'}' is not a file; give builtin:arithmetic, reasoning_gym:TASK or "
+        "a .jsonl file"
     ]
     path = problems_file(tmp_path, GOOD)
     for heldout in ("0", "17"):  # 20 problems: one rollout's 4 prompts must stay for training
@@ -112,9 +113,79 @@ def test_a_variant_is_named_by_its_overrides_and_kept_apart(tmp_path):
         {**row, "seed": 1, "tag": "exloss", "extra": {"kl.placement": "loss"}, "heldout_exact_match": 0.3},
         {**row, "seed": 0, "tag": "again", "heldout_exact_match": 0.2},
     ]
-    out = tmp_path / "rows.jsonl"
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    text = verifiable.table(out)
+    text = verifiable.table(problems_file(tmp_path, rows, "rows.jsonl"))
     assert "| lmppo `grpo` | 1536 | 1 | 0.10 (0.10-0.10) |" in text
     assert '| lmppo `grpo` + `kl.placement: "loss"` | 1536 | 2 | 0.40 (0.30-0.50) |' in text
     assert "| lmppo `grpo` again | 1536 | 1 | 0.20 (0.20-0.20) |" in text
+
+
+RG = "reasoning_gym:basic_arithmetic"
+RG_TASK = {"size": 12, "options": {"min_terms": 2, "max_terms": 2, "max_digits": 1}, "instruction": "Answer."}
+
+
+def test_a_reasoning_gym_task_is_its_rows_with_the_tasks_own_score_on_every_side(tmp_path):
+    """reasoning-gym rows as lmppo's data.prompts makes them (entry and task kept for the reward), split as a file's;
+    the reward is the task's score_answer, for the lmppo sides (the config's source), TRL's and the evaluator."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    train_a, heldout_a = verifiable.split_problems(tmp_path / "a", RG, 4, RG_TASK)
+    train_b, heldout_b = verifiable.split_problems(tmp_path / "b", RG, 4, RG_TASK)
+    assert heldout_a == heldout_b and train_a.read_text() == train_b.read_text()
+    trained = [json.loads(line) for line in train_a.read_text().splitlines()]
+    assert len(trained) == 8 and len(heldout_a) == 4
+    row = heldout_a[0]
+    assert row["prompt"].endswith(" Answer.") and row["solution"] == row["entry"]["answer"]
+    assert row["task"] == {"name": "basic_arithmetic", "options": RG_TASK["options"]}
+    assert verifiable.reward_of(RG) == "reasoning_gym" and verifiable.reward_of("builtin:arithmetic") == "exact_match"
+    score = verifiable.task_reward("reasoning_gym")
+    columns = {k: [r[k] for r in trained] for k in ("solution", "entry", "task")}
+    right = [r["solution"] for r in trained]
+    assert score(right, **columns) == [1.0] * 8
+    assert score(["x"] * 8, **columns) == [0.0] * 8
+    assert verifiable.REWARDS["reasoning_gym"] == "lmppo.rewards.builtin:reasoning_gym"
+
+
+def test_a_task_reasoning_gym_refuses_is_one_error_line(tmp_path):
+    got = drive(tmp_path, "--problems", "reasoning_gym:basic_arithmetc")
+    assert got.returncode == 1
+    (line,) = got.stderr.strip().splitlines()
+    assert line.startswith("error: --problems reasoning_gym:basic_arithmetc: ") and "basic_arithmetic" in line
+    got = drive(tmp_path, "--problems", RG, "--task-options", '{"max_digits": 0}')
+    (line,) = got.stderr.strip().splitlines()
+    assert line.startswith(f"error: --problems {RG}: ") and "data.task_options" in line
+    got = drive(tmp_path, "--problems", RG, "--task-options", "[1]")
+    assert got.returncode == 2 and "argument --task-options: '[1]' is not a JSON object" in got.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_trl_runs_the_same_completions_and_optimizer_steps_as_lmppo_from_the_venv_of_its_version(tmp_path):
+    import side_by_side
+
+    arguments = side_by_side.trl_grpo_arguments(
+        run_dir="r", seed=0, episodes=384, batch=32, group=8, max_new_tokens=16, settings=verifiable.SETTINGS
+    )
+    assert side_by_side.trl_episodes(arguments) == 384
+    assert arguments["max_steps"] == side_by_side.optimizer_steps(384, 32) == 384 // 32 * 4
+    assert (arguments["num_iterations"], arguments["steps_per_generation"]) == (2, 2)  # lmppo: 2 epochs x 2 minibatches
+    assert (
+        side_by_side.lmppo_steps({})["ppo.num_epochs"] == 2 and side_by_side.lmppo_steps({})["ppo.num_minibatches"] == 2
+    )
+    assert side_by_side.trl_python("", "1.16") == str(ROOT / ".venv-trl116" / "bin" / "python")
+    assert side_by_side.trl_python("", "1.12") == str(ROOT / ".venv-trl" / "bin" / "python")
+    assert side_by_side.trl_python("/x/python", "1.16") == "/x/python"
+    got = drive(tmp_path, "--trl-version", "1.13")
+    assert got.returncode == 2 and "--trl-version: invalid choice: '1.13'" in got.stderr
+
+
+def test_a_reasoning_gym_table_shows_the_score_and_trl_by_its_version(tmp_path):
+    row = {"episodes": 384, "tag": "", "task": RG, "cpu_s": 10.0}
+    rows = [
+        {**row, "side": "base", "seed": None, "heldout_score": 0.25, "heldout_kl": 0.0},
+        {**row, "side": "trl", "seed": 0, "trl_version": "1.16.0", "heldout_score": 0.5, "heldout_kl": 8.0},
+        {**row, "side": "trl", "seed": 1, "trl_version": "1.16.0", "heldout_score": 0.3, "heldout_kl": 6.0},
+        {**row, "side": "trl", "seed": 0, "heldout_score": 0.1, "heldout_kl": 2.0},  # a 1.12 row (no version)
+    ]
+    text = verifiable.table(problems_file(tmp_path, rows, "rows.jsonl"))
+    assert "Base model (before): held-out score (the task's score_answer) 0.25" in text
+    assert "| TRL 1.16.0 GRPOTrainer | 384 | 2 | 0.40 (0.30-0.50) | 7.00 (6.00-8.00) | 10 |" in text
+    assert "| TRL GRPOTrainer | 384 | 1 | 0.10 (0.10-0.10) |" in text

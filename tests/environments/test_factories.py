@@ -272,3 +272,26 @@ def test_python_tools_work_with_the_builtin_tools_environment_and_async_tools(to
     (episode,) = player.play(Scripted(tokenizer, stop, script), [[1]], [{"prompt": "3*5+1?", "answer": "16"}], [0], [0])
     assert episode.transcript[1] == "15" and episode.transcript[3] == "16"
     assert episode.turn_rewards == [0.0, 0.0, 1.0] and episode.tool_calls == 2
+
+
+def test_a_tool_without_a_schema_is_one_error_line_before_any_episode():
+    class Undocumented(Quiet):
+        def guess(self, n: int) -> str:
+            return str(n)
+
+    def no_hints(a, b):
+        """Add.
+
+        Args:
+            a: one
+            b: two
+        """
+        return a + b
+
+    with pytest.raises(
+        EnvironmentError, match=r"^tool method of .*Undocumented `guess` cannot be offered to the model: "
+    ):
+        load_run_environment(EnvironmentConfig(), factory=Undocumented)
+    with pytest.raises(EnvironmentError, match=r"^tool `no_hints` cannot be offered to the model: .*type hints"):
+        load_run_environment(EnvironmentConfig(), factory=Quiet, tools=[no_hints])
+    load_run_environment(EnvironmentConfig(), factory=Counter, tools=[multiply])  # documented: accepted

@@ -137,6 +137,14 @@ def test_a_template_that_is_not_prefix_preserving_is_refused(tokenizer):
         ChatObservations(Rewriting(), [2])
 
 
+def test_a_stop_token_that_does_not_end_the_templates_turn_is_refused_naming_the_one_that_does(tokenizer):
+    eos = tokenizer.eos_token_id
+    assert tokenizer.convert_ids_to_tokens(eos) != "<|im_end|>"
+    with pytest.raises(EnvironmentError) as info:
+        ChatObservations(tokenizer, [eos])
+    assert str(info.value).endswith(": set rollout.stop_token to `<|im_end|>`, the token it ends one with")
+
+
 def test_text_rendering_appends_the_observation_as_plain_text(tokenizer):
     """environment.render `text`: no chat template; the opening and each observation are their text, encoded."""
     from lmppo.environments.render import Observations

@@ -20,8 +20,8 @@ WORKER = os.path.join(TESTS, "env_worker.py")
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 
 
-def run(out: str, env: str, *extra: str, marker: str | None = None) -> subprocess.Popen:
-    environ = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
+def run(out: str, env: str, *extra: str, marker: str | None = None, on_error: str = "stop") -> subprocess.Popen:
+    environ = dict(os.environ, PYTHONHASHSEED="0", OMP_NUM_THREADS="1", WORKER_ON_ERROR=on_error)
     environ.pop("WORKER_MARKER", None)
     if marker:
         environ["WORKER_MARKER"] = marker
@@ -34,12 +34,14 @@ def weights(out: str) -> dict:
     return load_file(os.path.join(folder, name))
 
 
-def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
-    env = os.path.join(TESTS, "countdown_env.py") + ":Countdown"  # rows with per_word: rewards follow the samples
+@pytest.mark.parametrize("name,on_error", [("Countdown", "stop"), ("DropsThrees", "drop")])
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, name, on_error):
+    """Also with episodes dropped (`environment.on_error: drop`: the rows of 3 turns fail at their 2nd turn)."""
+    env = os.path.join(TESTS, "countdown_env.py") + ":" + name  # rows with per_word: rewards follow the samples
     whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
-    reference = run(whole, env)
+    reference = run(whole, env, on_error=on_error)
     marker = str(tmp_path / "marker")
-    victim = run(cut, env, marker=marker)
+    victim = run(cut, env, marker=marker, on_error=on_error)
     deadline = time.time() + 300
     while not os.path.exists(marker):
         assert victim.poll() is None, victim.stderr.read()[-3000:]
@@ -51,12 +53,14 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path):
     assert victim.returncode == -signal.SIGKILL
     assert not os.path.exists(os.path.join(cut, "final"))  # it did not finish
     assert len(read_jsonl(os.path.join(cut, "metrics.jsonl"))) in (2, 3)  # killed during iteration 3 or 4
-    resumed = run(cut, env, "resume")
+    resumed = run(cut, env, "resume", on_error=on_error)
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-3000:]
     assert reference.wait(timeout=600) == 0, reference.stderr.read()[-3000:]
     rows_whole = [comparable(r) for r in read_jsonl(os.path.join(whole, "metrics.jsonl"))]
     rows_cut = [comparable(r) for r in read_jsonl(os.path.join(cut, "metrics.jsonl"))]
     assert len(rows_whole) == 4 and rows_cut == rows_whole
     assert rows_whole[-1]["episode/turns"] > 1  # the runs really played multi-turn episodes
+    dropped = [r["episode/dropped"] for r in rows_whole]
+    assert (sum(dropped) > 0) == (on_error == "drop"), dropped  # and dropped some, with drop
     a, b = weights(whole), weights(cut)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

@@ -46,8 +46,8 @@ def type_name(tp: object, name: str = "") -> str:
     if typing.get_origin(tp) is list:
         item = typing.get_args(tp)[0]
         return "LIST[" + ("SECTION" if dataclasses.is_dataclass(item) else type_name(item, name)) + "]"
-    if name in REGISTRY_OPTIONS:
-        return "{" + ",".join(registered_choices(name)) + "}"
+    if name in REGISTRY_OPTIONS:  # the names, then any other form it takes (`{tools,guess_number}|module:Class`)
+        return "|".join(["{" + ",".join(registered_choices(name)) + "}", *REGISTRY_OPTIONS[name].also])
     if typing.get_origin(tp) is Literal:
         return "{" + ",".join(str(a) for a in typing.get_args(tp)) + "}"
     if typing.get_origin(tp) is dict:

@@ -40,7 +40,12 @@ def all_fields(cls: type = Config, prefix: str = "") -> list[tuple[str, object, 
             if name in FLOAT_RANGES and cls in section_prefixes(Config):  # ranges `Config.validate` checks
                 allowed.append(f"[{FLOAT_RANGES[name][0]:g}, {FLOAT_RANGES[name][1]:g}]")
             if name in REGISTRY_OPTIONS:
-                allowed.append("one of " + ", ".join(_choices(cls, f.name, name)))
+                others = REGISTRY_OPTIONS[name].also
+                allowed.append(
+                    "one of "
+                    + ", ".join(_choices(cls, f.name, name))
+                    + (f", or {' or '.join(others)}" if others else "")
+                )
             if allowed:
                 doc += " Allowed: " + ", ".join(allowed) + "."
             out.append((name, tp, getattr(default, f.name), doc))

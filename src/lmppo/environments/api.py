@@ -6,27 +6,37 @@
                                           observation: a string, chat messages, or None when done
                                           reward: a float for this turn; done: whether the episode ended
 
-`step` may be `async def` (the steps of one turn then run concurrently). An environment may also have `tools` (a list
-of functions offered to the model through the chat template, `lmppo.environments.tools`), and `get_reward()` (sync
-or async: called once when the episode has ended, however it ended; its number is added to the last turn's reward,
-TRL's name for it). A class in TRL 1.16's `environment_factory` shape runs through `lmppo.environments.factories`,
-which wraps it into this contract. Everything an environment
-returns is checked here; a bad value or an exception becomes one `EnvironmentError` line naming the environment, the
-episode's prompt row and the turn, raised before anything of the iteration is trained on.
+`reset` and `step` may be `async def`. An environment may also have `tools` (a list of functions offered to the
+model through the chat template, `lmppo.environments.tools`), and `get_reward()` (sync or async: called once when
+the episode has ended, however it ended; its number is added to the last turn's reward, TRL's name for it). A class
+in TRL 1.16's `environment_factory` shape runs through `lmppo.environments.factories`, which wraps it into this
+contract. An environment one that runs tools itself declares
+`tool_call_timeout` (lmppo sets it to `environment.step_timeout`, and times each tool call instead of its `step`).
+
+Every call into an environment (building it, `reset`, `step`) runs in a daemon thread, the calls of one batch
+`environment.concurrency` at once, each within `environment.step_timeout` (`lmppo.environments.calls`). Everything
+an environment returns is checked here. A failure (an exception, `sys.exit()`, a bad value, the timeout) is one
+`EnvironmentError` line naming the environment, the episode's prompt row and the turn, raised before anything of
+the iteration is trained on (`environment.on_error: stop`), or the end of that episode alone (`drop`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from functools import partial
+from typing import Any, Callable, Optional, Sequence, TypeVar
 
+from lmppo.config import EnvironmentConfig
+from lmppo.environments.calls import CallTimeout, run_calls
 from lmppo.environments.textarena_games import TEXTARENA, textarena_factory
 from lmppo.errors import ConfigError, LmppoError, RewardError
 from lmppo.registry import ENVIRONMENTS
 from lmppo.rewards import import_callable
+from lmppo.rewards.sources import raised_text
+
+T = TypeVar("T")
 
 Messages = list[dict[str, Any]]
 
@@ -102,7 +112,13 @@ class EpisodeEnvironments:
     """The environments of one batch of episodes, one per row, each built from its row's columns.
 
     `name`: the environment as the config names it (for messages); `rows`: each episode's prompt row index (for
-    messages); `extra`: keyword arguments offered to every constructor (`tools`)."""
+    messages); `extra`: keyword arguments offered to every constructor (`tools`); `settings`: `environment.*`
+    (`step_timeout`, `concurrency`, `on_error`). Every call into an environment runs through
+    `lmppo.environments.calls`: the calls of one phase (building, reset, one turn's steps) concurrently, each within
+    the timeout. A failure (an exception, `SystemExit`, a bad value, the timeout) raises one EnvironmentError line
+    (`on_error: stop`, after the phase's other calls ended) or drops the episode (`drop`): `failures` holds its
+    line, and the episode is not called again. A `KeyboardInterrupt` raised in an environment stops the run as
+    Ctrl-C does."""
 
     def __init__(
         self,
@@ -111,15 +127,16 @@ class EpisodeEnvironments:
         columns: Sequence[dict[str, Any]],
         rows: Sequence[int],
         extra: Optional[dict[str, Any]] = None,
+        settings: Optional[EnvironmentConfig] = None,
     ):
         self.name, self.rows = name, list(rows)
-        self.envs: list[Any] = []
-        for i, row_columns in enumerate(columns):
-            offered = {**(extra or {}), **row_columns}
-            try:
-                self.envs.append(factory(**constructor_arguments(factory, offered)))
-            except Exception as err:  # noqa: BLE001 - a user's constructor; reported as one line
-                raise self.error(i, 0, f"building it raised {type(err).__name__}: {err}") from err
+        self.settings = settings or EnvironmentConfig()
+        self.failures: dict[int, str] = {}  # episode -> its failure's line (on_error: drop)
+        builds = [partial(factory, **constructor_arguments(factory, {**(extra or {}), **c})) for c in columns]
+        self.envs: list[Any] = self._call("building it", list(range(len(builds))), [0] * len(builds), builds)
+        for env in self.envs:
+            if hasattr(env, "tool_call_timeout"):  # it runs tools itself: each tool call gets the limit
+                env.tool_call_timeout = self.settings.step_timeout
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -127,6 +144,16 @@ class EpisodeEnvironments:
     def error(self, episode: int, turn: int, what: str) -> EnvironmentError:
         when = f"turn {turn}" if turn else "reset"
         return EnvironmentError(f"environment `{self.name}`, prompt row {self.rows[episode]}, {when}: {what}")
+
+    def fail(self, episode: int, turn: int, what: str, cause: Optional[BaseException] = None) -> None:
+        """An environment failure of `episode`: raised (`on_error: stop`) or recorded and the episode dropped."""
+        err = self.error(episode, turn, what)
+        if self.settings.on_error == "stop":
+            raise err from cause
+        self.failures.setdefault(episode, str(err))
+
+    def dropped(self, episode: int) -> bool:
+        return episode in self.failures
 
     def tools(self, episode: int) -> list[Callable[..., Any]]:
         """The functions the environment of `episode` offers the model (its `tools` attribute), if any."""
@@ -136,52 +163,73 @@ class EpisodeEnvironments:
         return list(tools)
 
     def reset(self) -> list[Optional[Messages]]:
-        """The opening observation of every episode as chat messages (None: the row's own prompt)."""
-        out: list[Optional[Messages]] = []
-        for i, env in enumerate(self.envs):
-            try:
-                opening = env.reset()
-            except Exception as err:  # noqa: BLE001
-                raise self.error(i, 0, f"reset() raised {type(err).__name__}: {err}") from err
-            out.append(None if opening is None else self._messages(opening, i, 0, "reset()"))
+        """The opening observation of every episode as chat messages (None: the row's own prompt, and for a
+        dropped episode)."""
+        live = [i for i in range(len(self.envs)) if not self.dropped(i)]
+        openings = self._call("reset()", live, [0] * len(live), [self.envs[i].reset for i in live])
+        out: list[Optional[Messages]] = [None] * len(self.envs)
+        for i, opening in zip(live, openings):
+            if opening is not None and not self.dropped(i):
+                out[i] = self._checked(lambda: self._messages(opening, i, 0, "reset()"), i, 0)
         return out
 
-    def step(self, episodes: Sequence[int], actions: Sequence[str], turn: int) -> list[StepResult]:
-        """`step(action)` of the environments of `episodes` (turn `turn`, from 1), checked; async steps of one turn
-        run concurrently."""
-        raw: list[Any] = []
-        for i, action in zip(episodes, actions):
-            try:
-                raw.append(self.envs[i].step(action))
-            except Exception as err:  # noqa: BLE001
-                raise self.error(i, turn, f"step() raised {type(err).__name__}: {err}") from err
-        pending = [k for k, r in enumerate(raw) if inspect.isawaitable(r)]
-        if pending:
-            done = asyncio.run(_gather([raw[k] for k in pending]))
-            for k, value in zip(pending, done):
-                if isinstance(value, BaseException):
-                    err = value
-                    raise self.error(episodes[k], turn, f"step() raised {type(err).__name__}: {err}") from err
-                raw[k] = value
-        return [self._result(r, i, turn) for r, i in zip(raw, episodes)]
+    def step(self, episodes: Sequence[int], actions: Sequence[str], turn: int) -> list[Optional[StepResult]]:
+        """`step(action)` of the environments of `episodes` (turn `turn`, from 1), checked, run concurrently
+        (`environment.concurrency`); None for an episode dropped at this step (`on_error: drop`)."""
+        steps = [partial(self.envs[i].step, action) for i, action in zip(episodes, actions)]
+        untimed = [hasattr(self.envs[i], "tool_call_timeout") for i in episodes]  # timing each tool call instead
+        raw = self._call("step()", list(episodes), [turn] * len(steps), steps, untimed)
+        return [
+            None if self.dropped(i) else self._checked(lambda: self._result(r, i, turn), i, turn)
+            for r, i in zip(raw, episodes)
+        ]
+
+    def _call(
+        self,
+        what: str,
+        episodes: list[int],
+        turns: Sequence[int],
+        calls: Sequence[Callable[[], object]],
+        untimed: Sequence[bool] = (),
+    ) -> list[Any]:
+        """The calls' values (None where one failed and its episode dropped), every failure through `fail` in the
+        episodes' order once all calls ended."""
+        s = self.settings
+        outcomes = run_calls(calls, s.concurrency, s.step_timeout, untimed)
+        for i, turn, outcome in zip(episodes, turns, outcomes):
+            if isinstance(outcome.error, KeyboardInterrupt):
+                raise outcome.error
+            if outcome.timed_out:
+                self.fail(i, turn, f"{what} did not return within environment.step_timeout ({s.step_timeout:g} s)")
+            elif isinstance(outcome.error, CallTimeout):
+                self.fail(i, turn, str(outcome.error), outcome.error)
+            elif outcome.error is not None:
+                self.fail(i, turn, f"{what} raised {raised_text(outcome.error)}", outcome.error)
+        return [o.value if o.error is None and not o.timed_out else None for o in outcomes]
+
+    def _checked(self, check: Callable[[], T], episode: int, turn: int) -> Optional[T]:
+        """`check()`'s value; its EnvironmentError (a bad value) is a failure of `episode` (None when dropped)."""
+        try:
+            return check()
+        except EnvironmentError as err:
+            if self.settings.on_error == "stop":
+                raise
+            self.failures.setdefault(episode, str(err))
+            return None
 
     def final_rewards(self, turns: Sequence[int]) -> list[float]:
         """`get_reward()` of every environment that has one, once its episode has ended (`turns`: each episode's
-        number of turns, for messages), checked; 0.0 for the others. Async ones run concurrently."""
-        raw: list[Any] = []
-        for i, env in enumerate(self.envs):
-            get = getattr(env, "get_reward", None)
-            try:
-                raw.append(get() if callable(get) else 0.0)
-            except Exception as err:  # noqa: BLE001
-                raise self.error(i, turns[i], f"get_reward() raised {type(err).__name__}: {err}") from err
-        pending = [k for k, r in enumerate(raw) if inspect.isawaitable(r)]
-        if pending:
-            for k, value in zip(pending, asyncio.run(_gather([raw[k] for k in pending]))):
-                if isinstance(value, BaseException):
-                    raise self.error(k, turns[k], f"get_reward() raised {type(value).__name__}: {value}") from value
-                raw[k] = value
-        return [self._reward(r, i, turns[i], "get_reward()") for i, r in enumerate(raw)]
+        number of turns, for messages), checked, run as the steps are (concurrently, each within the timeout); 0.0
+        for the others and for dropped episodes (an episode whose `get_reward()` fails is dropped under `drop`)."""
+        asked = [
+            i for i, env in enumerate(self.envs) if not self.dropped(i) and callable(getattr(env, "get_reward", None))
+        ]
+        raw = self._call("get_reward()", asked, [turns[i] for i in asked], [self.envs[i].get_reward for i in asked])
+        out = [0.0] * len(self.envs)
+        for i, r in zip(asked, raw):
+            if not self.dropped(i):
+                out[i] = self._checked(lambda: self._reward(r, i, turns[i], "get_reward()"), i, turns[i]) or 0.0
+        return out
 
     def _reward(self, reward: Any, episode: int, turn: int, what: str) -> float:
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) and not _is_number(reward):
@@ -230,10 +278,6 @@ class EpisodeEnvironments:
             f"{what} must be a string or a list of chat messages ({{'role': ..., 'content': ...}}), "
             f"got {_short(value)}",
         )
-
-
-async def _gather(awaitables: list[Any]) -> list[Any]:
-    return await asyncio.gather(*awaitables, return_exceptions=True)
 
 
 def _is_number(x: Any) -> bool:

@@ -7,12 +7,16 @@
     reward) or by `max_episode_tokens` (a turn cut at the budget is not stepped; an observation that leaves no room
     for a policy token is not appended). Both budget endings are truncations.
     then: the environment's `get_reward()`, if it has one, is added to the last turn's reward.
+With `environment.on_error: drop` an environment failure ends its episode `dropped` (an episode whose environment
+failed to build or reset still samples its first turn from the row's prompt, so every episode has a turn); the
+scoring makes it invalid.
 
 An episode always ends on a policy token, so its last real token is where a whole-episode score belongs.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -21,11 +25,11 @@ from torch import nn
 
 from lmppo.config import EnvironmentConfig
 from lmppo.core.masking import action_mask
-from lmppo.environments.api import EnvironmentError, EpisodeEnvironments
+from lmppo.environments.api import EnvironmentError, EpisodeEnvironments, Messages
 from lmppo.environments.factories import RunEnvironment, load_run_environment, prompt_messages
 from lmppo.environments.render import Observations, observation_encoder
-from lmppo.environments.tools import tool_schemas
-from lmppo.episodes.road import EpisodePrompts, Episodes, Precision, Turns
+from lmppo.environments.tools import checked_tool_schemas
+from lmppo.episodes.road import DROPPED, EpisodePrompts, Episodes, Precision, Turns
 from lmppo.sampling.engines import PromptBatch, SamplingEngine
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.turns import TurnSampler
@@ -72,8 +76,7 @@ def play_episodes(
     stops = set(int(s) for s in stop_ids)
     openings = envs.reset()
     episodes = [
-        Episode(prompt=list(row_prompts[b]) if opening is None else encoder.opening(opening, _schemas(envs, b)))
-        for b, opening in enumerate(openings)
+        Episode(prompt=_opening(envs, encoder, opening, row_prompts[b], b)) for b, opening in enumerate(openings)
     ]
     turn = sampler.first([e.prompt for e in episodes], seeds)
     number = 1
@@ -92,15 +95,19 @@ def play_episodes(
             ended_on_stop[b] = bool(tokens) and tokens[-1] in stops and not cut
             text = tokenizer.decode(tokens[:-1] if ended_on_stop[b] else tokens, skip_special_tokens=True)
             episode.transcript.append(text)
-            if cut:
+            if cut or envs.dropped(b):  # a dropped environment (failed to build or reset) is not stepped
                 episode.turn_rewards.append(0.0)
-                episode.stop_reason = "max_episode_tokens"
+                episode.stop_reason = DROPPED if envs.dropped(b) else "max_episode_tokens"
             else:
                 stepped.append(b)
                 texts.append(text)
         observations: list[Optional[list[int]]] = [None] * len(episodes)
         for b, result in zip(stepped, envs.step(stepped, texts, number)):
             episode = episodes[b]
+            if result is None:  # its step failed (on_error: drop)
+                episode.turn_rewards.append(0.0)
+                episode.stop_reason = DROPPED
+                continue
             episode.turn_rewards.append(result.reward)
             if result.done or result.observation is None:
                 episode.stop_reason = ENDED_BY_ENVIRONMENT
@@ -110,12 +117,14 @@ def play_episodes(
                 continue
             ids = encoder.observation(result.observation, ended_on_stop[b])
             if len(ids) > cfg.max_observation_tokens:
-                raise envs.error(
+                envs.fail(
                     b,
                     number,
                     f"the observation is {len(ids)} tokens, over environment.max_observation_tokens "
                     f"({cfg.max_observation_tokens})",
                 )
+                episode.stop_reason = DROPPED
+                continue
             if len(episode.tokens) + len(ids) >= cfg.max_episode_tokens:
                 episode.stop_reason = "max_episode_tokens"
                 continue
@@ -126,15 +135,32 @@ def play_episodes(
             break
         turn = sampler.next(observations, number)
         number += 1
-    for episode, reward in zip(episodes, envs.final_rewards([len(e.turn_ends) for e in episodes])):
+    for b, (episode, reward) in enumerate(zip(episodes, envs.final_rewards([len(e.turn_ends) for e in episodes]))):
         episode.turn_rewards[-1] += reward  # get_reward(): the end of the episode is its last turn
+        if envs.dropped(b):  # (its get_reward() failed, under on_error: drop)
+            episode.stop_reason = DROPPED
     for b, episode in enumerate(episodes):
         env = envs.envs[b]
         episode.tool_calls, episode.tool_errors = (
             int(getattr(env, "tool_calls", 0)),
             int(getattr(env, "tool_errors", 0)),
         )
+    check_drops(envs, cfg.max_drop_fraction)
     return episodes
+
+
+def check_drops(envs: EpisodeEnvironments, max_fraction: float) -> None:
+    """One warning line naming the first failure of a batch with dropped episodes; an EnvironmentError when more
+    than `max_fraction` of the batch dropped (`environment.max_drop_fraction`)."""
+    if not envs.failures:
+        return
+    dropped, first = len(envs.failures), envs.failures[min(envs.failures)]
+    if dropped > max_fraction * len(envs):
+        raise EnvironmentError(
+            f"{dropped} of {len(envs)} episodes of the batch failed, more than environment.max_drop_fraction "
+            f"({max_fraction:g}); the first: {first}"
+        )
+    warnings.warn(f"dropped {dropped} of {len(envs)} episodes (environment.on_error: drop); the first: {first}")
 
 
 class EpisodePlayer:
@@ -168,13 +194,24 @@ class EpisodePlayer:
     ) -> list[Episode]:
         """One episode per prompt row: its environment built from `columns` (the row's columns and `prompt`),
         `prompts` its own prompt ids, `rows` its index in the prompt data (for messages)."""
-        envs = EpisodeEnvironments(self.builder, self.name, columns, rows)
+        envs = EpisodeEnvironments(self.builder, self.name, columns, rows, None, self.cfg)
         return play_episodes(envs, sampler, self.encoder, self.tokenizer, prompts, seeds, self.cfg, self.stop_ids)
 
 
-def _schemas(envs: EpisodeEnvironments, episode: int) -> Optional[list[dict[str, Any]]]:
-    tools = envs.tools(episode)
-    return tool_schemas(tools) if tools else None
+def _opening(
+    envs: EpisodeEnvironments, encoder: Observations, opening: Optional[Messages], row_prompt: Sequence[int], b: int
+) -> list[int]:
+    """Episode `b`'s opening ids: the rendered `reset()` with the environment's tools, or the row's prompt (also
+    for an environment dropped before its first turn, or whose tools cannot be described)."""
+    if opening is None:
+        return list(row_prompt)
+    tools = envs.tools(b)
+    try:
+        schemas = checked_tool_schemas(tools) if tools else None
+    except ValueError as err:  # a tool without a docstring or type hints: the environment's failure
+        envs.fail(b, 0, str(err))
+        return list(row_prompt)
+    return encoder.opening(opening, schemas)
 
 
 @dataclass
@@ -219,7 +256,7 @@ def as_episodes(played: list[Episode], prompts: EpisodePrompts, tokenizer: Any, 
         k = len(e.turn_ends)
         starts[row, :k], ends[row, :k] = torch.tensor(e.turn_starts), torch.tensor(e.turn_ends)
         rewards[row, :k] = torch.tensor(e.turn_rewards)
-    terminated = torch.tensor([e.stop_reason == ENDED_BY_ENVIRONMENT for e in played])
+    terminated = torch.tensor([e.stop_reason == ENDED_BY_ENVIRONMENT for e in played])  # dropped: truncated
     turns = Turns(
         action_mask=action_mask(starts, ends, T).to(device),
         turn_ends=ends.to(device),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import types
 from typing import Awaitable, Callable, Literal, Mapping, Optional, Protocol, Sequence, Union, cast
 
 from lmppo.config import EnvironmentConfig
@@ -37,7 +38,7 @@ from lmppo.environments.api import (
     load_environment,
     load_tools,
 )
-from lmppo.environments.tools import Step, ToolBox, parse_tool_calls, tool_step
+from lmppo.environments.tools import Step, ToolBox, parse_tool_calls, tool_schemas, tool_step
 from lmppo.errors import ConfigError
 
 Factory = Callable  # a class, or any callable that builds an environment (its arguments vary)
@@ -83,6 +84,34 @@ def _is_method(attr: object) -> bool:
     return inspect.isfunction(attr) or isinstance(attr, (staticmethod, classmethod))
 
 
+def check_tool_schemas(tools: Sequence[Tool], what: str) -> None:
+    """Every tool has a JSON schema (type hints and a docstring), checked once before any model loads: one error
+    line naming the tool and what transformers' `get_json_schema` misses, instead of its traceback mid-run."""
+    for fn in tools:
+        try:
+            tool_schemas([fn])
+        except Exception as err:  # noqa: BLE001 - transformers' own error types; reported as one line
+            name = getattr(fn, "__name__", repr(fn))
+            raise EnvironmentError(
+                f"{what} `{name}` cannot be offered to the model: {type(err).__name__}: {err} (a tool needs type hints "
+                "and a Google-style docstring with an `Args:` line per argument; docs/environments.md#tools)"
+            ) from None
+
+
+def _unbound_tools(cls: type) -> list[Tool]:
+    """A TRL-style class's tool methods as its instances will have them (bound: `self` is not an argument), read
+    without building one."""
+    names = [n for n in sorted(dir(cls)) if not n.startswith("_") and n not in NOT_TOOLS]
+    out: list[Tool] = []
+    for n in names:
+        attr = inspect.getattr_static(cls, n)
+        if inspect.isfunction(attr):
+            out.append(types.MethodType(attr, object()))
+        elif isinstance(attr, (staticmethod, classmethod)):
+            out.append(getattr(cls, n))
+    return out
+
+
 def _settled(value: object) -> object:
     """A value, an awaitable one run to its end (an `async def reset`)."""
     return asyncio.run(_wait(value)) if inspect.isawaitable(value) else value
@@ -109,6 +138,14 @@ class TrlEnvironment:
         self.tools = [*tool_methods(instance), *tools]
         self.toolbox = ToolBox(self.tools)
         self.turn = 0
+
+    @property
+    def tool_call_timeout(self) -> float:  # lmppo times each tool call (the methods), not this step as a whole
+        return self.toolbox.timeout
+
+    @tool_call_timeout.setter
+    def tool_call_timeout(self, seconds: float) -> None:
+        self.toolbox.timeout = seconds
 
     @property
     def tool_calls(self) -> int:
@@ -165,6 +202,10 @@ class RunEnvironment:
             key: environment_kind(f, f"{name}[{key}]" if self.routed else name, classless)
             for key, f in self.factories.items()
         }
+        check_tool_schemas(self.tools, "tool")
+        for key, f in self.factories.items():
+            if self.kinds[key] == "reset" and inspect.isclass(f):
+                check_tool_schemas(_unbound_tools(f), f"tool method of {f.__qualname__}")
 
     def check_rows(self, columns: Sequence[Mapping[str, object]], where: Callable[[int], str]) -> None:
         """With a dict of factories, every prompt row names one of them in its `environment` column (one error line

@@ -61,9 +61,11 @@ class ChatObservations(Observations):
         base = self._render(_DUMMY, generation=False)
         ends = [i for i, t in enumerate(base) if t in self.stop_ids]
         if not ends:
+            closing = turn_end_token(tokenizer)
             raise EnvironmentError(
                 "environment.render `chat`: the chat template does not end an assistant turn with the stop token "
                 f"(rollout.stop_token, ids {self.stop_ids}); observations cannot be appended after a turn"
+                + (f": set rollout.stop_token to `{closing}`, the token it ends one with" if closing else "")
             )
         self.base, self.glue = base, base[ends[-1] + 1 :]  # glue: what the template puts after the end-of-turn token
         probe = self._render([*_DUMMY, {"role": "user", "content": "U"}], generation=True)
@@ -95,6 +97,16 @@ class ChatObservations(Observations):
             )
         closing = [] if turn_ended else [self.stop_ids[0]]  # a turn cut at max_new_tokens is closed as context
         return closing + self.glue + full[len(self.base) :]
+
+
+def turn_end_token(tokenizer: Any) -> Optional[str]:
+    """The special token the chat template closes an assistant turn with (`<|im_end|>` for SmolLM2), if any: the
+    first special token after the assistant's content in a rendered dummy conversation."""
+    text = str(tokenizer.apply_chat_template(_DUMMY, tokenize=False))
+    after = text[text.rindex(_DUMMY[-1]["content"]) + 1 :]
+    special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder", {}))
+    ids = _ids(tokenizer(after, add_special_tokens=False)["input_ids"])
+    return next((str(tokenizer.convert_ids_to_tokens(i)) for i in ids if i in special), None)
 
 
 def observation_encoder(tokenizer: Any, stop_ids: Sequence[int], render: str) -> Observations:

@@ -18,9 +18,11 @@ import inspect
 import json
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
 from lmppo.environments.api import Messages
+from lmppo.environments.calls import CallTimeout, call_within
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 Step = tuple[Optional[Messages], float, bool]  # what `step` returns: (observation, reward, done)
@@ -32,6 +34,24 @@ def tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
     from transformers.utils import get_json_schema
 
     return [get_json_schema(fn) for fn in tools]
+
+
+def checked_tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
+    """`tool_schemas`, or one ValueError line naming the first tool transformers cannot describe and what it lacks
+    (a docstring, a type hint, an argument's description under `Args:`)."""
+    from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
+
+    schemas = []
+    for fn in tools:
+        try:
+            schemas.extend(tool_schemas([fn]))
+        except (DocstringParsingException, TypeHintParsingException) as err:
+            name = getattr(fn, "__qualname__", None) or repr(fn)
+            raise ValueError(
+                f"tool `{name}` cannot be offered to the model: {err} (a tool needs a type hint on every argument "
+                "and a Google-style docstring: a description, then `Args:` with one line per argument)"
+            ) from None
+    return schemas
 
 
 def template_renders_tools(chat_template: Optional[str]) -> bool:
@@ -90,10 +110,11 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def run_tool_call(call: ToolCall, tools: dict[str, Callable[..., Any]]) -> tuple[str, bool]:
+def run_tool_call(call: ToolCall, tools: dict[str, Callable[..., Any]], timeout: float = 0.0) -> tuple[str, bool]:
     """The text of a call's result and whether it failed (malformed, unknown tool, bad arguments, the tool raised).
-    An `async def` tool is run to its end here (`ToolBox` runs the async ones of a turn in the turn's event loop)."""
-    started = _start(call, tools)
+    An `async def` tool is run to its end here (`ToolBox` runs the async ones of a turn in the turn's event loop).
+    `timeout`: `_start`'s."""
+    started = _start(call, tools, timeout)
     if inspect.isawaitable(started):
         return asyncio.run(_finish(started))
     return _settle(started)
@@ -104,15 +125,21 @@ class _Failure:
     text: str  # what the model is told
 
 
-def _start(call: ToolCall, tools: dict[str, Callable[..., Any]]) -> object:
-    """A `_Failure` for a call that failed at once; else what the tool returned (an awaitable for an async tool)."""
+def _start(call: ToolCall, tools: dict[str, Callable[..., Any]], timeout: float = 0.0) -> object:
+    """A `_Failure` for a call that failed at once; else what the tool returned (an awaitable for an async tool).
+    With `timeout` > 0 (`environment.step_timeout`) the call, sync or async, runs to its end in a thread within it;
+    past it, or calling `sys.exit()`, it raises (CallTimeout, SystemExit): an environment failure, not the model's."""
     if call.error:
         return _Failure(f"error: {call.error}")
     fn = tools.get(call.name)
     if fn is None:
         return _Failure(f"error: no tool named {call.name!r} (tools: {', '.join(sorted(tools))})")
     try:
+        if timeout > 0:
+            return call_within(partial(fn, **call.arguments), timeout, f"tool `{call.name}`")
         return fn(**call.arguments)
+    except CallTimeout:
+        raise
     except Exception as err:  # noqa: BLE001 - the model's call failed: it sees why, the run goes on
         return _Failure(_error_text(err))
 
@@ -144,12 +171,13 @@ class ToolBox:
     `answer(calls)` gives one `tool` message per call, in order (a result, or the error the model sees); when a
     called tool is async it gives an awaitable of those messages instead, for the turn's event loop to run."""
 
-    def __init__(self, tools: Sequence[Callable[..., Any]]):
+    def __init__(self, tools: Sequence[Callable[..., Any]], timeout: float = 0.0):
         self.by_name = {fn.__name__: fn for fn in tools}
         self.calls = self.errors = 0
+        self.timeout = timeout  # each call's limit (`_start`), set through the environment's `tool_call_timeout`
 
     def answer(self, calls: Sequence[ToolCall]) -> Messages | Awaitable[Messages]:
-        started = [_start(call, self.by_name) for call in calls]
+        started = [_start(call, self.by_name, self.timeout) for call in calls]
         self.calls += len(calls)
         if any(inspect.isawaitable(s) for s in started):
             return self._answer_later(started)
@@ -171,12 +199,22 @@ class ToolEnvironment:
     (reward 0); the first turn without a tool call is the answer and ends the episode. Its reward: with an `answer`
     column, 1.0 when the last number of the answer (or, for a non-numeric answer, its stripped text) equals the
     column's value, else 0.0; without one, 0.0 (score the answer with `reward.sources` instead: they get the last
-    turn's text as the completion). `tool_calls` and `tool_errors` count this episode's calls and failed calls."""
+    turn's text as the completion). `tool_calls` and `tool_errors` count this episode's calls and failed calls.
+    `tool_call_timeout`: each tool call's limit in seconds, which lmppo sets to `environment.step_timeout` (its
+    `step` is lmppo's code: the tools are timed, one by one, not the step as a whole)."""
 
     def __init__(self, tools: Sequence[Callable[..., Any]], prompt: str = "", answer: Any = None, **columns: Any):
         self.tools = list(tools)
         self.toolbox = ToolBox(self.tools)
         self.prompt, self.answer = prompt, answer
+
+    @property
+    def tool_call_timeout(self) -> float:
+        return self.toolbox.timeout
+
+    @tool_call_timeout.setter
+    def tool_call_timeout(self, seconds: float) -> None:
+        self.toolbox.timeout = seconds
 
     @property
     def tool_calls(self) -> int:

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 Precision = Callable[[], AbstractContextManager[object]]
 """The run's precision as a context factory: bf16 autocast (`autocast_for`) or nothing."""
 
+DROPPED = "dropped"
+"""The stop reason of an episode dropped on an environment failure (`environment.on_error: drop`): invalid, like a
+response a reward source gave bad output for under `reward.on_bad_output: drop`."""
+
 Columns = list[dict[str, object]]
 """Per response, its prompt record's other fields (reward functions take them by name)."""
 
@@ -57,7 +61,7 @@ class Turns:
     tool_calls: torch.Tensor  # (B,) float, tool calls made in the episode
     tool_errors: torch.Tensor  # (B,) float, of which failed
     transcripts: list[list[str]]  # B lists: turn, observation, turn, ... as text
-    stop_reasons: list[str]  # B: environment, max_turns or max_episode_tokens
+    stop_reasons: list[str]  # B: environment, max_turns, max_episode_tokens or DROPPED
 
     def last_turn(self, response_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each episode's last turn: its ids (B, W) right-padded, their mask (B, W), and (B,) where it starts."""
@@ -263,10 +267,20 @@ def score_episodes(
     )
     if turns is None:
         return result
+    # an episode dropped on an environment failure (`environment.on_error: drop`) is invalid: no score, no gradient
+    kept = torch.tensor([reason != DROPPED for reason in turns.stop_reasons], dtype=torch.bool)
+    result = replace(
+        result,
+        token_scores=torch.where(kept[:, None], result.token_scores, 0.0),
+        valid=result.valid & kept,
+        per_source={name: torch.where(kept, v, 0.0) for name, v in result.per_source.items()},
+        final_scores=torch.where(kept, result.final_scores, 0.0),
+        num_invalid=result.num_invalid + int((result.valid & ~kept).sum()),
+    )
     B, T = episodes.response_ids.shape
     columns = (start[:, None] + torch.arange(mask.shape[1])[None, :]).clamp(max=T - 1)
     placed = torch.zeros(B, T).scatter_add_(1, columns, torch.where(mask, result.token_scores, 0.0))
-    environment = place_turn_rewards(turns.turn_ends.cpu(), turns.turn_rewards.cpu().float(), T)
+    environment = place_turn_rewards(turns.turn_ends.cpu(), turns.turn_rewards.cpu().float(), T) * kept[:, None]
     return replace(
         result,
         token_scores=placed + environment,

@@ -54,7 +54,7 @@ from lmppo.sampling.engines import SamplingEngine
 from lmppo.sampling.hf import warn_distorting_once
 from lmppo.sampling.stop import stop_token_ids
 from lmppo.training.inputs import input_fingerprints
-from lmppo.training.preflight import check_machine
+from lmppo.training.preflight import check_machine, check_tools
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -121,6 +121,7 @@ def build_components(
     environment = load_run_environment(cfg.environment, environment_factory, tools)  # one line for a bad class
     if environment is not None:
         environment.check_rows(records.columns, records.where)  # a dict of factories: each row's `environment`
+        check_tools(environment.tools)  # a docstring and type hints: one line, not transformers' traceback later
     # Hub ids downloaded (or one error naming the field) before the output folder is made or any model loads
     fetch_hub_models(cfg, policy_given=policy is not None and tokenizer is not None)
     run = start_run(cfg, console, resuming, value_model=value_model, ref_model=ref_model)

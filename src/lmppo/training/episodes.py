@@ -19,7 +19,7 @@ from lmppo.config import Config
 from lmppo.core.batch import Rollout
 from lmppo.environments.episodes import STOP_REASONS, EpisodePlayer, MultiTurn
 from lmppo.environments.factories import RunEnvironment
-from lmppo.episodes.road import Precision, Turns
+from lmppo.episodes.road import DROPPED, Precision, Turns
 from lmppo.sampling.engines import SamplingEngine
 
 if TYPE_CHECKING:
@@ -79,7 +79,8 @@ def rollout_turns(rollout: Rollout) -> Optional[Turns]:
 
 def episode_metrics(rollout: Rollout, gather: Callable[[torch.Tensor], float]) -> dict[str, float]:
     """`episode/*` (docs/metrics.md): turns, tool calls and tool errors per episode, the share of episodes ended by
-    the environment and by each budget, the environment's reward per turn, the policy's share of the response
+    the environment and by each budget, the share dropped on an environment failure, the environment's reward per
+    turn, the policy's share of the response
     tokens; {} for single responses. `gather`: (B,) -> the mean over every process's rows."""
     if rollout.turn_ends is None or rollout.turn_rewards is None or rollout.stop_reasons is None:
         return {}
@@ -93,6 +94,8 @@ def episode_metrics(rollout: Rollout, gather: Callable[[torch.Tensor], float]) -
     for reason in STOP_REASONS:
         ended = torch.tensor([float(r == reason) for r in rollout.stop_reasons], device=turns.device)
         out[f"episode/ended_by_{reason}"] = gather(ended)
+    dropped = torch.tensor([float(r == DROPPED) for r in rollout.stop_reasons], device=turns.device)
+    out["episode/dropped"] = gather(dropped)  # environment.on_error: drop
     if rollout.tool_calls is not None and rollout.tool_errors is not None:
         out["episode/tool_calls"] = gather(rollout.tool_calls)
         out["episode/tool_errors"] = gather(rollout.tool_errors)

@@ -3,9 +3,13 @@ naming the field, the value and what works here."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from lmppo.config import Config
+from lmppo.environments.factories import Tool
+from lmppo.environments.tools import checked_tool_schemas
 from lmppo.errors import ConfigError
 from lmppo.models.loading import check_memory_options
 from lmppo.registry import TRACKERS
@@ -51,3 +55,13 @@ def check_tracker_packages(names: list[str]) -> None:
                 f"needs the `{missing}` package, which is not installed: pip install {missing} (or remove it from "
                 "log.trackers; metrics.jsonl is always written)",
             )
+
+
+def check_tools(tools: Sequence[Tool]) -> None:
+    """Each tool of the run (`environment.tools`, `tools=` objects) can be described to the model (type hints, a
+    docstring): transformers' schema error otherwise comes as a traceback after the models loaded."""
+    for tool in tools:
+        try:
+            checked_tool_schemas([tool])
+        except ValueError as err:
+            raise ConfigError("environment.tools", getattr(tool, "__name__", tool), str(err)) from None

@@ -5,6 +5,8 @@ the summary reads, the summary, its table in the model cards)."""
 from __future__ import annotations
 
 import os
+import warnings
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Optional, Protocol
 
@@ -23,7 +25,7 @@ from lmppo.run.model_card import card_folders
 from lmppo.run.storage import write_text
 from lmppo.training.episodes import episode_metrics
 from lmppo.training.metrics import MetricsAccumulator
-from lmppo.training.scoring import ScoredRollout, TokenRewards
+from lmppo.training.scoring import RewardSignal, ScoredRollout, TokenRewards
 from lmppo.training.update import MEAN_STATS, loss_kl_estimator
 
 if TYPE_CHECKING:
@@ -35,6 +37,33 @@ if TYPE_CHECKING:
     from lmppo.environments.episodes import EpisodePlayer
     from lmppo.models.reference import ReferencePolicy
     from lmppo.run.model_card import HeldoutRows
+
+
+@dataclass
+class SignalWatch:
+    """Says once, on the console, that `batches` batches in a row carried no reward signal (`ppo.signal_tolerance`):
+    a run whose responses never earn a reward, or always the same one, trains nothing, and only
+    `update/skipped_no_signal` in the metrics would tell."""
+
+    tolerance: float
+    batches: int = 3
+    streak: int = 0
+    said: bool = False
+
+    def see(self, signal: Optional[RewardSignal]) -> None:
+        if signal is None or signal.any:
+            self.streak = 0
+            return
+        self.streak += 1
+        if self.streak >= self.batches and not self.said:
+            self.said = True
+            warnings.warn(
+                f"no reward signal in {self.streak} batches in a row: every response of a batch (of a prompt's group, "
+                f"with rollout.num_samples_per_prompt > 1) scored the same, within ppo.signal_tolerance "
+                f"({self.tolerance:g}), so the policy took no step; a reward that never varies (always 0?) trains "
+                "nothing: look at the scores in samples.jsonl (log.sample_every)",
+                stacklevel=2,
+            )
 
 
 def iteration_metrics(

@@ -120,6 +120,7 @@ class PPOTrainer:
         self.progress = ProgressDisplay()
         self.callbacks = callback_list(callbacks)
         self.stop_requested = False  # set by `stop()` (a callback): the loop ends after the current iteration
+        self.signal_watch = report.SignalWatch(cfg.ppo.signal_tolerance)  # one console line: nothing is trained
         if self.accelerator.is_main_process:  # the run-folder lock (taken by the assembly) is held while this lives
             weakref.finalize(self, lock.release, cfg.output_dir)
 
@@ -140,6 +141,8 @@ class PPOTrainer:
                     scored = self.score(batch)  # 2. reward sources -> placed scores
                 with timer("rewards"):
                     signal = scoring.reward_signal(batch, scored, cfg.ppo.signal_tolerance, self.strategy)
+                    if self.accelerator.is_main_process:
+                        self.signal_watch.see(signal)
                     kl = self.read_kl(batch)  # reduced once: the rewards, the controller and the metrics read it
                     if scoring.kl_reacts_now(cfg.kl):
                         self.adapt_kl_coef(kl, signal)  # beta answers this batch's own KL (kl.react: now)
