@@ -26,7 +26,7 @@ import inspect
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Optional, Sequence, TypeVar
+from typing import Callable, Mapping, Optional, Sequence, SupportsFloat, TypeGuard, TypeVar
 
 from lmppo.config import EnvironmentConfig
 from lmppo.environments.calls import CallTimeout, run_calls
@@ -38,7 +38,10 @@ from lmppo.rewards.sources import raised_text
 
 T = TypeVar("T")
 
-Messages = list[dict[str, Any]]
+Factory = Callable  # a class, or any callable that builds an environment (its arguments vary)
+Tool = Callable  # a function with type hints and a docstring (its arguments vary)
+Messages = list[dict[str, str]]
+"""Chat messages, each with a string `role` and `content` (as transformers' chat templates take them)."""
 
 
 class EnvironmentError(LmppoError, RuntimeError):
@@ -50,7 +53,7 @@ PYTHON_OBJECT = "python:"
 config stays text (saved with the run, compared on resume), and a run started without the object says so."""
 
 
-def load_environment(path: str) -> Callable[..., Any]:
+def load_environment(path: str) -> Factory:
     """The class (any callable that builds an environment) named by `environment.path`: a built-in name,
     `textarena:ENV_ID` (`lmppo.environments.textarena_games`), or `module:Class` / `file.py:Class`."""
     if path.startswith(PYTHON_OBJECT):
@@ -65,7 +68,7 @@ def load_environment(path: str) -> Callable[..., Any]:
         raise EnvironmentError(str(err)) from None
 
 
-def load_tools(specs: Sequence[str]) -> list[Callable[..., Any]]:
+def load_tools(specs: Sequence[str]) -> list[Tool]:
     """The functions of `environment.tools`."""
     tools = []
     for spec in specs:
@@ -87,7 +90,7 @@ def _not_passed(field: str, value: str, keyword: str) -> ConfigError:
     )
 
 
-def constructor_arguments(factory: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+def constructor_arguments(factory: Factory, offered: Mapping[str, object]) -> dict[str, object]:
     """The offered keyword arguments the factory takes: all of them with a `**kwargs` parameter, else those it names."""
     try:
         params = inspect.signature(factory).parameters
@@ -122,18 +125,19 @@ class EpisodeEnvironments:
 
     def __init__(
         self,
-        factory: Callable[..., Any],
+        factory: Factory,
         name: str,
-        columns: Sequence[dict[str, Any]],
+        columns: Sequence[Mapping[str, object]],
         rows: Sequence[int],
-        extra: Optional[dict[str, Any]] = None,
+        extra: Optional[Mapping[str, object]] = None,
         settings: Optional[EnvironmentConfig] = None,
     ):
         self.name, self.rows = name, list(rows)
         self.settings = settings or EnvironmentConfig()
         self.failures: dict[int, str] = {}  # episode -> its failure's line (on_error: drop)
         builds = [partial(factory, **constructor_arguments(factory, {**(extra or {}), **c})) for c in columns]
-        self.envs: list[Any] = self._call("building it", list(range(len(builds))), [0] * len(builds), builds)
+        # any objects: the contract's methods are looked up by name
+        self.envs: list[object] = self._call("building it", list(range(len(builds))), [0] * len(builds), builds)
         for env in self.envs:
             if hasattr(env, "tool_call_timeout"):  # it runs tools itself: each tool call gets the limit
                 env.tool_call_timeout = self.settings.step_timeout
@@ -155,7 +159,7 @@ class EpisodeEnvironments:
     def dropped(self, episode: int) -> bool:
         return episode in self.failures
 
-    def tools(self, episode: int) -> list[Callable[..., Any]]:
+    def tools(self, episode: int) -> list[Tool]:
         """The functions the environment of `episode` offers the model (its `tools` attribute), if any."""
         tools = getattr(self.envs[episode], "tools", None) or []
         if not isinstance(tools, (list, tuple)) or not all(callable(t) for t in tools):
@@ -166,7 +170,7 @@ class EpisodeEnvironments:
         """The opening observation of every episode as chat messages (None: the row's own prompt, and for a
         dropped episode)."""
         live = [i for i in range(len(self.envs)) if not self.dropped(i)]
-        openings = self._call("reset()", live, [0] * len(live), [self.envs[i].reset for i in live])
+        openings = self._call("reset()", live, [0] * len(live), [getattr(self.envs[i], "reset") for i in live])
         out: list[Optional[Messages]] = [None] * len(self.envs)
         for i, opening in zip(live, openings):
             if opening is not None and not self.dropped(i):
@@ -176,7 +180,7 @@ class EpisodeEnvironments:
     def step(self, episodes: Sequence[int], actions: Sequence[str], turn: int) -> list[Optional[StepResult]]:
         """`step(action)` of the environments of `episodes` (turn `turn`, from 1), checked, run concurrently
         (`environment.concurrency`); None for an episode dropped at this step (`on_error: drop`)."""
-        steps = [partial(self.envs[i].step, action) for i, action in zip(episodes, actions)]
+        steps = [partial(getattr(self.envs[i], "step"), action) for i, action in zip(episodes, actions)]
         untimed = [hasattr(self.envs[i], "tool_call_timeout") for i in episodes]  # timing each tool call instead
         raw = self._call("step()", list(episodes), [turn] * len(steps), steps, untimed)
         return [
@@ -191,7 +195,7 @@ class EpisodeEnvironments:
         turns: Sequence[int],
         calls: Sequence[Callable[[], object]],
         untimed: Sequence[bool] = (),
-    ) -> list[Any]:
+    ) -> list[object]:
         """The calls' values (None where one failed and its episode dropped), every failure through `fail` in the
         episodes' order once all calls ended."""
         s = self.settings
@@ -224,14 +228,16 @@ class EpisodeEnvironments:
         asked = [
             i for i, env in enumerate(self.envs) if not self.dropped(i) and callable(getattr(env, "get_reward", None))
         ]
-        raw = self._call("get_reward()", asked, [turns[i] for i in asked], [self.envs[i].get_reward for i in asked])
+        raw = self._call(
+            "get_reward()", asked, [turns[i] for i in asked], [getattr(self.envs[i], "get_reward") for i in asked]
+        )
         out = [0.0] * len(self.envs)
         for i, r in zip(asked, raw):
             if not self.dropped(i):
                 out[i] = self._checked(lambda: self._reward(r, i, turns[i], "get_reward()"), i, turns[i]) or 0.0
         return out
 
-    def _reward(self, reward: Any, episode: int, turn: int, what: str) -> float:
+    def _reward(self, reward: object, episode: int, turn: int, what: str) -> float:
         if isinstance(reward, bool) or not isinstance(reward, (int, float)) and not _is_number(reward):
             raise self.error(episode, turn, f"{what} must return a number, got {_short(reward)}")
         reward = float(reward)
@@ -239,7 +245,7 @@ class EpisodeEnvironments:
             raise self.error(episode, turn, f"{what} must return a finite number, got {reward}")
         return reward
 
-    def _result(self, value: Any, episode: int, turn: int) -> StepResult:
+    def _result(self, value: object, episode: int, turn: int) -> StepResult:
         if not isinstance(value, (tuple, list)) or len(value) != 3:
             raise self.error(episode, turn, f"step() must return (observation, reward, done), got {_short(value)}")
         observation, reward, done = value
@@ -257,7 +263,7 @@ class EpisodeEnvironments:
         messages = self._messages(observation, episode, turn, "step()'s observation")
         return StepResult(None if done else messages, reward, bool(done))
 
-    def _messages(self, value: Any, episode: int, turn: int, what: str) -> Messages:
+    def _messages(self, value: object, episode: int, turn: int, what: str) -> Messages:
         """A string as one user message; chat messages checked ({"role": str, "content": str} each)."""
         if isinstance(value, str):
             return [{"role": "user", "content": value}]
@@ -280,7 +286,7 @@ class EpisodeEnvironments:
         )
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> TypeGuard[SupportsFloat]:
     """A numpy / torch scalar holding a real number."""
     try:
         return hasattr(x, "item") and isinstance(x.item(), (int, float)) and not isinstance(x.item(), bool)
@@ -288,13 +294,13 @@ def _is_number(x: Any) -> bool:
         return False
 
 
-def _is_bool(x: Any) -> bool:
+def _is_bool(x: object) -> bool:
     try:
         return hasattr(x, "item") and isinstance(x.item(), bool)
     except Exception:  # noqa: BLE001
         return False
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:80] + ' ...' if len(text) > 80 else text}"

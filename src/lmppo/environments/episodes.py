@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from lmppo.sampling.engines import PromptBatch, SamplingEngine
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.settings import Sampling
 from lmppo.sampling.turns import TurnSampler
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 ENDED_BY_ENVIRONMENT = "environment"
 STOP_REASONS = (ENDED_BY_ENVIRONMENT, "max_turns", "max_episode_tokens")
@@ -67,7 +70,7 @@ def play_episodes(
     envs: EpisodeEnvironments,
     sampler: TurnSampler,
     encoder: Observations,
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     row_prompts: Sequence[Sequence[int]],
     seeds: Sequence[int],
     cfg: EnvironmentConfig,
@@ -95,7 +98,7 @@ def play_episodes(
             episode.tokens.extend(tokens)
             episode.turn_ends.append(len(episode.tokens) - 1)
             ended_on_stop[b] = episode.last_stopped = bool(tokens) and tokens[-1] in stops and not cut
-            text = tokenizer.decode(tokens[:-1] if ended_on_stop[b] else tokens, skip_special_tokens=True)
+            text = str(tokenizer.decode(tokens[:-1] if ended_on_stop[b] else tokens, skip_special_tokens=True))
             episode.transcript.append(text)
             if cut or envs.dropped(b):  # a dropped environment (failed to build or reset) is not stepped
                 episode.turn_rewards.append(0.0)
@@ -173,7 +176,7 @@ class EpisodePlayer:
     def __init__(
         self,
         cfg: EnvironmentConfig,
-        tokenizer: Any,
+        tokenizer: PreTrainedTokenizerBase,
         stop_ids: Sequence[int],
         environment: Optional[RunEnvironment] = None,
     ):
@@ -190,7 +193,7 @@ class EpisodePlayer:
         self,
         sampler: TurnSampler,
         prompts: Sequence[Sequence[int]],
-        columns: Sequence[dict[str, Any]],
+        columns: Sequence[Mapping[str, object]],
         rows: Sequence[int],
         seeds: Sequence[int],
     ) -> list[Episode]:
@@ -224,7 +227,7 @@ class MultiTurn:
 
     engine: SamplingEngine
     player: EpisodePlayer
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     precision: Precision
     pad_id: int
 
@@ -239,7 +242,9 @@ class MultiTurn:
         return as_episodes(played, prompts, self.tokenizer, self.pad_id)
 
 
-def as_episodes(played: list[Episode], prompts: EpisodePrompts, tokenizer: Any, pad_id: int) -> Episodes:
+def as_episodes(
+    played: list[Episode], prompts: EpisodePrompts, tokenizer: PreTrainedTokenizerBase, pad_id: int
+) -> Episodes:
     """Played episodes as the road's `Episodes`: the openings left-padded as the prompts, every token after them
     right-padded as the response, the turns' structure in `turns`."""
     device = prompts.batch.ids.device

@@ -33,7 +33,9 @@ from lmppo.config import EnvironmentConfig
 from lmppo.environments.api import (
     PYTHON_OBJECT,
     EnvironmentError,
+    Factory,
     Messages,
+    Tool,
     constructor_arguments,
     load_environment,
     load_tools,
@@ -41,8 +43,6 @@ from lmppo.environments.api import (
 from lmppo.environments.tools import Step, ToolBox, parse_tool_calls, tool_schemas, tool_step
 from lmppo.errors import ConfigError
 
-Factory = Callable  # a class, or any callable that builds an environment (its arguments vary)
-Tool = Callable  # a function with type hints and a docstring (its arguments vary)
 Factories = Union[Factory, Mapping[str, Factory]]
 Kind = Literal["step", "reset"]  # lmppo's contract (`step`), TRL's environment_factory (`reset`, methods as tools)
 ROUTE_COLUMN = "environment"  # the prompt column that picks a factory from a dict of them (TRL's name)

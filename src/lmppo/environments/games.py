@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Optional
 
 
 class GuessNumber:
@@ -13,7 +13,7 @@ class GuessNumber:
     The right guess ends the episode with reward 1.0; every other turn gives 0.0 (an episode not won within
     `environment.max_turns` turns is truncated). The opening is the row's prompt."""
 
-    def __init__(self, secret: int, prompt: str = "", low: int = 1, high: int = 8, **columns: Any):
+    def __init__(self, secret: int, prompt: str = "", low: int = 1, high: int = 8, **columns: object):
         self.secret, self.low, self.high = int(secret), int(low), int(high)
         self.prompt = prompt or (
             f"Let's play a game. I picked a secret number between {self.low} and {self.high}. What is your guess? "

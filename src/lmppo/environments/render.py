@@ -16,27 +16,33 @@ is prefix-preserving (full starts with base) and fails with one line otherwise.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from functools import partial
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional, Sequence
 
 from lmppo.environments.api import EnvironmentError, Messages
-from lmppo.environments.tools import template_renders_tools, with_tool_prompt
+from lmppo.environments.tools import JsonObject, template_renders_tools, with_tool_prompt
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _DUMMY: Messages = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}]
 
 
-def _ids(out: Any) -> list[int]:
-    if isinstance(out, dict) or hasattr(out, "input_ids"):  # BatchEncoding on some versions
+def _ids(out: object) -> list[int]:
+    if isinstance(out, Mapping):  # a dict or a BatchEncoding (a mapping) on some versions
         out = out["input_ids"]
+    if not isinstance(out, Iterable):
+        raise TypeError(f"the tokenizer gave {type(out).__name__}, not token ids")
     return [int(t) for t in out]
 
 
 class Observations:
     """Plain text: the opening and each observation encoded as they are (message contents joined by newlines)."""
 
-    def __init__(self, tokenizer: Any, stop_ids: Sequence[int]):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_ids: Sequence[int]):
         self.tokenizer, self.stop_ids = tokenizer, list(stop_ids)
 
-    def opening(self, messages: Messages, tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
+    def opening(self, messages: Messages, tools: Optional[list[JsonObject]] = None) -> list[int]:
         if tools:
             messages = with_tool_prompt(messages, tools)
         return _ids(self.tokenizer("\n".join(m["content"] for m in messages))["input_ids"])
@@ -51,7 +57,7 @@ class ChatObservations(Observations):
     """Chat messages through the tokenizer's chat template; tools through the template when it renders `tools`,
     else in a plain system message (`lmppo.environments.tools.plain_tool_prompt`)."""
 
-    def __init__(self, tokenizer: Any, stop_ids: Sequence[int]):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, stop_ids: Sequence[int]):
         super().__init__(tokenizer, stop_ids)
         if not getattr(tokenizer, "chat_template", None):
             raise EnvironmentError(
@@ -75,15 +81,17 @@ class ChatObservations(Observations):
                 "changes the tokens of the earlier ones), so observations cannot be appended token by token"
             )
 
-    def _render(self, messages: Messages, generation: bool, tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
-        kwargs = {"tools": tools} if tools else {}
-        return _ids(
-            self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=generation, tokenize=True, return_dict=False, **kwargs
-            )
+    def _render(self, messages: Messages, generation: bool, tools: Optional[list[JsonObject]] = None) -> list[int]:
+        render = partial(
+            self.tokenizer.apply_chat_template,
+            messages,
+            add_generation_prompt=generation,
+            tokenize=True,
+            return_dict=False,
         )
+        return _ids(render(tools=[*tools]) if tools else render())
 
-    def opening(self, messages: Messages, tools: Optional[list[dict[str, Any]]] = None) -> list[int]:
+    def opening(self, messages: Messages, tools: Optional[list[JsonObject]] = None) -> list[int]:
         if tools and not self.native_tools:
             messages, tools = with_tool_prompt(messages, tools), None
         return self._render(messages, generation=True, tools=tools)
@@ -99,7 +107,7 @@ class ChatObservations(Observations):
         return closing + self.glue + full[len(self.base) :]
 
 
-def turn_end_token(tokenizer: Any) -> Optional[str]:
+def turn_end_token(tokenizer: PreTrainedTokenizerBase) -> Optional[str]:
     """The special token the chat template closes an assistant turn with (`<|im_end|>` for SmolLM2), if any: the
     first special token after the assistant's content in a rendered dummy conversation."""
     text = str(tokenizer.apply_chat_template(_DUMMY, tokenize=False))
@@ -109,7 +117,7 @@ def turn_end_token(tokenizer: Any) -> Optional[str]:
     return next((str(tokenizer.convert_ids_to_tokens(i)) for i in ids if i in special), None)
 
 
-def observation_encoder(tokenizer: Any, stop_ids: Sequence[int], render: str) -> Observations:
+def observation_encoder(tokenizer: PreTrainedTokenizerBase, stop_ids: Sequence[int], render: str) -> Observations:
     """The encoder of `environment.render` (`auto`: chat when the tokenizer has a chat template)."""
     chat = render == "chat" or (render == "auto" and bool(getattr(tokenizer, "chat_template", None)))
     if chat and not stop_ids:

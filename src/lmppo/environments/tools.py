@@ -19,24 +19,25 @@ import json
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Awaitable, Callable, Optional, Sequence
+from typing import Awaitable, Optional, Sequence
 
-from lmppo.environments.api import Messages
+from lmppo.environments.api import Messages, Tool
 from lmppo.environments.calls import CallTimeout, call_within
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 Step = tuple[Optional[Messages], float, bool]  # what `step` returns: (observation, reward, done)
+JsonObject = dict[str, object]  # a JSON object: a tool's schema, a call's arguments
 MAX_RESULT_CHARS = 2000  # a tool result is cut to this many characters (a runaway output must not fill the episode)
 
 
-def tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
+def tool_schemas(tools: Sequence[Tool]) -> list[JsonObject]:
     """The OpenAI-style JSON schema of each tool (transformers' `get_json_schema`: type hints + docstring)."""
     from transformers.utils import get_json_schema
 
     return [get_json_schema(fn) for fn in tools]
 
 
-def checked_tool_schemas(tools: Sequence[Callable[..., Any]]) -> list[dict[str, Any]]:
+def checked_tool_schemas(tools: Sequence[Tool]) -> list[JsonObject]:
     """`tool_schemas`, or one ValueError line naming the first tool transformers cannot describe and what it lacks
     (a docstring, a type hint, an argument's description under `Args:`)."""
     from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
@@ -59,7 +60,7 @@ def template_renders_tools(chat_template: Optional[str]) -> bool:
     return bool(chat_template) and re.search(r"\btools\b", str(chat_template)) is not None
 
 
-def plain_tool_prompt(schemas: Sequence[dict[str, Any]]) -> str:
+def plain_tool_prompt(schemas: Sequence[JsonObject]) -> str:
     """The system message that offers tools to a model whose chat template has no tool format."""
     lines = "\n".join(json.dumps(s["function"], sort_keys=True) for s in schemas)
     return (
@@ -70,7 +71,7 @@ def plain_tool_prompt(schemas: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def with_tool_prompt(messages: Messages, schemas: Sequence[dict[str, Any]]) -> Messages:
+def with_tool_prompt(messages: Messages, schemas: Sequence[JsonObject]) -> Messages:
     """`messages` with `plain_tool_prompt` as the system message (added to the one there, or put first)."""
     text = plain_tool_prompt(schemas)
     if messages and messages[0]["role"] == "system":
@@ -83,7 +84,7 @@ class ToolCall:
     """One parsed call; `error` set (and name/arguments possibly empty) when the call is malformed."""
 
     name: str
-    arguments: dict[str, Any]
+    arguments: JsonObject
     error: str = ""
 
 
@@ -110,7 +111,7 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
     return calls
 
 
-def run_tool_call(call: ToolCall, tools: dict[str, Callable[..., Any]], timeout: float = 0.0) -> tuple[str, bool]:
+def run_tool_call(call: ToolCall, tools: dict[str, Tool], timeout: float = 0.0) -> tuple[str, bool]:
     """The text of a call's result and whether it failed (malformed, unknown tool, bad arguments, the tool raised).
     An `async def` tool is run to its end here (`ToolBox` runs the async ones of a turn in the turn's event loop).
     `timeout`: `_start`'s."""
@@ -125,7 +126,7 @@ class _Failure:
     text: str  # what the model is told
 
 
-def _start(call: ToolCall, tools: dict[str, Callable[..., Any]], timeout: float = 0.0) -> object:
+def _start(call: ToolCall, tools: dict[str, Tool], timeout: float = 0.0) -> object:
     """A `_Failure` for a call that failed at once; else what the tool returned (an awaitable for an async tool).
     With `timeout` > 0 (`environment.step_timeout`) the call, sync or async, runs to its end in a thread within it;
     past it, or calling `sys.exit()`, it raises (CallTimeout, SystemExit): an environment failure, not the model's."""
@@ -171,7 +172,7 @@ class ToolBox:
     `answer(calls)` gives one `tool` message per call, in order (a result, or the error the model sees); when a
     called tool is async it gives an awaitable of those messages instead, for the turn's event loop to run."""
 
-    def __init__(self, tools: Sequence[Callable[..., Any]], timeout: float = 0.0):
+    def __init__(self, tools: Sequence[Tool], timeout: float = 0.0):
         self.by_name = {fn.__name__: fn for fn in tools}
         self.calls = self.errors = 0
         self.timeout = timeout  # each call's limit (`_start`), set through the environment's `tool_call_timeout`
@@ -203,7 +204,7 @@ class ToolEnvironment:
     `tool_call_timeout`: each tool call's limit in seconds, which lmppo sets to `environment.step_timeout` (its
     `step` is lmppo's code: the tools are timed, one by one, not the step as a whole)."""
 
-    def __init__(self, tools: Sequence[Callable[..., Any]], prompt: str = "", answer: Any = None, **columns: Any):
+    def __init__(self, tools: Sequence[Tool], prompt: str = "", answer: object = None, **columns: object):
         self.tools = list(tools)
         self.toolbox = ToolBox(self.tools)
         self.prompt, self.answer = prompt, answer
