@@ -40,7 +40,7 @@ from lmppo.environments.api import (
     load_environment,
     load_tools,
 )
-from lmppo.environments.tools import Step, ToolBox, parse_tool_calls, tool_schemas, tool_step
+from lmppo.environments.tools import RunsTools, Step, ToolBox, parse_tool_calls, tool_schemas, tool_step
 from lmppo.errors import ConfigError
 
 Factories = Union[Factory, Mapping[str, Factory]]
@@ -121,7 +121,7 @@ async def _wait(value: Awaitable[object]) -> object:
     return await value
 
 
-class TrlEnvironment:
+class TrlEnvironment(RunsTools):
     """One episode of a TRL-style instance in lmppo's contract (module docstring). `columns`: the row's columns
     and `prompt`, passed to `reset`; `opening`: the row's prompt as chat messages; `tools`: the run's tools, offered
     after the instance's methods."""
@@ -138,22 +138,6 @@ class TrlEnvironment:
         self.tools = [*tool_methods(instance), *tools]
         self.toolbox = ToolBox(self.tools)
         self.turn = 0
-
-    @property
-    def tool_call_timeout(self) -> float:  # lmppo times each tool call (the methods), not this step as a whole
-        return self.toolbox.timeout
-
-    @tool_call_timeout.setter
-    def tool_call_timeout(self, seconds: float) -> None:
-        self.toolbox.timeout = seconds
-
-    @property
-    def tool_calls(self) -> int:
-        return self.toolbox.calls
-
-    @property
-    def tool_errors(self) -> int:
-        return self.toolbox.errors
 
     def reset(self) -> Messages:
         added = _settled(self.instance.reset(**self.columns))

@@ -193,21 +193,11 @@ class ToolBox:
         return [{"role": "tool", "content": text} for text, _ in results]
 
 
-class ToolEnvironment:
-    """The built-in tool-use environment (`environment.path: tools`).
+class RunsTools:
+    """What an environment that runs the model's tool calls through a `ToolBox` (`self.toolbox`) shows lmppo:
+    `tool_call_timeout` (lmppo times each tool call, not the step as a whole) and the episode's call counts."""
 
-    The episode opens with the row's prompt; each model turn with tool calls gets their results as `tool` messages
-    (reward 0); the first turn without a tool call is the answer and ends the episode. Its reward: with an `answer`
-    column, 1.0 when the last number of the answer (or, for a non-numeric answer, its stripped text) equals the
-    column's value, else 0.0; without one, 0.0 (score the answer with `reward.sources` instead: they get the last
-    turn's text as the completion). `tool_calls` and `tool_errors` count this episode's calls and failed calls.
-    `tool_call_timeout`: each tool call's limit in seconds, which lmppo sets to `environment.step_timeout` (its
-    `step` is lmppo's code: the tools are timed, one by one, not the step as a whole)."""
-
-    def __init__(self, tools: Sequence[Tool], prompt: str = "", answer: object = None, **columns: object):
-        self.tools = list(tools)
-        self.toolbox = ToolBox(self.tools)
-        self.prompt, self.answer = prompt, answer
+    toolbox: ToolBox
 
     @property
     def tool_call_timeout(self) -> float:
@@ -224,6 +214,23 @@ class ToolEnvironment:
     @property
     def tool_errors(self) -> int:
         return self.toolbox.errors
+
+
+class ToolEnvironment(RunsTools):
+    """The built-in tool-use environment (`environment.path: tools`).
+
+    The episode opens with the row's prompt; each model turn with tool calls gets their results as `tool` messages
+    (reward 0); the first turn without a tool call is the answer and ends the episode. Its reward: with an `answer`
+    column, 1.0 when the last number of the answer (or, for a non-numeric answer, its stripped text) equals the
+    column's value, else 0.0; without one, 0.0 (score the answer with `reward.sources` instead: they get the last
+    turn's text as the completion). `tool_calls` and `tool_errors` count this episode's calls and failed calls.
+    `tool_call_timeout`: each tool call's limit in seconds, which lmppo sets to `environment.step_timeout` (its
+    `step` is lmppo's code: the tools are timed, one by one, not the step as a whole)."""
+
+    def __init__(self, tools: Sequence[Tool], prompt: str = "", answer: object = None, **columns: object):
+        self.tools = list(tools)
+        self.toolbox = ToolBox(self.tools)
+        self.prompt, self.answer = prompt, answer
 
     def reset(self) -> Optional[str]:
         return self.prompt or None
