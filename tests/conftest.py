@@ -197,7 +197,7 @@ def hand_episodes(prompt_ids, prompt_mask, response_ids, response_mask, terminat
 def hand_rollout(**fields):
     """A `Rollout` of hand-made single responses: its tensors from `fields`, its episodes (`hand_episodes`) from
     them and `prompts_text` / `responses_text`; `action_mask` is the response mask."""
-    from lmppo.core.batch import Rollout
+    from lmppo.training.batch import Rollout
 
     prompts_text, texts = fields.pop("prompts_text"), fields.pop("responses_text")
     episodes = hand_episodes(

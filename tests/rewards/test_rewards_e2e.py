@@ -30,9 +30,9 @@ import torch
 from conftest import PROMPTS, set_fields, tiny_llama
 from conftest import hand_rollout as made_by_hand
 from lmppo.config import Config, RewardSourceConfig
-from lmppo.core.batch import Rollout
 from lmppo.errors import RewardError
 from lmppo.rewards import FunctionSource, token_char_offsets
+from lmppo.training.batch import Rollout
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.trainer import PPOTrainer
 from lmppo.training.update import UpdateBatch

@@ -61,8 +61,8 @@ def test_settled_prompts_by_hand():
     import torch
     from accelerate import Accelerator
 
-    from lmppo.core.batch import Rollout
     from lmppo.distributed.strategy import Strategy
+    from lmppo.training.batch import Rollout
     from lmppo.training.scoring import RewardSignal, settled_prompts
 
     class Groups:  # the one field of a Rollout that settled_prompts reads

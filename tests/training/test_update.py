@@ -8,9 +8,9 @@ import torch
 
 from conftest import hand_rollout
 from lmppo.config import Config
-from lmppo.core.batch import Rollout
 from lmppo.core.objective import STAT_NAMES
 from lmppo.errors import TrainingError
+from lmppo.training.batch import Rollout
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.update import (
     MEAN_STATS,

@@ -18,8 +18,8 @@ from typing import Callable, Iterator, Optional
 import torch
 
 from lmppo.config import Config
-from lmppo.core.batch import Rollout
 from lmppo.models.loading import PolicyOutput
+from lmppo.training.batch import Rollout
 from lmppo.training.update import TrimWidths, objective_and_stats
 
 RECOMPILE_LIMIT = 64  # graphs per compiled function: WIDTH_BUCKETS^2 shapes x padded or not, with room to spare

@@ -13,9 +13,9 @@ from typing import Callable
 
 import torch
 
-from lmppo.core.batch import Rollout
 from lmppo.environments.episodes import STOP_REASONS
 from lmppo.episodes.road import DROPPED
+from lmppo.training.batch import Rollout
 
 
 def episode_metrics(rollout: Rollout, gather: Callable[[torch.Tensor], float]) -> dict[str, float]:

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from lmppo.config import Config, LogConfig
-from lmppo.core.batch import Rollout
 from lmppo.core.masking import masked_sum
 from lmppo.data.prompts import PromptSet
 from lmppo.episodes.road import Road
@@ -23,6 +22,7 @@ from lmppo.evaluation.summary import RunRecord, RunSummary, card_table, print_ru
 from lmppo.run.layout import FINAL
 from lmppo.run.model_card import card_folders
 from lmppo.run.storage import write_text
+from lmppo.training.batch import Rollout
 from lmppo.training.episodes import episode_metrics
 from lmppo.training.metrics import MetricsAccumulator
 from lmppo.training.scoring import RewardSignal, ScoredRollout, TokenRewards

@@ -8,7 +8,6 @@ from typing import Callable, Optional, TypedDict
 import torch
 
 from lmppo.config import Config
-from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, in_row_chunks
 from lmppo.core.logprobs import entropy_from_logits, selective_log_softmax
 from lmppo.data.prompts import PromptSet
@@ -17,6 +16,7 @@ from lmppo.models.loading import PolicyOutput
 from lmppo.sampling.engines import PromptBatch
 from lmppo.sampling.hf import left_pad
 from lmppo.sampling.native import response_seed
+from lmppo.training.batch import Rollout
 
 
 class RolloutPasses(TypedDict):

@@ -11,7 +11,6 @@ import torch
 
 from lmppo.config import Config, KLConfig, RewardConfig, RolloutConfig
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, population_std
-from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS, next_state_kl
 from lmppo.core.kl_control import KL_CONTROLLERS
 from lmppo.core.masking import masked_sum
@@ -28,6 +27,7 @@ from lmppo.core.rewards import (
     unfinished_scores,
 )
 from lmppo.rewards import RewardResult
+from lmppo.training.batch import Rollout
 
 if TYPE_CHECKING:
     from lmppo.data.prompts import PromptStream

@@ -16,7 +16,6 @@ from torch import nn
 
 import lmppo.run.lock as lock
 from lmppo.config import Config
-from lmppo.core.batch import Rollout
 from lmppo.core.rewards import RunningMoments
 from lmppo.environments.road import run_road
 from lmppo.episodes.road import Road
@@ -27,6 +26,7 @@ from lmppo.run.model_card import HeldoutRows
 from lmppo.sampling.engines import SamplingEngine, build_sampling_engine
 from lmppo.training import compiled_update, report, rollout, scoring
 from lmppo.training.assembly import Components, build_components
+from lmppo.training.batch import Rollout
 from lmppo.training.callbacks import callback_list
 from lmppo.training.inputs import Fingerprints
 from lmppo.training.metrics import MetricsAccumulator, MetricsLogger, PhaseTimer, open_logger, warn_negative_kl

@@ -14,13 +14,13 @@ import torch
 
 from lmppo.config import Config
 from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
-from lmppo.core.batch import Rollout
 from lmppo.core.kl import KL_ESTIMATORS
 from lmppo.core.losses import LOSS_AGGREGATIONS, clipped_value_loss
 from lmppo.core.masking import masked_mean
 from lmppo.core.objective import STAT_NAMES, ppo_objective
 from lmppo.errors import TrainingError
 from lmppo.models.loading import PolicyOutput
+from lmppo.training.batch import Rollout
 from lmppo.training.metrics import MetricsAccumulator
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from lmppo.training.update import (
 )
 
 if TYPE_CHECKING:
-    from lmppo.core.batch import Rollout
     from lmppo.training.assembly import Components
+    from lmppo.training.batch import Rollout
 
 
 class MicroBatchLoss(Protocol):

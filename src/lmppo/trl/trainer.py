@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from peft import PeftConfig
     from transformers import PretrainedConfig, PreTrainedTokenizerBase, TrainerCallback
 
-    from lmppo.core.batch import Rollout
+    from lmppo.training.batch import Rollout
     from lmppo.training.metrics import MetricsAccumulator, PhaseTimer
     from lmppo.training.resume import TrainerObjects
     from lmppo.training.scoring import ScoredRollout, TokenRewards

@@ -3,7 +3,7 @@
 import torch
 
 from conftest import hand_rollout
-from lmppo.core.batch import Rollout
+from lmppo.training.batch import Rollout
 
 
 def _rollout() -> Rollout:

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 
-if TYPE_CHECKING:
-    from lmppo.episodes.road import Episodes
+from lmppo.episodes.road import Episodes
 
 
 @dataclass
