@@ -92,6 +92,16 @@ def main(out_path: str) -> None:
     if os.environ.get("GRPO_BATCH_SCALE"):  # ppo.grpo_scale batch (a std over processes), a sequence-mean loss
         cfg.ppo.advantage_estimator, cfg.rollout.num_samples_per_prompt = "grpo", 2
         cfg.ppo.grpo_scale, cfg.ppo.whiten_advantages, cfg.ppo.loss_aggregation = "batch", False, "sequence_mean"
+    prompts: list = PROMPTS * 2
+    rewards: list = [settled_or_length_reward if retire else length_reward]
+    if os.environ.get("ENVIRONMENT"):  # multi-turn episodes (tests/countdown_env.py), a reward on every turn
+        cfg.environment.path = os.path.join(os.path.dirname(__file__), "countdown_env.py:Countdown")
+        cfg.environment.max_turns = 3
+        cfg.environment.on_error = os.environ.get("ON_ERROR", "stop")
+        cfg.rollout.stop_token = "<|im_end|>"
+        cfg.reward.sources, rewards = [], []
+        prompts = [{"prompt": f"count down from {n}", "turns": n, "per_word": 0.1} for n in (1, 2, 3, 5, 2, 4, 1, 3)]
+        prompts = prompts * 2
     policy = tiny_llama(tok)
     if os.environ.get("POLICY_FROM_FOLDER"):  # loaded by the trainer (under ZeRO-3: partitioned by zero.Init)
         cfg.model.policy = os.path.join(os.path.dirname(out_path), f"policy-rank{os.environ.get('RANK', '0')}")
@@ -102,8 +112,8 @@ def main(out_path: str) -> None:
         cfg,
         policy=policy,
         tokenizer=tok,
-        prompts=PROMPTS * 2,
-        reward_functions=[settled_or_length_reward if retire else length_reward],
+        prompts=prompts,
+        reward_functions=rewards or None,
         callbacks=([StopOnMainProcess(int(os.environ["STOP_AFTER"]))] if "STOP_AFTER" in os.environ else [])
         + ([PoisonZeroPadding()] if os.environ.get("POISON_ZERO3_PADDING") else [])
         + ([DrawnPrompts(out_path)] if retire else []),
