@@ -292,6 +292,7 @@ def test_a_tool_without_a_schema_is_one_error_line_before_any_episode():
         EnvironmentError, match=r"^tool method of .*Undocumented `guess` cannot be offered to the model: "
     ):
         load_run_environment(EnvironmentConfig(), factory=Undocumented)
-    with pytest.raises(EnvironmentError, match=r"^tool `no_hints` cannot be offered to the model: .*type hints"):
+    named = r"^`environment.tools`: tool `no_hints` cannot be offered to the model: .*type hints"
+    with pytest.raises(EnvironmentError, match=named):
         load_run_environment(EnvironmentConfig(), factory=Quiet, tools=[no_hints])
     load_run_environment(EnvironmentConfig(), factory=Counter, tools=[multiply])  # documented: accepted

@@ -186,7 +186,7 @@ class RunEnvironment:
             key: environment_kind(f, f"{name}[{key}]" if self.routed else name, classless)
             for key, f in self.factories.items()
         }
-        check_tool_schemas(self.tools, "tool")
+        check_tool_schemas(self.tools, "`environment.tools`: tool")
         for key, f in self.factories.items():
             if self.kinds[key] == "reset" and inspect.isclass(f):
                 check_tool_schemas(_unbound_tools(f), f"tool method of {f.__qualname__}")
