@@ -122,14 +122,17 @@ def main(out_path: str) -> None:
     if trainer.accelerator.is_main_process:
         with open(out_path, "w") as fh:
             json.dump(history, fh)
-    if getattr(trainer, "zero", None) is not None and trainer.accelerator.is_main_process:
-        from lmppo.models.partition import is_partitioned  # what ZeRO did, checked by tests/test_deepspeed.py
+    zero = getattr(trainer.strategy, "zero", None)
+    if os.environ.get("DEEPSPEED") and zero is None:  # asked for ZeRO and did not get it: say so, do not skip
+        raise SystemExit(f"DEEPSPEED={os.environ['DEEPSPEED']} but the trainer's strategy has no ZeRO side")
+    if zero is not None and trainer.accelerator.is_main_process:
+        from lmppo.models.partition import is_partitioned  # what ZeRO did, checked by tests/distributed/test_zero.py
 
         ref = trainer.reference.model
         with open(out_path + ".zero.json", "w") as fh:
             json.dump(
                 {
-                    "stage": trainer.zero.stage,
+                    "stage": zero.stage,
                     "num_processes": trainer.accelerator.num_processes,
                     "policy_partitioned": is_partitioned(trainer.policy),
                     "reference_partitioned": ref is not None and is_partitioned(ref),
