@@ -4,7 +4,10 @@ same row is the same game (different rows, different games)."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -145,3 +148,17 @@ def test_an_id_that_cannot_run_here_is_one_line_naming_it_and_the_listing(env_id
     assert "\n" not in text and f"textarena:{env_id}" in text and LIST_GAMES in text
     for word in words:
         assert word in text
+
+
+def test_a_game_that_needs_a_download_is_one_clean_line_from_the_command_line(tmp_path):
+    """Hangman-v0 needs nltk's `words`, which nltk tries to download (no network here): its dozen `[nltk_data]`
+    lines go to the stderr nltk bound at import, past Python's redirection, so a real process shows what users see."""
+    run = subprocess.run(
+        [sys.executable, "-m", "lmppo.apps.cli", "train", "--environment.path", "textarena:Hangman-v0",
+         "--output_dir", str(tmp_path / "run")],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )  # fmt: skip
+    assert run.returncode == 2 and run.stdout == ""
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: environment.path `textarena:Hangman-v0`"), run.stderr
+    assert "LookupError" in lines[0] and LIST_GAMES in lines[0] and not (tmp_path / "run").exists()

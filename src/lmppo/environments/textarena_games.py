@@ -24,7 +24,9 @@ import functools
 import hashlib
 import io
 import json
+import os
 import random
+import sys
 from typing import Iterator, Mapping, Optional, Protocol
 
 import numpy as np
@@ -132,7 +134,7 @@ def check_game(env_id: str) -> None:
     try:
         _try_game(env_id)
     except Exception as err:  # noqa: BLE001 - TextArena's own assertion (two players) or a failed download
-        why = " ".join(f"{type(err).__name__}: {err}".split())
+        why = " ".join(f"{type(err).__name__}: {err}".replace("*", " ").split())  # nltk frames its in asterisks
         raise LmppoError(
             f"{where}: a game of it did not start with one player here ({why[:200]}): it needs two or more "
             f"players, or a download; the single-player ids that run here: {LIST_GAMES}"
@@ -155,8 +157,27 @@ def single_player_ids() -> list[str]:
 def _try_game(env_id: str) -> None:
     """Build and reset one game of `env_id`, what TextArena and nltk print on the way swallowed (a failed download
     prints a dozen lines)."""
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with _quiet_descriptors(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         TextArenaGame(env_id, game_seed=0).reset()
+
+
+@contextlib.contextmanager
+def _quiet_descriptors() -> Iterator[None]:
+    """File descriptors 1 and 2 point at /dev/null for the block: nltk's downloader writes to the `sys.stderr` it
+    bound when it was imported, which `contextlib.redirect_stderr` does not reach."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(os.devnull, "w") as null:
+        try:
+            os.dup2(null.fileno(), 1)
+            os.dup2(null.fileno(), 2)
+            yield
+        finally:
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
 
 
 def _make(env_id: str) -> ArenaGame:
