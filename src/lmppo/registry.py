@@ -248,6 +248,7 @@ ADVANTAGE_ESTIMATORS: Registry[Any] = Registry(
     "ppo.advantage_estimator",
     {
         "gae": "lmppo.core.advantages:gae",
+        "turn_gae": "lmppo.core.advantages:turn_gae",
         "rloo": builtin("lmppo.core.advantages:rloo", needs_groups=True, uses_values=False),
         "grpo": builtin("lmppo.core.advantages:grpo", needs_groups=True, uses_values=False, group_scale=True),
         "reinforce_pp": builtin("lmppo.core.advantages:reinforce_pp", uses_values=False),

@@ -384,8 +384,9 @@ class PPOConfig(_Section):
     lam: Fraction = 0.95
     """GAE lambda."""
     advantage_estimator: Annotated[str, registered(ADVANTAGE_ESTIMATORS)] = "gae"
-    """Advantage estimator (`lmppo.registry.ADVANTAGE_ESTIMATORS`): `gae`, or the critic-free `rloo`, `grpo` and
-    `reinforce_pp` (`lmppo.core.advantages`)."""
+    """Advantage estimator (`lmppo.registry.ADVANTAGE_ESTIMATORS`): `gae` (per token), `turn_gae` (GAE over an
+    episode's turns: each turn's reward summed, its value read at its first token, one advantage for all its tokens;
+    a single response is one turn), or the critic-free `rloo`, `grpo` and `reinforce_pp` (`lmppo.core.advantages`)."""
     grpo_scale: Literal["group", "batch", "none"] = "group"
     """Advantage estimator `grpo` (registry trait `group_scale`): what each response's group-centred score
     R_i - mean(group) is divided by: `group` (GRPO: the group's population std + 1e-6), `batch` (the population std

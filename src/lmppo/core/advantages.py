@@ -7,7 +7,8 @@ an episode's action mask with the environment's observation spans False between 
 skipped, not stepped through: the recursion runs over the selected tokens as one sequence (veRL's multi-turn GAE),
 so the last token of turn k bootstraps from the first token of turn k + 1 with one gamma, and inserting observation
 tokens changes no advantage. The value after the last selected token is 0 (a bootstrap, if wanted, is already in
-the last reward, see `core.rewards.bootstrap_truncated`).
+the last reward, see `core.rewards.bootstrap_truncated`). `turn_gae` runs the same recursion over the turns (the
+runs of True) instead of the tokens.
 """
 
 from __future__ import annotations
@@ -88,6 +89,41 @@ def _gae_prefix(
     advantages = deltas @ discount  # (B, T)
     advantages = torch.where(mask, advantages, zeros)
     returns = torch.where(mask, advantages + values, zeros)
+    return advantages, returns
+
+
+@register_advantage_estimator("turn_gae")
+def turn_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    group_ids: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over turns instead of tokens (turn-level credit, as in Turn-PPO and ArCHer's utterance-level critic).
+
+    The turns are the maximal runs of True in `mask` (a single response: one turn). For turn k:
+      R_k = the sum of its tokens' rewards (KL penalties included);  V_k = the value at its FIRST token (the state
+      the policy acted from);  delta_k = R_k + gamma * V_{k+1} - V_k  (V after the last turn = 0);
+      A_k = delta_k + gamma * lam * A_{k+1};  every token of turn k gets A_k and the return A_k + V_k.
+    It equals `gae` when every turn is one token; with gamma = lam = 1 its returns at each turn's first token equal
+    `gae`'s (the rewards still to come). Naive equivalent: the same recursion in Python over each row's turns.
+    """
+    zeros = torch.zeros_like(values)
+    previous = torch.cat([torch.zeros_like(mask[:, :1]), mask[:, :-1]], dim=1)
+    starts = mask & ~previous  # (B, T) the first token of each turn
+    # turn index of every token (0-based); masked positions point at turn 0 and add zeros there
+    turn = (starts.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+    # per-turn sequences, T wide (no row has more than T turns; T avoids reading the count on the host)
+    turn_rewards = zeros.scatter_add(1, turn, torch.where(mask, rewards, zeros))  # (B, T) R_k
+    turn_values = zeros.scatter_add(1, turn, torch.where(starts, values, zeros))  # (B, T) V_k
+    turns = starts.sum(dim=1, keepdim=True)  # (B, 1)
+    turn_mask = torch.arange(values.shape[1], device=values.device) < turns  # (B, T) a prefix mask over turns
+    adv_turns, ret_turns = _gae_prefix(turn_rewards, turn_values, turn_mask, gamma, lam)
+    advantages = torch.where(mask, adv_turns.gather(1, turn), zeros)
+    returns = torch.where(mask, ret_turns.gather(1, turn), zeros)
     return advantages, returns
 
 
