@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import TESTS, small_config, tiny_llama
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS, gae
 from lmppo.training.trainer import PPOTrainer
 
 ROWS = [{"prompt": f"count down from {n}", "turns": n} for n in (1, 2, 3, 5)]
@@ -73,6 +74,29 @@ def test_turn_rewards_kl_and_training_masks_follow_the_policy_tokens(tmp_path, t
     assert (rewards.kl[~batch.action_mask] == 0).all()
     adv, ret = trainer.advantages(batch, rewards)
     assert (adv[~batch.action_mask] == 0).all() and (ret[~batch.action_mask] == 0).all()
+
+
+def test_turn_gae_gives_the_trainer_one_advantage_per_turn(tmp_path, tokenizer, env_path):
+    """`ppo.advantage_estimator: turn_gae` reaches the trainer's advantages: on the multi-turn rows each turn's
+    tokens share one advantage (token-level `gae` on the same batch does not), and they are `turn_gae`'s."""
+    trainer = make_trainer(
+        tmp_path, tokenizer, env_path, ppo__advantage_estimator="turn_gae", ppo__whiten_advantages=False
+    )
+    batch = trainer.collect_rollout()
+    rewards = trainer.token_rewards(batch, trainer.score(batch))
+    adv, ret = trainer.advantages(batch, rewards)
+    p, mask = trainer.config.ppo, batch.action_mask
+    expected = ADVANTAGE_ESTIMATORS["turn_gae"](rewards.rewards, batch.values, mask, gamma=p.gamma, lam=p.lam)
+    torch.testing.assert_close((adv, ret), expected)
+    token_level, _ = gae(rewards.rewards, batch.values, mask, gamma=p.gamma, lam=p.lam)
+    ends = batch.episodes.turns.turn_ends
+    for b in range(1, 4):  # rows with 2 and 3 turns
+        turn_ends = ends[b][ends[b] >= 0].tolist()
+        starts = [int(mask[b].nonzero()[0])] + [int(mask[b, e + 1 :].nonzero()[0]) + e + 1 for e in turn_ends[:-1]]
+        for start, end in zip(starts, turn_ends):
+            assert mask[b, start : end + 1].all() and (adv[b, start : end + 1] == adv[b, start]).all()
+        assert len(set(adv[b, starts].tolist())) == len(starts)  # one advantage per turn, not one per episode
+        assert not torch.allclose(adv[b][mask[b]], token_level[b][mask[b]])
 
 
 def test_training_on_episodes_logs_the_episode_metrics_and_whole_episodes(tmp_path, tokenizer, env_path):
