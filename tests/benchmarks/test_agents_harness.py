@@ -55,6 +55,7 @@ def test_a_textarena_task_plays_its_game_on_one_set_of_games_and_guess_number_is
     assert arena["environment"]["path"] == "textarena:GuessTheNumber-v0"
     assert arena["data"]["prompts"] == "builtin:textarena" and arena["data"]["size"] == 8 + 64
     assert arena["rollout"]["max_new_tokens"] == 16 and arena["environment"]["max_turns"] == 10
+    assert arena["ppo"]["micro_batch_size"] == 4  # 8 ran out of memory beside another run (TEXTARENA_TASK)
     game = config("guess_number", "ppo_critic")
     assert game["environment"] == {
         "path": "guess_number",
