@@ -17,7 +17,7 @@ from lmppo.data.generated import TEXTARENA_GAMES, game_seed, generated_records
 from lmppo.environments.api import EpisodeEnvironments, load_environment
 from lmppo.environments.episodes import play_episodes
 from lmppo.environments.render import observation_encoder
-from lmppo.environments.textarena_games import LIST_GAMES, TextArenaGame, row_seed
+from lmppo.environments.textarena_games import LIST_GAMES, TextArenaGame, final_reward, row_seed
 from lmppo.errors import LmppoError
 
 pytest.importorskip("textarena")  # the extra `environments` (installed by `make setup`, so CI runs these)
@@ -101,6 +101,24 @@ def test_a_lost_game_ends_with_textarenas_reward_for_it():
     observation, reward, done = game.step("still no number")
     assert done and observation is None
     assert reward == 0.0 and 1 <= s <= 20  # no valid guess yet: 0 of the way to the number
+
+
+def test_a_game_that_swaps_reward_and_reason_on_an_invalid_move_ends_with_its_reward():
+    # ThreeCardMonte-v0 calls TextArena's `set_invalid_move(reason, reward)` as (0.0, "Bad action. ..."): its reward
+    # at close is the message; before the adapter read it back, float() of it stopped the run at the second bad move
+    game = TextArenaGame("ThreeCardMonte-v0", game_seed=2)
+    game.reset()
+    assert game.step("the middle one")[2] is False
+    observation, reward, done = game.step("still the middle one")
+    assert done and observation is None and reward == 0.0
+    assert isinstance(game.game.close()[0][0], str)  # the game's own record of it, as it stands in TextArena 0.7.4
+
+
+def test_a_reward_that_is_not_a_number_nor_a_swapped_reason_is_one_line_naming_the_game():
+    assert final_reward("Demo-v0", {0: 1}, {}) == 1.0 and final_reward("Demo-v0", None, None) == 0.0
+    assert final_reward("Demo-v0", {0: "Bad action."}, {0: {"reason": "Invalid Move: 0.25"}}) == 0.25
+    with pytest.raises(LmppoError, match=r"textarena:Demo-v0`: the game ended with reward 'won' .* must be a number"):
+        final_reward("Demo-v0", {0: "won"}, {0: {"reason": "You won."}})
 
 
 def test_the_same_row_is_the_same_game_and_other_rows_are_other_games():

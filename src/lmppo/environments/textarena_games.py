@@ -24,6 +24,7 @@ import functools
 import hashlib
 import io
 import json
+import numbers
 import os
 import random
 import sys
@@ -75,8 +76,8 @@ class TextArenaGame:
             done, _info = self.game.step(action)
             if not done:
                 return self._new_text(), 0.0, False
-            rewards, _game_info = self.game.close()
-        return None, float((rewards or {}).get(PLAYER, 0.0)), True
+            rewards, game_info = self.game.close()
+        return None, final_reward(self.env_id, rewards, game_info), True
 
     def _new_text(self) -> str:
         """The messages the game added since the last call, the model's own move left out."""
@@ -100,6 +101,32 @@ class TextArenaGame:
             self.generators = (random.getstate(), np.random.get_state())
             random.setstate(outer[0])
             np.random.set_state(outer[1])
+
+
+INVALID_MOVE = "Invalid Move: "
+"""How TextArena's single-player state starts the reason of a game ended by an invalid move."""
+
+
+def final_reward(env_id: str, rewards: Optional[Mapping[int, object]], game_info: object) -> float:
+    """The player's reward at the end of a game. TextArena 0.7.4's single-player state is
+    `set_invalid_move(reason, reward)`, and some games (ThreeCardMonte, Countdown, Crosswords, Cryptarithm, ...) call
+    it as `(reward, reason)`: the game that ends on an invalid move then holds the message as the reward and the
+    number in its reason ("Invalid Move: 0.0"). The number is read back from there; any other reward that is not a
+    number is one error line naming the game and the value."""
+    value = (rewards or {}).get(PLAYER, 0.0)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    info = game_info.get(PLAYER) if isinstance(game_info, Mapping) else None
+    reason = str(info.get("reason", "")) if isinstance(info, Mapping) else ""
+    if isinstance(value, str) and reason.startswith(INVALID_MOVE):
+        try:
+            return float(reason[len(INVALID_MOVE) :])
+        except ValueError:
+            pass
+    raise LmppoError(
+        f"environment `{TEXTARENA}{env_id}`: the game ended with reward {value!r} for the player (reason "
+        f"{reason!r}); a reward must be a number"
+    )
 
 
 def row_seed(prompt: str, columns: Mapping[str, object]) -> int:
