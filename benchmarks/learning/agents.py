@@ -82,11 +82,13 @@ TEXTARENA_TASK = {
     "environment.max_observation_tokens": 256,
     "rollout.max_new_tokens": 16,
     "ppo.micro_batch_size": 4,
+    "kl.controller": "fixed",  # the TextArena rows' KL (a fixed 0.02), kept when the recipe took the PI controller
+    "kl.coef": 0.02,
 }
 """A TextArena game's settings (any `textarena:ENV_ID`): a turn of 16 tokens, 10 turns, 512 tokens an episode,
 micro-batches of 4 episodes (the same update as the recipe's 8, in two steps of gradient accumulation: at 8 a
 GuessTheNumber-v0 run grew past 16 GB in its second iteration and was killed for memory beside another run; at 4
-its peak was 11 GB, measured with `/usr/bin/time -v`)."""
+its peak was 11 GB, measured with `/usr/bin/time -v`), and the fixed beta of 0.02 the TextArena rows ran with."""
 LMPPO_SIDES = {side: v for side, v in lmppo_sides(GROUP).items() if side != "grpo_exact"}
 SIDES = ["trl", *LMPPO_SIDES]
 SHOWN = {"trl": "TRL GRPOTrainer", **{side: f"lmppo `{side}`" for side in LMPPO_SIDES}}

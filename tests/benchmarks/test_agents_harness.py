@@ -56,6 +56,7 @@ def test_a_textarena_task_plays_its_game_on_one_set_of_games_and_guess_number_is
     assert arena["data"]["prompts"] == "builtin:textarena" and arena["data"]["size"] == 8 + 64
     assert arena["rollout"]["max_new_tokens"] == 16 and arena["environment"]["max_turns"] == 10
     assert arena["ppo"]["micro_batch_size"] == 4  # 8 ran out of memory beside another run (TEXTARENA_TASK)
+    assert arena["kl"]["controller"] == "fixed" and arena["kl"]["coef"] == 0.02  # what the TextArena rows ran with
     game = config("guess_number", "ppo_critic")
     assert game["environment"] == {
         "path": "guess_number",
@@ -64,6 +65,7 @@ def test_a_textarena_task_plays_its_game_on_one_set_of_games_and_guess_number_is
         "max_observation_tokens": 64,
     }
     assert game["data"]["prompts"] == "builtin:guess_number" and "size" not in game["data"]
+    assert game["kl"]["controller"] == "pi" and game["kl"]["target"] == 4.0  # the recipe's, as it ships
 
 
 def test_overrides_reach_the_lmppo_sides_only_and_are_checked_by_lmppo():
