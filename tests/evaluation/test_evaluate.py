@@ -216,6 +216,18 @@ def test_summary_without_held_out_prompts_says_so(tmp_path, tokenizer):
     print_summary(json.load(open(os.path.join(cfg.output_dir, "summary.json"))), _console())
 
 
+def test_the_summarys_training_line_shows_the_controllers_beta_where_the_kl_acts():
+    # a run with the KL in the loss (kl.placement: loss): objective/kl_coef is the rewards' 0 throughout
+    first = {"iteration": 1, "objective/scores": 0.125, "objective/kl": 0.0, "objective/kl_coef": 0.0,
+             "loss/kl_coef": 0.0184}  # fmt: skip
+    last = {"iteration": 12, "objective/scores": 0.0, "objective/kl": 7.2, "objective/kl_coef": 0.0,
+            "loss/kl_coef": 0.0304}  # fmt: skip
+    summary = {"training": {"iterations": 12, "episodes": 384, "train_seconds": 10.0, "first": first, "last": last}}
+    console = _console()
+    print_summary(summary, console)  # type: ignore[arg-type]
+    assert "KL 0.00 -> 7.20 nats, beta 0.0184 -> 0.0304 (384 episodes" in console.file.getvalue()
+
+
 def test_eval_a_run_folder_against_its_starting_point(tmp_path, full_run):
     run = full_run.config.output_dir
     out = tmp_path / "eval.json"

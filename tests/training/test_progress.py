@@ -29,6 +29,16 @@ def test_a_log_file_gets_one_whole_line_per_iteration():
     assert "~0:30 left" in lines[0] and "ratio 1.002" in lines[0]  # 15 s per iteration, two to go
 
 
+def test_the_beta_shown_is_the_controllers_wherever_the_kl_acts():
+    # kl.placement: loss (or kl.estimator: exact): the rewards carry no penalty (objective/kl_coef 0), the loss's
+    # term carries the controller's beta; the line showed "beta 0.0000" for such a whole run
+    out = io.StringIO()
+    in_loss = {**METRICS, "objective/kl_coef": 0.0, "loss/kl_coef": 0.0304}
+    ProgressDisplay().show(Console(file=out, width=200), live=True, iteration=1, total=2, episode=32,
+                           train_seconds=1.0, m=in_loss)  # fmt: skip
+    assert "kl 3.25  beta 0.0304  len" in out.getvalue()
+
+
 def test_the_python_api_gets_a_bar_and_log_progress_false_hides_it(capsys, monkeypatch):
     monkeypatch.delenv("TQDM_DISABLE", raising=False)
     display = ProgressDisplay()

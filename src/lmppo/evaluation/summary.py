@@ -37,7 +37,7 @@ from lmppo.evaluation.tables import (
 )
 from lmppo.models.reference import adapters_disabled
 from lmppo.run.layout import FINAL, SUMMARY
-from lmppo.run.metrics_file import run_rows
+from lmppo.run.metrics_file import controller_beta, run_rows
 from lmppo.run.model_card import HeldoutRows
 from lmppo.run.storage import write_json
 
@@ -222,7 +222,7 @@ def _training_part(run: RunRecord) -> TrainingPart:
         "train_seconds": round(run.train_seconds, 1),
     }
     if h:
-        keys = ("objective/scores", "objective/kl", "objective/kl_coef", "response/length_mean")
+        keys = ("objective/scores", "objective/kl", "objective/kl_coef", "loss/kl_coef", "response/length_mean")
         part["first"] = {"iteration": h[0].get("iteration"), **{k: h[0].get(k) for k in keys if k in h[0]}}
         part["last"] = {"iteration": h[-1].get("iteration"), **{k: h[-1].get(k) for k in keys if k in h[-1]}}
         for name in h[-1]:
@@ -241,8 +241,8 @@ def print_summary(summary: RunSummary, console: Console) -> None:
         console.print(
             f"[bold]training[/]: iteration {f['iteration']} -> {last['iteration']}: score "
             f"{f['objective/scores']:+.3f} -> {last['objective/scores']:+.3f}, KL {f['objective/kl']:.2f} -> "
-            f"{last['objective/kl']:.2f} nats, beta {f.get('objective/kl_coef', 0):.4f} -> "
-            f"{last.get('objective/kl_coef', 0):.4f} ({t['episodes']} episodes, {t['train_seconds']:.0f} s)",
+            f"{last['objective/kl']:.2f} nats, beta {controller_beta(f):.4f} -> "
+            f"{controller_beta(last):.4f} ({t['episodes']} episodes, {t['train_seconds']:.0f} s)",
             highlight=False,
         )
     if "after" not in summary:

@@ -6,8 +6,20 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from typing import Mapping, Optional
 
 from lmppo.run.layout import METRICS
+
+
+def controller_beta(m: Mapping[str, Optional[float]]) -> float:
+    """The KL controller's beta in an iteration's metrics, wherever the KL acts: `loss/kl_coef` when the KL is a
+    loss term (`kl.placement: loss` or `both`, or `kl.estimator: exact`), else `objective/kl_coef`. The latter is
+    the beta of the rewards' penalty, 0 when the KL is in the loss only: read alone it showed "beta 0.0000" for
+    the whole of a run whose controller moved its beta between 0.008 and 0.14."""
+    beta = m.get("loss/kl_coef")
+    if beta is None:
+        beta = m.get("objective/kl_coef")
+    return float(beta or 0.0)
 
 
 def read_jsonl(path: str) -> tuple[list[dict], int]:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Optional
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from lmppo.run.metrics_file import controller_beta
+
 if TYPE_CHECKING:
     from tqdm.auto import tqdm
 
@@ -42,7 +44,7 @@ class ProgressDisplay:
             left = train_seconds / max(iteration, 1) * max(total - iteration, 0)
             stats = (
                 f"score {m['objective/scores']:+.3f}  kl {m['objective/kl']:.2f}  "
-                f"beta {m['objective/kl_coef']:.4f}  len {m['response/length_mean']:.1f}  "
+                f"beta {controller_beta(m):.4f}  len {m['response/length_mean']:.1f}  "
                 f"{m['eps']:.2f} eps  ~{int(left) // 60}:{int(left) % 60:02d} left"
             )
         if console is None:  # the Python API (a notebook, a script): tqdm's bar, unless log.progress is off
