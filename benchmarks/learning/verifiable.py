@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -334,8 +335,14 @@ def child(python: str, args: list[str], log: Path, env: dict) -> tuple[int, floa
     return run_child([python, __file__, *args], log, env)
 
 
+def task_work(work: Path, problems: str) -> Path:
+    """The task's own folder under `--work`: two tasks in one --work share run names (grpo_exact-128-s1), and lmppo
+    refuses a folder that holds a run (a second task's run failed so) while TRL writes over the first task's model."""
+    return work / re.sub(r"[^A-Za-z0-9._-]+", "_", problems)
+
+
 def drive(a: argparse.Namespace) -> None:
-    work = Path(a.work or tempfile.mkdtemp(prefix="verifiable-"))
+    work = task_work(Path(a.work or tempfile.mkdtemp(prefix="verifiable-")), a.problems)
     work.mkdir(parents=True, exist_ok=True)
     rg_task = {"size": a.size, "options": a.task_options, "instruction": a.task_instruction}
     train_file, heldout = split_problems(work, a.problems, a.heldout, rg_task)

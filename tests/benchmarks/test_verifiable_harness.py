@@ -189,3 +189,12 @@ def test_a_reasoning_gym_table_shows_the_score_and_trl_by_its_version(tmp_path):
     assert "Base model (before): held-out score (the task's score_answer) 0.25" in text
     assert "| TRL 1.16.0 GRPOTrainer | 384 | 2 | 0.40 (0.30-0.50) | 7.00 (6.00-8.00) | 10 |" in text
     assert "| TRL GRPOTrainer | 384 | 1 | 0.10 (0.10-0.10) |" in text
+
+
+def test_each_task_runs_in_its_own_folder_under_work(tmp_path):
+    # two tasks in one --work used to share run names: the second task's lmppo run was refused its folder
+    a = verifiable.task_work(tmp_path, "reasoning_gym:chain_sum")
+    b = verifiable.task_work(tmp_path, "reasoning_gym:basic_arithmetic")
+    assert a != b and a.parent == b.parent == tmp_path
+    assert a.name == "reasoning_gym_chain_sum"
+    assert verifiable.task_work(tmp_path, "my dir/p.jsonl").name == "my_dir_p.jsonl"
