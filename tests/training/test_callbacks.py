@@ -85,7 +85,9 @@ def test_hooks_run_in_order_with_their_arguments(tokenizer, tmp_path):
     assert rec.events.index(saves[0]) == rec.events.index(("iteration_end", 1)) + 1
 
 
-def test_stop_ends_the_run_after_the_current_iteration(tokenizer, tmp_path):
+def test_stop_ends_the_run_after_the_current_iteration(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)  # the Python API's bar is on (log.progress's default)
+
     class StopAtOne:  # any object with some of the hooks works, no subclassing needed
         def on_iteration_end(self, trainer, metrics):
             if metrics["iteration"] == 1:
@@ -104,6 +106,10 @@ def test_stop_ends_the_run_after_the_current_iteration(tokenizer, tmp_path):
     assert len(history) == 1 and trainer.iteration == 1
     assert os.path.isdir(os.path.join(cfg.output_dir, "final", "policy"))
     assert os.listdir(os.path.join(cfg.output_dir, "checkpoints")) == ["iter-00000001"]
+    # the bar stopped at 1/3 is closed with the run: an open one prints itself again when collected or at exit
+    from tqdm.auto import tqdm
+
+    assert [bar.n for bar in tqdm._instances if bar.desc == "PPO"] == []
 
 
 def test_bad_callbacks_are_one_line_errors():

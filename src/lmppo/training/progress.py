@@ -81,8 +81,7 @@ class ProgressDisplay:
         if m is not None and self.task is not None:
             bar.update(self.task, completed=iteration, stats=stats)
         if iteration >= total:
-            bar.stop()
-            self.bar = None
+            self.close()
 
     def api_bar(self, iteration: int, total: int, stats: str) -> None:
         """A tqdm bar (a widget in a notebook, text on stderr elsewhere; TQDM_DISABLE=1 hides it)."""
@@ -96,5 +95,14 @@ class ProgressDisplay:
             bar.set_postfix_str(stats, refresh=False)
         bar.refresh()
         if iteration >= total:
-            bar.close()
+            self.close()
+
+    def close(self) -> None:
+        """End the bars of a session that stops before its last iteration (`stop()`, an error). A tqdm bar left
+        open prints itself again when it is collected or at exit, after whatever the user's script printed since."""
+        if self.tqdm_bar is not None:
+            self.tqdm_bar.close()
             self.tqdm_bar = None
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None

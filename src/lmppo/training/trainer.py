@@ -157,6 +157,7 @@ class PPOTrainer:
                 self.train_seconds = time.perf_counter() - started
                 self.finish_iteration(batch, scored, rewards, stats, timer)  # 6. log, adapt KL, sync ref
         finally:
+            self.progress.close()
             if self.logger is not None:
                 self.logger.close()
                 self.logger = None
