@@ -408,12 +408,19 @@ def task_table(task: str, rows: list[dict]) -> str:
             lines.append(
                 f"| {side} | {episodes} | {len(ran)} | {spread([r['success_before'] for r in ran])} | "
                 f"{spread([r['success_after'] for r in ran])} | {spread([r['heldout_kl'] for r in ran])} | "
-                f"{statistics.mean(r['cpu_s'] for r in ran):.0f} | {statistics.mean(r['wall_s'] for r in ran):.0f} |"
+                f"{mean_measured(ran, 'cpu_s')} | {mean_measured(ran, 'wall_s')} |"
             )
         for error in dict.fromkeys(r["error"] for r in refused):  # each distinct refusal once
             seeds = sum(r["error"] == error for r in refused)
             lines.append(f"| {side} | {episodes} | {seeds} | did not run: {error} | | | | |")
     return "\n".join(lines)
+
+
+def mean_measured(rows: list[dict], key: str) -> str:
+    """The mean of `key` over the rows that measured it (a row written from a finished run's summary.json after its
+    driver was stopped has no CPU seconds: `null`); "-" when none did."""
+    measured = [r[key] for r in rows if r.get(key) is not None]
+    return f"{statistics.mean(measured):.0f}" if measured else "-"
 
 
 # ------------------------------------------------------------------------------------------------ command line

@@ -178,6 +178,19 @@ def test_the_table_is_one_per_task_with_mean_and_min_max_over_seeds(tmp_path):
     )
 
 
+def test_a_row_without_cpu_seconds_counts_in_every_figure_but_the_cpu_mean(tmp_path):
+    # a row written from a finished run's summary.json after its driver was stopped: no os.wait4 figure
+    run = {"task": "guess_number", "side": "grpo", "episodes": 48, "tag": "", "extra": {}, "success_before": 0.0}
+    rows = [
+        {**run, "seed": 0, "success_after": 0.2, "heldout_kl": 2.0, "cpu_s": 300.0, "wall_s": 310.0},
+        {**run, "seed": 1, "success_after": 0.4, "heldout_kl": 4.0, "cpu_s": None, "wall_s": 890.0},
+    ]
+    text = agents.table(write_rows(tmp_path, rows))
+    assert "| lmppo `grpo` | 48 | 2 | 0.00 (0.00-0.00) | 0.30 (0.20-0.40) | 3.00 (2.00-4.00) | 300 | 600 |" in text
+    only = agents.table(write_rows(tmp_path, rows[1:]))
+    assert "| 4.00 (4.00-4.00) | - | 890 |" in only
+
+
 def test_a_refused_trl_run_shows_its_error_line_and_variants_are_kept_apart(tmp_path):
     refused = {
         "task": "guess_number",
