@@ -175,14 +175,22 @@ def libraries(python: str) -> str:
     return subprocess.check_output([python, "-c", code], text=True).strip()
 
 
+# overrides that change how an update is computed, not what it is: a micro-batch splits the same minibatch for
+# gradient accumulation (the loss is divided by the whole minibatch's denominator), a forward chunk batches the same
+# no-gradient passes; a row run with only these (to fit in memory) belongs to the cell of the rows without them
+SAME_UPDATE = ("ppo.micro_batch_size", "rollout.forward_batch_size")
+
+
 def label(row: dict, shown: dict[str, str]) -> str:
     """A row's side as a table names it: `shown[side]` (TRL with its version when the row has it), then its config
-    overrides (`--extra`) if any, else its tag."""
+    overrides (`--extra`) other than `SAME_UPDATE` if any, else its tag (none when its overrides were all
+    `SAME_UPDATE`: the tag named those)."""
     side = f"TRL {row['trl_version']} GRPOTrainer" if row.get("trl_version") else shown.get(row["side"], row["side"])
     extra = row.get("extra") or {}
-    if extra:
-        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in extra.items())
-    return f"{side} {row['tag']}" if row.get("tag") else side
+    changed = {k: v for k, v in extra.items() if k not in SAME_UPDATE}
+    if changed:
+        return f"{side} + " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in changed.items())
+    return f"{side} {row['tag']}" if row.get("tag") and not extra else side
 
 
 def by_task(rows: list[dict], default: str = "") -> dict[str, list[dict]]:

@@ -191,6 +191,22 @@ def test_a_row_without_cpu_seconds_counts_in_every_figure_but_the_cpu_mean(tmp_p
     assert "| 4.00 (4.00-4.00) | - | 890 |" in only
 
 
+def test_a_row_run_at_a_smaller_micro_batch_joins_its_cell_and_a_real_variant_does_not(tmp_path):
+    # micro-batches split the same minibatch (gradient accumulation): the same update, run to fit in memory
+    run = {"task": "guess_number", "side": "ppo_critic", "episodes": 48, "success_before": 0.0, "cpu_s": 1.0}
+    rows = [
+        {**run, "seed": 0, "tag": "", "extra": {}, "success_after": 0.2, "heldout_kl": 2.0, "wall_s": 1.0},
+        {**run, "seed": 1, "tag": "mbs2", "extra": {"ppo.micro_batch_size": 2}, "success_after": 0.4,
+         "heldout_kl": 4.0, "wall_s": 1.0},
+        {**run, "seed": 0, "tag": "lam1", "extra": {"ppo.lam": 1.0, "ppo.micro_batch_size": 2}, "success_after": 0.9,
+         "heldout_kl": 9.0, "wall_s": 1.0},
+    ]  # fmt: skip
+    text = agents.table(write_rows(tmp_path, rows))
+    assert "| lmppo `ppo_critic` | 48 | 2 | 0.00 (0.00-0.00) | 0.30 (0.20-0.40) | 3.00 (2.00-4.00) | 1 | 1 |" in text
+    assert "| lmppo `ppo_critic` + `ppo.lam: 1.0` | 48 | 1 | 0.00 (0.00-0.00) | 0.90 (0.90-0.90) |" in text
+    assert "mbs2" not in text and "micro_batch_size" not in text
+
+
 def test_a_refused_trl_run_shows_its_error_line_and_variants_are_kept_apart(tmp_path):
     refused = {
         "task": "guess_number",
