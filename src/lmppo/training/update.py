@@ -226,14 +226,35 @@ def critic_only_loss(
     their Adam moments as they are. Aggregated by ppo.loss_aggregation; `autocast`: the run's precision."""
     assert critic is not None, "value-only steps need a separate critic (value.mode critic)"
     batch, keep = trim(part.rollout, widths)
-    returns, mask = part.returns[:, :keep], part.train_mask[:, :keep]
+    _, loss = critic_value_loss(
+        critic, autocast, cfg, batch, part.returns[:, :keep], part.train_mask[:, :keep], denominator, stats, widths
+    )
+    return loss
+
+
+def critic_value_loss(
+    critic: torch.nn.Module,
+    autocast: Callable[[], AbstractContextManager],
+    cfg: Config,
+    batch: Rollout,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    denominator: torch.Tensor,
+    stats: Optional[MetricsAccumulator] = None,
+    widths: Optional[TrimWidths] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A separate critic's pass over the trimmed micro-batch `batch` and its share of the minibatch loss: (values
+    (B, T) with their graph, vf_coef x clipped value loss aggregated by ppo.loss_aggregation). `stats`: where the
+    value-loss statistics go (None: the caller's objective reports them)."""
     padded = None if widths is None else widths.padded
     with autocast():
-        values = critic(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], padded)[:, :keep]
+        values = critic(batch.input_ids, batch.attention_mask, batch.prompt_ids.shape[1], padded)
+    values = values[:, : batch.response_ids.shape[1]]
     vf_loss, vf_stats = clipped_value_loss(values, batch.values, returns, cfg.ppo.value_clip_range)
-    stats.add(STAT_NAMES["value"], masked_mean(vf_loss.detach(), mask))
-    stats.add(STAT_NAMES["value_clipped"], masked_mean(vf_stats["clipped"], mask))
-    return LOSS_AGGREGATIONS[cfg.ppo.loss_aggregation].share(value_coef(cfg) * vf_loss, mask, denominator)
+    if stats is not None:
+        stats.add(STAT_NAMES["value"], masked_mean(vf_loss.detach(), mask))
+        stats.add(STAT_NAMES["value_clipped"], masked_mean(vf_stats["clipped"], mask))
+    return values, LOSS_AGGREGATIONS[cfg.ppo.loss_aggregation].share(value_coef(cfg) * vf_loss, mask, denominator)
 
 
 def hold_policy(stats: MetricsAccumulator) -> None:

@@ -21,6 +21,7 @@ from lmppo.training.update import (
     TrimWidths,
     UpdateBatch,
     critic_only_loss,
+    critic_value_loss,
     epoch_orders,
     gradient_clipper,
     hold_policy,
@@ -69,6 +70,10 @@ class Updater:
         self.last_lr = 0.0  # the learning rate of the last iteration's updates
         self.first_epoch_forward: Optional[PolicyOutput] = None  # `lmppo.training.rollout.reuses_rollout_forward`
         self.compiled = compiled_update.build(c.config.ppo.compile, self.device, self.micro_batch_forward, c.config)
+        # A separate critic shares no weight with the policy: its value loss goes backward on its own, before the
+        # policy's pass, so the two autograd graphs never coexist (the peak is the larger pass, not their sum; the
+        # gradients are the same). DeepSpeed runs actor and critic as one engine: one backward per micro-batch there.
+        self.critic_backward_first = c.critic is not None and c.strategy.zero is None
 
     def update(self, whole: UpdateBatch, stats: MetricsAccumulator, learn_policy: bool = True) -> None:
         """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each, no host read inside the
@@ -181,7 +186,13 @@ class Updater:
         if forward is None and self.compiled is not None and widths is not None and not pull_only:  # ppo.compile
             loss, objective_stats = self.compiled(batch, advantages, returns, mask, denominator, coef)
         else:
-            forward = forward or self.micro_batch_forward(batch, None if widths is None else widths.padded)
+            if forward is None:
+                values = (
+                    self.critic_backward(batch, returns, mask, denominator, widths)
+                    if self.critic_backward_first
+                    else None
+                )
+                forward = self.micro_batch_forward(batch, None if widths is None else widths.padded, values)
             loss, objective_stats = objective_and_stats(
                 batch, forward, advantages, returns, mask, denominator, self.config, coef, pull_only
             )
@@ -200,13 +211,35 @@ class Updater:
         """A separate critic's loss alone (`update.critic_only_loss`); `forward` unused (no policy pass)."""
         return critic_only_loss(self.critic, self.autocast, self.config, part, denominator, stats, widths)
 
-    def micro_batch_forward(self, batch: Rollout, padded: Optional[bool] = None) -> PolicyOutput:
-        """The policy's response logits and the values of a trimmed micro-batch (`padded`: `run_trunk`)."""
+    def micro_batch_forward(
+        self, batch: Rollout, padded: Optional[bool] = None, values: Optional[torch.Tensor] = None
+    ) -> PolicyOutput:
+        """The policy's response logits and the values of a trimmed micro-batch (`padded`: `run_trunk`); `values`:
+        the separate critic's, already taken (`critic_backward`), else its pass runs here."""
         P, ids, att = batch.prompt_ids.shape[1], batch.input_ids, batch.attention_mask
         with self.autocast():
             out = self.actor(ids, att, P, self.config.rollout.temperature, padded)
-            values = out.values if self.critic is None else self.critic(ids, att, P, padded)
+            if values is None:
+                values = out.values if self.critic is None else self.critic(ids, att, P, padded)
         return PolicyOutput(logits=out.logits, values=values)
+
+    def critic_backward(
+        self,
+        batch: Rollout,
+        returns: torch.Tensor,
+        mask: torch.Tensor,
+        denominator: torch.Tensor,
+        widths: Optional[TrimWidths],
+    ) -> torch.Tensor:
+        """The separate critic's pass, its share of the loss and that share's backward, now: its graph is freed
+        before the policy's pass (`critic_backward_first`). Returns its values, detached: the objective reads them
+        for the value loss's statistics, which then carry no gradient."""
+        assert self.critic is not None
+        values, loss = critic_value_loss(
+            self.critic, self.autocast, self.config, batch, returns, mask, denominator, widths=widths
+        )
+        self.accelerator.backward(loss, **self.strategy.backward_kwargs)
+        return values.detach()
 
     def rollout_forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int, keep_graph: bool
