@@ -21,7 +21,11 @@ def length_reward(prompts, completions):
 def make_trainer(tmp_path, tokenizer, backward_first: bool, **fields) -> PPOTrainer:
     cfg = small_config(tmp_path / f"first{int(backward_first)}", iterations=2, batch=8, value__mode="critic", **fields)
     trainer = PPOTrainer(
-        cfg, policy=tiny_llama(tokenizer, seed=4), tokenizer=tokenizer, prompts=PROMPTS, reward_functions=[length_reward]
+        cfg,
+        policy=tiny_llama(tokenizer, seed=4),
+        tokenizer=tokenizer,
+        prompts=PROMPTS,
+        reward_functions=[length_reward],
     )
     assert trainer.updater.critic_backward_first  # on for a separate critic without DeepSpeed
     trainer.updater.critic_backward_first = backward_first
