@@ -18,8 +18,9 @@ def length_reward(prompts, completions):
     return [len(c) / 20.0 for c in completions]
 
 
-def make_trainer(tmp_path, tokenizer, backward_first: bool, **fields) -> PPOTrainer:
-    cfg = small_config(tmp_path / f"first{int(backward_first)}", iterations=2, batch=8, value__mode="critic", **fields)
+def make_trainer(tmp_path, tokenizer, backward_first: bool | None = None, **fields) -> PPOTrainer:
+    """A run with a separate critic; `backward_first` (when given) sets `Updater.critic_backward_first`."""
+    cfg = small_config(tmp_path / f"first{backward_first}", iterations=2, batch=8, value__mode="critic", **fields)
     trainer = PPOTrainer(
         cfg,
         policy=tiny_llama(tokenizer, seed=4),
@@ -27,8 +28,9 @@ def make_trainer(tmp_path, tokenizer, backward_first: bool, **fields) -> PPOTrai
         prompts=PROMPTS,
         reward_functions=[length_reward],
     )
-    assert trainer.updater.critic_backward_first  # on for a separate critic without DeepSpeed
-    trainer.updater.critic_backward_first = backward_first
+    if backward_first is not None:
+        assert trainer.updater.critic_backward_first  # on for a learning critic without DeepSpeed
+        trainer.updater.critic_backward_first = backward_first
     return trainer
 
 
@@ -107,3 +109,57 @@ def test_backward_first_makes_the_same_update(tmp_path, tokenizer):
     for a, b in zip(first_history, plain_history):
         for name in ("loss/policy_avg", "loss/value_avg", "val/clipfrac_avg", "policy/clipfrac_avg", "val/ratio"):
             assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), name
+
+
+def count_critic_passes(monkeypatch) -> list[bool]:
+    """One entry per Critic.forward: whether it ran with a graph."""
+    calls: list[bool] = []
+    original = Critic.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Critic, "forward", counted)
+    return calls
+
+
+def test_a_critic_nobody_reads_runs_no_pass(tmp_path, tokenizer, monkeypatch):
+    """grpo reads no values and trains none (`ppo.vf_coef` counts as 0): a separate critic is neither run nor
+    stepped, and the policy's update is the one a run that passes the critic through everything makes."""
+    calls = count_critic_passes(monkeypatch)
+    grpo = {"ppo__advantage_estimator": "grpo", "rollout__num_samples_per_prompt": 2}
+    runs = {}
+    for skip in (True, False):
+        calls.clear()
+        trainer = make_trainer(tmp_path / f"skip{int(skip)}", tokenizer, **grpo)
+        updater = trainer.updater
+        assert (updater.critic_reads, updater.critic_learns, updater.critic_backward_first) == (False, False, False)
+        if not skip:  # the critic run everywhere, as before: its loss weighs 0, so it moves nothing
+            updater.critic_reads = updater.critic_learns = updater.critic_backward_first = True
+        critic_start = [p.detach().clone() for p in trainer.critic.parameters()]
+        trainer.train()
+        runs[skip] = [p.detach().clone() for p in trainer.policy.parameters() if p.requires_grad], list(calls)
+        if skip:
+            assert calls == []
+            for p, start in zip(trainer.critic.parameters(), critic_start):
+                assert torch.equal(p, start)
+                assert p.grad is None and not updater.optimizer.state.get(p)  # no gradient, no AdamW moments
+    (skipped, _), (passed, passed_calls) = runs[True], runs[False]
+    assert passed_calls.count(True) > 0 and passed_calls.count(False) > 0  # the forced run did pass the critic
+    for a, b in zip(skipped, passed):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_a_critic_with_no_loss_weight_gives_the_rollout_values_and_trains_no_pass(tmp_path, tokenizer, monkeypatch):
+    """gae reads the values, `ppo.vf_coef 0` trains none: the critic's rollout pass runs, its training pass does not."""
+    calls = count_critic_passes(monkeypatch)
+    trainer = make_trainer(tmp_path, tokenizer, ppo__vf_coef=0.0)
+    updater = trainer.updater
+    assert (updater.critic_reads, updater.critic_learns, updater.critic_backward_first) == (True, False, False)
+    critic_start = [p.detach().clone() for p in trainer.critic.parameters()]
+    history = trainer.train()
+    assert calls and not any(calls)  # rollout passes only, no graph
+    for p, start in zip(trainer.critic.parameters(), critic_start):
+        assert torch.equal(p, start)
+    assert all(row["loss/value_avg"] > 0 for row in history)  # the value loss is still reported, on the old values

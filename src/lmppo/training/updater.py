@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 import torch
 
+from lmppo.core.advantages import ADVANTAGE_ESTIMATORS
 from lmppo.models.loading import PolicyOutput
 from lmppo.training import compiled_update
 from lmppo.training.metrics import MetricsAccumulator
@@ -31,6 +32,7 @@ from lmppo.training.update import (
     row_widths,
     step_schedule,
     trim,
+    value_coef,
     went_too_far,
 )
 
@@ -70,10 +72,15 @@ class Updater:
         self.last_lr = 0.0  # the learning rate of the last iteration's updates
         self.first_epoch_forward: Optional[PolicyOutput] = None  # `lmppo.training.rollout.reuses_rollout_forward`
         self.compiled = compiled_update.build(c.config.ppo.compile, self.device, self.micro_batch_forward, c.config)
-        # A separate critic shares no weight with the policy: its value loss goes backward on its own, before the
-        # policy's pass, so the two autograd graphs never coexist (the peak is the larger pass, not their sum; the
-        # gradients are the same). DeepSpeed runs actor and critic as one engine: one backward per micro-batch there.
-        self.critic_backward_first = c.critic is not None and c.strategy.zero is None
+        # A separate critic runs only where it is read: its rollout pass when the advantages read values, its
+        # training pass when its loss has a weight (`update.value_coef`: not with grpo, rloo, reinforce_pp).
+        uses_values = ADVANTAGE_ESTIMATORS.trait(c.config.ppo.advantage_estimator, "uses_values")
+        self.critic_reads = c.critic is not None and bool(uses_values)
+        self.critic_learns = c.critic is not None and value_coef(c.config) > 0
+        # It shares no weight with the policy: its value loss goes backward on its own, before the policy's pass, so
+        # the two autograd graphs never coexist (the peak is the larger pass, not their sum; the gradients are the
+        # same). DeepSpeed runs actor and critic as one engine: one backward per micro-batch there.
+        self.critic_backward_first = self.critic_learns and c.strategy.zero is None
 
     def update(self, whole: UpdateBatch, stats: MetricsAccumulator, learn_policy: bool = True) -> None:
         """`ppo.num_epochs` passes over the batch in minibatches, one optimizer step each, no host read inside the
@@ -96,7 +103,7 @@ class Updater:
             stats.add("update/kl_pull", 1.0)
             return partial(self.micro_batch_loss, pull_only=True)
         hold_policy(stats)
-        return self.critic_loss if self.critic is not None else None
+        return self.critic_loss if self.critic_learns else None
 
     def epochs(self, whole: UpdateBatch, stats: MetricsAccumulator, loss: MicroBatchLoss, brake: bool) -> int:
         """`ppo.num_epochs` passes over `whole` with the micro-batch loss `loss`; returns the streak of non-finite
@@ -215,13 +222,14 @@ class Updater:
         self, batch: Rollout, padded: Optional[bool] = None, values: Optional[torch.Tensor] = None
     ) -> PolicyOutput:
         """The policy's response logits and the values of a trimmed micro-batch (`padded`: `run_trunk`); `values`:
-        the separate critic's, already taken (`critic_backward`), else its pass runs here."""
+        the separate critic's, already taken (`critic_backward`), else its pass runs here; a critic that does not
+        learn (`critic_learns`) runs no pass: its values are the rollout's (it has not moved)."""
         P, ids, att = batch.prompt_ids.shape[1], batch.input_ids, batch.attention_mask
         with self.autocast():
             out = self.actor(ids, att, P, self.config.rollout.temperature, padded)
-            if values is None:
-                values = out.values if self.critic is None else self.critic(ids, att, P, padded)
-        return PolicyOutput(logits=out.logits, values=values)
+            if values is None and self.critic is not None:
+                values = self.critic(ids, att, P, padded) if self.critic_learns else batch.values
+        return PolicyOutput(logits=out.logits, values=out.values if values is None else values)
 
     def critic_backward(
         self,
@@ -249,14 +257,34 @@ class Updater:
         temperature, unwrap = self.config.rollout.temperature, self.accelerator.unwrap_model
         if keep_graph:  # through the DDP wrappers: the backward of this pass must reduce gradients
             out = self.actor(input_ids, attention_mask, prompt_len, temperature)
-            values = out.values if self.critic is None else self.critic(input_ids, attention_mask, prompt_len)
+            values = (
+                out.values
+                if self.critic is None
+                else self.rollout_values(out.logits, input_ids, attention_mask, prompt_len)
+            )
             self.first_epoch_forward = PolicyOutput(logits=out.logits, values=values)
             return PolicyOutput(logits=out.logits.detach(), values=values.detach())
         with torch.inference_mode():  # no-grad passes need no DDP wrapper
             out = unwrap(self.actor)(input_ids, attention_mask, prompt_len, temperature)
             if self.critic is not None:
-                out.values = unwrap(self.critic)(input_ids, attention_mask, prompt_len)
+                out.values = self.rollout_values(out.logits, input_ids, attention_mask, prompt_len, unwrap(self.critic))
             return out
+
+    def rollout_values(
+        self,
+        logits: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_len: int,
+        critic: Optional[torch.nn.Module] = None,
+    ) -> torch.Tensor:
+        """The separate critic's (B, T + 1) values of the rollout (`critic`: the module to run, default the wrapped
+        one), or zeros without a pass when the advantages read no values (`critic_reads`). `logits`: (B, T, V)."""
+        if not self.critic_reads:
+            return torch.zeros(logits.shape[0], logits.shape[1] + 1, device=logits.device)
+        critic = critic or self.critic
+        assert critic is not None
+        return critic(input_ids, attention_mask, prompt_len)
 
     def optimizer_step(self, loss: torch.Tensor, stats: MetricsAccumulator, guard: NonfiniteGuard) -> None:
         clip = gradient_clipper(
