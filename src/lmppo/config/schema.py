@@ -98,7 +98,9 @@ class ModelConfig(_Section):
 class ValueConfig(_Section):
     mode: Literal["shared", "critic"] = "shared"
     """`shared`: a value head on the policy's own trunk (one forward pass gives logits and values; policy and
-    value gradients share the trunk). `critic`: a separate value network (more memory, no interference)."""
+    value gradients share the trunk). `critic`: a separate value network (more memory, no interference); it runs only
+    where it is read: no pass at all with an advantage estimator that reads no values (`grpo`, `rloo`,
+    `reinforce_pp`), and no training pass when its loss weighs 0 (`ppo.vf_coef`)."""
     init_from: str = "auto"
     """Where a separate critic starts: `reward_model` (the first reward source of kind `model`, as in the N+
     implementation details), `policy`, a local folder or Hub id, or `auto` (the reward model when there is one, else the
