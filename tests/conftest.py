@@ -140,6 +140,19 @@ def prompts():
     return list(PROMPTS)
 
 
+def count_forward_calls(monkeypatch, cls) -> list[bool]:
+    """One entry per `cls.forward` call from now on: whether it ran with an autograd graph."""
+    calls: list[bool] = []
+    original = cls.forward
+
+    def counted(self, *args, **kwargs):
+        calls.append(torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "forward", counted)
+    return calls
+
+
 def set_fields(cfg, **fields):
     """Set config fields named with `__` for dots (value__mode="critic" sets cfg.value.mode)."""
     for dotted, value in fields.items():

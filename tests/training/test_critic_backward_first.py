@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import PROMPTS, small_config, tiny_llama
+from conftest import PROMPTS, count_forward_calls, small_config, tiny_llama
 from lmppo.models.loading import Actor, Critic
 from lmppo.training.trainer import PPOTrainer
 
@@ -111,23 +111,10 @@ def test_backward_first_makes_the_same_update(tmp_path, tokenizer):
             assert a[name] == pytest.approx(b[name], rel=1e-5, abs=1e-7), name
 
 
-def count_critic_passes(monkeypatch) -> list[bool]:
-    """One entry per Critic.forward: whether it ran with a graph."""
-    calls: list[bool] = []
-    original = Critic.forward
-
-    def counted(self, *args, **kwargs):
-        calls.append(torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Critic, "forward", counted)
-    return calls
-
-
 def test_a_critic_nobody_reads_runs_no_pass(tmp_path, tokenizer, monkeypatch):
     """grpo reads no values and trains none (`ppo.vf_coef` counts as 0): a separate critic is neither run nor
     stepped, and the policy's update is the one a run that passes the critic through everything makes."""
-    calls = count_critic_passes(monkeypatch)
+    calls = count_forward_calls(monkeypatch, Critic)
     grpo = {"ppo__advantage_estimator": "grpo", "rollout__num_samples_per_prompt": 2}
     runs = {}
     for skip in (True, False):
@@ -153,7 +140,7 @@ def test_a_critic_nobody_reads_runs_no_pass(tmp_path, tokenizer, monkeypatch):
 
 def test_a_critic_with_no_loss_weight_gives_the_rollout_values_and_trains_no_pass(tmp_path, tokenizer, monkeypatch):
     """gae reads the values, `ppo.vf_coef 0` trains none: the critic's rollout pass runs, its training pass does not."""
-    calls = count_critic_passes(monkeypatch)
+    calls = count_forward_calls(monkeypatch, Critic)
     trainer = make_trainer(tmp_path, tokenizer, ppo__vf_coef=0.0)
     updater = trainer.updater
     assert (updater.critic_reads, updater.critic_learns, updater.critic_backward_first) == (True, False, False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPTS, small_config, tiny_llama
+from conftest import PROMPTS, count_forward_calls, small_config, tiny_llama
 from lmppo.models.loading import Actor, Critic
 from lmppo.training.trainer import PPOTrainer
 
@@ -33,18 +33,6 @@ def make_trainer(tmp_path, tokenizer, reuse: bool = True, **fields):
     )
 
 
-def count_calls(monkeypatch, cls) -> list:
-    calls = []
-    original = cls.forward
-
-    def counted(self, *args, **kwargs):
-        calls.append(torch.is_grad_enabled() and not torch.is_inference_mode_enabled())
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(cls, "forward", counted)
-    return calls
-
-
 def relative_difference(a: list[torch.Tensor], b: list[torch.Tensor], start: list[torch.Tensor]) -> float:
     """|(a - start) - (b - start)| / |b - start| over all tensors: how far apart two updates are."""
     diff = sum(float(((x - y) ** 2).sum()) for x, y in zip(a, b))
@@ -56,7 +44,7 @@ def relative_difference(a: list[torch.Tensor], b: list[torch.Tensor], start: lis
 def test_reused_forward_makes_the_plain_update_with_one_pass_fewer(
     tmp_path, tokenizer, monkeypatch, value_mode, precision
 ):
-    actor_calls, critic_calls = count_calls(monkeypatch, Actor), count_calls(monkeypatch, Critic)
+    actor_calls, critic_calls = count_forward_calls(monkeypatch, Actor), count_forward_calls(monkeypatch, Critic)
     runs = {}
     for reuse in (False, True):
         actor_calls.clear(), critic_calls.clear()
